@@ -1,0 +1,89 @@
+//! The CPU: host memory, kernels run at once on the calling thread, spread
+//! over the global rayon pool (all cores, or `RAYON_NUM_THREADS`).
+
+use super::{host_kernels, Backend, Event};
+use crate::memory::MemoryPool;
+use crate::op::{Kernel, Src};
+use crate::storage::{Buffer, CpuBuffer};
+use crate::{DType, Device, DeviceKind, Result};
+use std::sync::Arc;
+
+/// Host buffers kept for reuse at most (see `MemoryPool::recycle`).
+const CPU_CACHE_LIMIT: usize = 2 << 30;
+
+pub(crate) struct CpuBackend {
+    pool: MemoryPool,
+}
+
+impl CpuBackend {
+    pub(crate) fn new() -> Self {
+        CpuBackend { pool: MemoryPool::new(Device::Cpu, None, CPU_CACHE_LIMIT) }
+    }
+}
+
+pub(crate) fn cpu_name() -> String {
+    let threads = rayon::current_num_threads();
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    format!("{model} ({threads} threads)")
+}
+
+impl Backend for CpuBackend {
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Cpu
+    }
+    fn name(&self) -> String {
+        cpu_name()
+    }
+    fn pool(&self) -> &MemoryPool {
+        &self.pool
+    }
+    fn is_async(&self) -> bool {
+        false
+    }
+    fn driver_free_memory(&self) -> Option<usize> {
+        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    }
+    fn alloc_buffer(&self, dtype: DType, len: usize) -> Result<Buffer> {
+        self.pool.reserve(len * dtype.size_in_bytes())?;
+        Ok(Buffer::Host(self.pool.host_buffer(dtype, len)))
+    }
+    fn release(&self, buffer: Buffer, bytes: usize) {
+        self.pool.unreserve(bytes);
+        if let Buffer::Host(b) = buffer {
+            self.pool.recycle(b);
+        }
+    }
+    fn launch(&self, kernel: Kernel) -> Result<()> {
+        host_kernels::run(&kernel, rayon::current_num_threads());
+        Ok(())
+    }
+    fn upload(&self, data: CpuBuffer) -> Result<Buffer> {
+        self.pool.reserve(data.size_in_bytes())?;
+        Ok(Buffer::Host(data))
+    }
+    fn download(&self, src: &Src) -> Result<CpuBuffer> {
+        Ok(host_kernels::gather(src))
+    }
+    fn record_event(&self) -> Option<Arc<dyn Event>> {
+        None
+    }
+    fn wait_event(&self, event: Arc<dyn Event>) -> Result<()> {
+        event.wait();
+        Ok(())
+    }
+    fn host_memory(&self) -> bool {
+        true
+    }
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}

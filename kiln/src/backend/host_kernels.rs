@@ -1,0 +1,855 @@
+//! Kernels over host memory, shared by the CPU and the simulated GPUs (which
+//! run them on their own worker thread with `threads = 1`). Contiguous
+//! operands take a dense loop the compiler vectorises; strided ones walk rows
+//! of the last dimension. Above `PAR_MIN` elements the work is split over the
+//! rayon pool when `threads > 1`. Besides the output, nothing is allocated.
+
+use crate::op::{BinaryOp, Distribution, Kernel, ReduceOp, Src, UnaryOp};
+use crate::shape::Layout;
+use crate::storage::CpuBuffer;
+use crate::{map_buffer, rng, WithDType};
+use half::{bf16, f16};
+use rayon::prelude::*;
+use smallvec::SmallVec;
+
+/// Elementwise work below this many elements stays on one thread.
+const PAR_MIN: usize = 1 << 16;
+/// Elements per parallel chunk.
+const CHUNK: usize = 1 << 15;
+/// Multiply-adds below which a matmul stays on one thread: on a 2-core
+/// machine two threads make a 100×100 product slower, not faster.
+const MATMUL_PAR_MIN: usize = 200 * 200 * 200;
+
+/// Arithmetic every numeric dtype has.
+pub(crate) trait Num: WithDType + Default {
+    const ZERO: Self;
+    const ONE: Self;
+    const LOWEST: Self;
+    const HIGHEST: Self;
+    fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn div(self, o: Self) -> Self;
+    fn max(self, o: Self) -> Self {
+        if o > self {
+            o
+        } else {
+            self
+        }
+    }
+    fn min(self, o: Self) -> Self {
+        if o < self {
+            o
+        } else {
+            self
+        }
+    }
+    fn abs(self) -> Self;
+    fn neg(self) -> Self;
+    fn pow(self, o: Self) -> Self;
+}
+
+/// Functions only floats have.
+pub(crate) trait Float: Num {
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn sqrt(self) -> Self;
+    fn sin(self) -> Self;
+    fn cos(self) -> Self;
+    fn tanh(self) -> Self;
+}
+
+macro_rules! float_num {
+    ($t:ty) => {
+        impl Num for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const LOWEST: Self = <$t>::NEG_INFINITY;
+            const HIGHEST: Self = <$t>::INFINITY;
+            #[inline(always)]
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            #[inline(always)]
+            fn sub(self, o: Self) -> Self {
+                self - o
+            }
+            #[inline(always)]
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            #[inline(always)]
+            fn div(self, o: Self) -> Self {
+                self / o
+            }
+            #[inline(always)]
+            fn max(self, o: Self) -> Self {
+                self.max(o)
+            }
+            #[inline(always)]
+            fn min(self, o: Self) -> Self {
+                self.min(o)
+            }
+            #[inline(always)]
+            fn abs(self) -> Self {
+                self.abs()
+            }
+            #[inline(always)]
+            fn neg(self) -> Self {
+                -self
+            }
+            #[inline(always)]
+            fn pow(self, o: Self) -> Self {
+                self.powf(o)
+            }
+        }
+        impl Float for $t {
+            #[inline(always)]
+            fn exp(self) -> Self {
+                self.exp()
+            }
+            #[inline(always)]
+            fn ln(self) -> Self {
+                self.ln()
+            }
+            #[inline(always)]
+            fn sqrt(self) -> Self {
+                self.sqrt()
+            }
+            #[inline(always)]
+            fn sin(self) -> Self {
+                self.sin()
+            }
+            #[inline(always)]
+            fn cos(self) -> Self {
+                self.cos()
+            }
+            #[inline(always)]
+            fn tanh(self) -> Self {
+                self.tanh()
+            }
+        }
+    };
+}
+float_num!(f32);
+float_num!(f64);
+
+macro_rules! int_num {
+    ($t:ty, $abs:expr, $neg:expr) => {
+        impl Num for $t {
+            const ZERO: Self = 0;
+            const ONE: Self = 1;
+            const LOWEST: Self = <$t>::MIN;
+            const HIGHEST: Self = <$t>::MAX;
+            #[inline(always)]
+            fn add(self, o: Self) -> Self {
+                self.wrapping_add(o)
+            }
+            #[inline(always)]
+            fn sub(self, o: Self) -> Self {
+                self.wrapping_sub(o)
+            }
+            #[inline(always)]
+            fn mul(self, o: Self) -> Self {
+                self.wrapping_mul(o)
+            }
+            #[inline(always)]
+            fn div(self, o: Self) -> Self {
+                // Integer division by zero gives 0 rather than a panic: kernels
+                // may run on a device queue where nobody could catch it.
+                if o == 0 {
+                    0
+                } else {
+                    self.wrapping_div(o)
+                }
+            }
+            #[inline(always)]
+            fn abs(self) -> Self {
+                $abs(self)
+            }
+            #[inline(always)]
+            fn neg(self) -> Self {
+                $neg(self)
+            }
+            #[inline(always)]
+            fn pow(self, o: Self) -> Self {
+                powi(self, o as i32)
+            }
+        }
+    };
+}
+int_num!(i64, |x: i64| x.wrapping_abs(), |x: i64| x.wrapping_neg());
+int_num!(u8, |x: u8| x, |x: u8| x.wrapping_neg());
+
+/// x^n by squaring, so integer powers never go through powf.
+#[inline(always)]
+pub(crate) fn powi<T: Num>(x: T, n: i32) -> T {
+    let mut base = x;
+    let mut e = n.unsigned_abs();
+    let mut acc = T::ONE;
+    while e > 0 {
+        if e & 1 == 1 {
+            acc = acc.mul(base);
+        }
+        base = base.mul(base);
+        e >>= 1;
+    }
+    if n < 0 {
+        T::ONE.div(acc)
+    } else {
+        acc
+    }
+}
+
+/// Runs one kernel to completion on this thread (and the rayon pool when
+/// `threads > 1`).
+pub(crate) fn run(kernel: &Kernel, threads: usize) {
+    match kernel {
+        Kernel::Fill { out, value } => {
+            let mut w = out.write();
+            map_buffer!(w.host(), v => fill(v, *value, threads))
+        }
+        Kernel::Arange { out, start, step } => {
+            let mut w = out.write();
+            map_buffer!(w.host(), v => arange(v, *start, *step))
+        }
+        Kernel::Random { out, seed, offset, dist } => {
+            let mut w = out.write();
+            map_buffer!(w.host(), v => random(v, *seed, *offset, *dist, threads))
+        }
+        Kernel::Unary { op, src, out } => {
+            let r = src.storage.read();
+            let mut w = out.write();
+            match (r.host(), w.host()) {
+                (CpuBuffer::F32(s), CpuBuffer::F32(o)) => unary_float(*op, s, &src.layout, o, threads),
+                (CpuBuffer::F64(s), CpuBuffer::F64(o)) => unary_float(*op, s, &src.layout, o, threads),
+                (CpuBuffer::I64(s), CpuBuffer::I64(o)) => unary_num(*op, s, &src.layout, o, threads),
+                (CpuBuffer::U8(s), CpuBuffer::U8(o)) => unary_num(*op, s, &src.layout, o, threads),
+                _ => unreachable!("unary dtypes are validated by the front end"),
+            }
+        }
+        Kernel::Binary { op, lhs, rhs, out } => {
+            let (l, r) = (lhs.storage.read(), rhs.storage.read());
+            let mut w = out.write();
+            macro_rules! go {
+                ($a:expr, $b:expr) => {
+                    if op.is_comparison() {
+                        let CpuBuffer::U8(o) = w.host() else { unreachable!() };
+                        compare(*op, $a, &lhs.layout, $b, &rhs.layout, o, threads)
+                    } else {
+                        binary_arith(*op, $a, &lhs.layout, $b, &rhs.layout, w.host(), threads)
+                    }
+                };
+            }
+            match (l.host(), r.host()) {
+                (CpuBuffer::F32(a), CpuBuffer::F32(b)) => go!(a, b),
+                (CpuBuffer::F64(a), CpuBuffer::F64(b)) => go!(a, b),
+                (CpuBuffer::I64(a), CpuBuffer::I64(b)) => go!(a, b),
+                (CpuBuffer::U8(a), CpuBuffer::U8(b)) => go!(a, b),
+                _ => unreachable!("binary dtypes are validated by the front end"),
+            }
+        }
+        Kernel::Reduce { op, src, dims, out } => {
+            let r = src.storage.read();
+            let mut w = out.write();
+            match (*op, r.host(), w.host()) {
+                (ReduceOp::ArgMax | ReduceOp::ArgMin, s, CpuBuffer::I64(o)) => {
+                    let max = *op == ReduceOp::ArgMax;
+                    match s {
+                        CpuBuffer::F32(s) => arg_reduce(s, &src.layout, dims[0], o, max),
+                        CpuBuffer::F64(s) => arg_reduce(s, &src.layout, dims[0], o, max),
+                        CpuBuffer::I64(s) => arg_reduce(s, &src.layout, dims[0], o, max),
+                        CpuBuffer::U8(s) => arg_reduce(s, &src.layout, dims[0], o, max),
+                        _ => unreachable!(),
+                    }
+                }
+                (op, CpuBuffer::F32(s), CpuBuffer::F32(o)) => reduce(op, s, &src.layout, dims, o, threads),
+                (op, CpuBuffer::F64(s), CpuBuffer::F64(o)) => reduce(op, s, &src.layout, dims, o, threads),
+                (op, CpuBuffer::I64(s), CpuBuffer::I64(o)) => reduce(op, s, &src.layout, dims, o, threads),
+                (op, CpuBuffer::U8(s), CpuBuffer::U8(o)) => reduce(op, s, &src.layout, dims, o, threads),
+                _ => unreachable!("reduce dtypes are validated by the front end"),
+            }
+        }
+        Kernel::Matmul { lhs, rhs, out, m, n, k } => {
+            let (l, r) = (lhs.storage.read(), rhs.storage.read());
+            let mut w = out.write();
+            match (l.host(), r.host(), w.host()) {
+                (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) => {
+                    matmul_gemm(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k), threads)
+                }
+                (CpuBuffer::F64(a), CpuBuffer::F64(b), CpuBuffer::F64(o)) => {
+                    matmul_gemm(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k), threads)
+                }
+                (CpuBuffer::F16(a), CpuBuffer::F16(b), CpuBuffer::F16(o)) => {
+                    matmul_gemm(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k), threads)
+                }
+                (CpuBuffer::I64(a), CpuBuffer::I64(b), CpuBuffer::I64(o)) => matmul_naive(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k)),
+                (CpuBuffer::U8(a), CpuBuffer::U8(b), CpuBuffer::U8(o)) => matmul_naive(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k)),
+                _ => unreachable!("matmul dtypes are validated by the front end"),
+            }
+        }
+        Kernel::Copy { src, dst, dst_layout } => {
+            let r = src.storage.read();
+            let mut w = dst.write();
+            copy_cast(r.host(), &src.layout, w.host(), dst_layout);
+        }
+        Kernel::IndexSelect { src, ids, dim, out } => {
+            let ids = index_list(ids);
+            let data = gather(src);
+            let mut w = out.write();
+            match (&data, w.host()) {
+                (CpuBuffer::F32(s), CpuBuffer::F32(o)) => index_select(s, src.layout.dims(), &ids, *dim, o),
+                (CpuBuffer::F64(s), CpuBuffer::F64(o)) => index_select(s, src.layout.dims(), &ids, *dim, o),
+                (CpuBuffer::I64(s), CpuBuffer::I64(o)) => index_select(s, src.layout.dims(), &ids, *dim, o),
+                (CpuBuffer::U8(s), CpuBuffer::U8(o)) => index_select(s, src.layout.dims(), &ids, *dim, o),
+                (CpuBuffer::F16(s), CpuBuffer::F16(o)) => index_select(s, src.layout.dims(), &ids, *dim, o),
+                (CpuBuffer::BF16(s), CpuBuffer::BF16(o)) => index_select(s, src.layout.dims(), &ids, *dim, o),
+                _ => unreachable!(),
+            }
+        }
+        Kernel::IndexAdd { src, ids, dim, dst } => {
+            let ids = index_list(ids);
+            let data = gather(src);
+            let mut w = dst.write();
+            match (&data, w.host()) {
+                (CpuBuffer::F32(s), CpuBuffer::F32(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
+                (CpuBuffer::F64(s), CpuBuffer::F64(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
+                (CpuBuffer::I64(s), CpuBuffer::I64(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
+                (CpuBuffer::U8(s), CpuBuffer::U8(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
+                _ => unreachable!(),
+            }
+        }
+        Kernel::Where { cond, on_true, on_false, out } => {
+            let c = gather(cond);
+            let mask: Vec<bool> = (0..c.len()).map(|i| c.get_f64(i) != 0.0).collect();
+            let (t, f) = (on_true.storage.read(), on_false.storage.read());
+            let mut w = out.write();
+            macro_rules! go {
+                ($a:expr, $b:expr, $o:expr) => {
+                    select(&mask, $a, &on_true.layout, $b, &on_false.layout, $o)
+                };
+            }
+            match (t.host(), f.host(), w.host()) {
+                (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) => go!(a, b, o),
+                (CpuBuffer::F64(a), CpuBuffer::F64(b), CpuBuffer::F64(o)) => go!(a, b, o),
+                (CpuBuffer::I64(a), CpuBuffer::I64(b), CpuBuffer::I64(o)) => go!(a, b, o),
+                (CpuBuffer::U8(a), CpuBuffer::U8(b), CpuBuffer::U8(o)) => go!(a, b, o),
+                (CpuBuffer::F16(a), CpuBuffer::F16(b), CpuBuffer::F16(o)) => go!(a, b, o),
+                (CpuBuffer::BF16(a), CpuBuffer::BF16(b), CpuBuffer::BF16(o)) => go!(a, b, o),
+                _ => unreachable!(),
+            }
+        }
+    }
+}
+
+/// The view's elements, contiguous, in a new host buffer.
+pub(crate) fn gather(src: &Src) -> CpuBuffer {
+    let r = src.storage.read();
+    let buf = r.host();
+    if let Some((a, b)) = src.layout.contiguous_range() {
+        return map_buffer!(buf, v => WithDType::into_buffer(v[a..b].to_vec()));
+    }
+    map_buffer!(buf, v => WithDType::into_buffer(src.layout.offsets().map(|i| v[i]).collect()))
+}
+
+fn index_list(ids: &Src) -> Vec<usize> {
+    let data = gather(ids);
+    (0..data.len()).map(|i| data.get_f64(i) as usize).collect()
+}
+
+fn fill<T: WithDType>(v: &mut [T], value: f64, threads: usize) {
+    let x = T::from_f64(value);
+    if threads > 1 && v.len() >= PAR_MIN {
+        v.par_chunks_mut(CHUNK).for_each(|c| c.fill(x));
+    } else {
+        v.fill(x);
+    }
+}
+
+fn arange<T: WithDType>(v: &mut [T], start: f64, step: f64) {
+    for (i, x) in v.iter_mut().enumerate() {
+        *x = T::from_f64(start + i as f64 * step);
+    }
+}
+
+fn random<T: WithDType>(v: &mut [T], seed: u64, offset: u64, dist: Distribution, threads: usize) {
+    let fill_chunk = |start: usize, chunk: &mut [T]| {
+        for (j, x) in chunk.iter_mut().enumerate() {
+            let i = offset + (start + j) as u64;
+            let value = match dist {
+                Distribution::Uniform { lo, hi } => lo + (hi - lo) * rng::uniform(seed, i),
+                Distribution::Normal { mean, std } => mean + std * rng::normal(seed, i),
+            };
+            *x = T::from_f64(value);
+        }
+    };
+    if threads > 1 && v.len() >= PAR_MIN {
+        v.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| fill_chunk(c * CHUNK, chunk));
+    } else {
+        fill_chunk(0, v);
+    }
+}
+
+/// out[i] = f(src[layout(i)]), dense and parallel when it can be.
+#[inline(always)]
+fn map_unary<T: WithDType, U: WithDType, F: Fn(T) -> U + Sync>(src: &[T], layout: &Layout, out: &mut [U], threads: usize, f: F) {
+    if let Some((a, b)) = layout.contiguous_range() {
+        let src = &src[a..b];
+        if threads > 1 && out.len() >= PAR_MIN {
+            out.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(o, s)| {
+                for (o, &s) in o.iter_mut().zip(s) {
+                    *o = f(s);
+                }
+            });
+        } else {
+            for (o, &s) in out.iter_mut().zip(src) {
+                *o = f(s);
+            }
+        }
+    } else {
+        for (o, i) in out.iter_mut().zip(layout.offsets()) {
+            *o = f(src[i]);
+        }
+    }
+}
+
+fn unary_num<T: Num>(op: UnaryOp, s: &[T], l: &Layout, o: &mut [T], threads: usize) {
+    let c = |v: f64| T::from_f64(v);
+    match op {
+        UnaryOp::Neg => map_unary(s, l, o, threads, |x: T| x.neg()),
+        UnaryOp::Abs => map_unary(s, l, o, threads, |x: T| x.abs()),
+        UnaryOp::Sqr => map_unary(s, l, o, threads, |x: T| x.mul(x)),
+        UnaryOp::Relu => map_unary(s, l, o, threads, |x: T| x.max(T::ZERO)),
+        UnaryOp::Powi(2) => map_unary(s, l, o, threads, |x: T| x.mul(x)),
+        UnaryOp::Powi(3) => map_unary(s, l, o, threads, |x: T| x.mul(x).mul(x)),
+        UnaryOp::Powi(n) => map_unary(s, l, o, threads, |x: T| powi(x, n)),
+        UnaryOp::AddScalar(v) => map_unary(s, l, o, threads, |x: T| x.add(c(v))),
+        UnaryOp::SubScalar(v) => map_unary(s, l, o, threads, |x: T| x.sub(c(v))),
+        UnaryOp::RSubScalar(v) => map_unary(s, l, o, threads, |x: T| c(v).sub(x)),
+        UnaryOp::MulScalar(v) => map_unary(s, l, o, threads, |x: T| x.mul(c(v))),
+        UnaryOp::DivScalar(v) => map_unary(s, l, o, threads, |x: T| x.div(c(v))),
+        UnaryOp::MaxScalar(v) => map_unary(s, l, o, threads, |x: T| x.max(c(v))),
+        UnaryOp::MinScalar(v) => map_unary(s, l, o, threads, |x: T| x.min(c(v))),
+        UnaryOp::Affine(a, b) => map_unary(s, l, o, threads, |x: T| x.mul(c(a)).add(c(b))),
+        _ => unreachable!("float-only unary ops are refused for integers by the front end"),
+    }
+}
+
+fn unary_float<T: Float>(op: UnaryOp, s: &[T], l: &Layout, o: &mut [T], threads: usize) {
+    let c = |v: f64| T::from_f64(v);
+    match op {
+        UnaryOp::Exp => map_unary(s, l, o, threads, |x: T| x.exp()),
+        UnaryOp::Log => map_unary(s, l, o, threads, |x: T| x.ln()),
+        UnaryOp::Sqrt => map_unary(s, l, o, threads, |x: T| x.sqrt()),
+        UnaryOp::Recip => map_unary(s, l, o, threads, |x: T| T::ONE.div(x)),
+        UnaryOp::Sin => map_unary(s, l, o, threads, |x: T| x.sin()),
+        UnaryOp::Cos => map_unary(s, l, o, threads, |x: T| x.cos()),
+        UnaryOp::Tanh => map_unary(s, l, o, threads, |x: T| x.tanh()),
+        UnaryOp::Sigmoid => map_unary(s, l, o, threads, |x: T| T::ONE.div(T::ONE.add(x.neg().exp()))),
+        UnaryOp::Powf(p) => map_unary(s, l, o, threads, |x: T| x.pow(c(p))),
+        UnaryOp::RDivScalar(v) => map_unary(s, l, o, threads, |x: T| c(v).div(x)),
+        // Scalars are applied in the operand's own precision, as PyTorch does.
+        _ => unary_num(op, s, l, o, threads),
+    }
+}
+
+/// Row starts of a layout without its last dimension, in row-major order.
+fn rows(layout: &Layout) -> (Layout, usize, usize) {
+    let dims = layout.dims();
+    if dims.is_empty() {
+        return (Layout { shape: crate::Shape::from(()), strides: SmallVec::new(), offset: layout.offset }, 1, 1);
+    }
+    let r = dims.len() - 1;
+    let outer =
+        Layout { shape: crate::Shape::from(&dims[..r]), strides: SmallVec::from_slice(&layout.strides[..r]), offset: layout.offset };
+    (outer, dims[r], layout.strides[r])
+}
+
+/// Offset of row `row` of an outer layout (index decomposition).
+fn row_start(outer: &Layout, mut row: usize) -> usize {
+    let mut off = outer.offset;
+    for d in (0..outer.dims().len()).rev() {
+        let n = outer.dims()[d];
+        off += (row % n) * outer.strides[d];
+        row /= n;
+    }
+    off
+}
+
+#[inline(always)]
+fn map_binary<T: Copy + Send + Sync, U: Copy + Send + Sync, F: Fn(T, T) -> U + Sync>(
+    a: &[T],
+    la: &Layout,
+    b: &[T],
+    lb: &Layout,
+    out: &mut [U],
+    threads: usize,
+    f: F,
+) {
+    if let (Some((a0, a1)), Some((b0, b1))) = (la.contiguous_range(), lb.contiguous_range()) {
+        let (a, b) = (&a[a0..a1], &b[b0..b1]);
+        if threads > 1 && out.len() >= PAR_MIN {
+            out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK))).for_each(|(o, (a, b))| {
+                for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
+                    *o = f(x, y);
+                }
+            });
+        } else {
+            for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+                *o = f(x, y);
+            }
+        }
+        return;
+    }
+    // Broadcast or strided: walk rows of the last dimension.
+    let (oa, n, sa) = rows(la);
+    let (ob, _, sb) = rows(lb);
+    let row = |r: usize, o: &mut [U]| {
+        let (pa, pb) = (row_start(&oa, r), row_start(&ob, r));
+        match (sa, sb) {
+            (1, 1) => {
+                for ((o, &x), &y) in o.iter_mut().zip(&a[pa..pa + n]).zip(&b[pb..pb + n]) {
+                    *o = f(x, y);
+                }
+            }
+            (1, 0) => {
+                let y = b[pb];
+                for (o, &x) in o.iter_mut().zip(&a[pa..pa + n]) {
+                    *o = f(x, y);
+                }
+            }
+            (0, 1) => {
+                let x = a[pa];
+                for (o, &y) in o.iter_mut().zip(&b[pb..pb + n]) {
+                    *o = f(x, y);
+                }
+            }
+            _ => {
+                for (j, o) in o.iter_mut().enumerate() {
+                    *o = f(a[pa + j * sa], b[pb + j * sb]);
+                }
+            }
+        }
+    };
+    if n == 0 {
+        return;
+    }
+    if threads > 1 && out.len() >= PAR_MIN {
+        let rows_per = (CHUNK / n).max(1);
+        out.par_chunks_mut(rows_per * n).enumerate().for_each(|(c, chunk)| {
+            for (i, o) in chunk.chunks_mut(n).enumerate() {
+                row(c * rows_per + i, o);
+            }
+        });
+    } else {
+        for (r, o) in out.chunks_mut(n).enumerate() {
+            row(r, o);
+        }
+    }
+}
+
+fn binary_arith<T: Num>(op: BinaryOp, a: &[T], la: &Layout, b: &[T], lb: &Layout, out: &mut CpuBuffer, threads: usize) {
+    let out: &mut [T] = slice_mut(out);
+    match op {
+        BinaryOp::Add => map_binary(a, la, b, lb, out, threads, |x: T, y: T| x.add(y)),
+        BinaryOp::Sub => map_binary(a, la, b, lb, out, threads, |x: T, y: T| x.sub(y)),
+        BinaryOp::Mul => map_binary(a, la, b, lb, out, threads, |x: T, y: T| x.mul(y)),
+        BinaryOp::Div => map_binary(a, la, b, lb, out, threads, |x: T, y: T| x.div(y)),
+        BinaryOp::Pow => map_binary(a, la, b, lb, out, threads, |x: T, y: T| x.pow(y)),
+        BinaryOp::Maximum => map_binary(a, la, b, lb, out, threads, |x: T, y: T| x.max(y)),
+        BinaryOp::Minimum => map_binary(a, la, b, lb, out, threads, |x: T, y: T| x.min(y)),
+        _ => unreachable!(),
+    }
+}
+
+fn compare<T: Num>(op: BinaryOp, a: &[T], la: &Layout, b: &[T], lb: &Layout, out: &mut [u8], threads: usize) {
+    match op {
+        BinaryOp::Eq => map_binary(a, la, b, lb, out, threads, |x: T, y: T| (x == y) as u8),
+        BinaryOp::Ne => map_binary(a, la, b, lb, out, threads, |x: T, y: T| (x != y) as u8),
+        BinaryOp::Lt => map_binary(a, la, b, lb, out, threads, |x: T, y: T| (x < y) as u8),
+        BinaryOp::Le => map_binary(a, la, b, lb, out, threads, |x: T, y: T| (x <= y) as u8),
+        BinaryOp::Gt => map_binary(a, la, b, lb, out, threads, |x: T, y: T| (x > y) as u8),
+        BinaryOp::Ge => map_binary(a, la, b, lb, out, threads, |x: T, y: T| (x >= y) as u8),
+        _ => unreachable!(),
+    }
+}
+
+/// The typed elements of a host buffer whose dtype the caller knows.
+fn slice_mut<T: WithDType>(b: &mut CpuBuffer) -> &mut [T] {
+    let len = b.len();
+    assert_eq!(b.dtype(), T::DTYPE, "kernel dtype validated by the front end");
+    let ptr = map_buffer!(b, v => v.as_mut_ptr() as *mut T);
+    // SAFETY: the dtype check above guarantees the buffer holds `len` values of T.
+    unsafe { std::slice::from_raw_parts_mut(ptr, len) }
+}
+
+/// Sum of a dense run, accumulated in f64 for floats so that the result
+/// hardly depends on how the work was split.
+#[inline(always)]
+fn dense_sum<T: Num>(s: &[T]) -> f64 {
+    let mut acc = [0f64; 4];
+    let chunks = s.chunks_exact(4);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..4 {
+            acc[j] += c[j].to_f64();
+        }
+    }
+    let mut total = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for &x in rest {
+        total += x.to_f64();
+    }
+    total
+}
+
+fn reduce<T: Num>(op: ReduceOp, s: &[T], l: &Layout, dims: &[usize], out: &mut [T], threads: usize) {
+    let rank = l.dims().len();
+    let init = match op {
+        ReduceOp::Sum => T::ZERO,
+        ReduceOp::Max => T::LOWEST,
+        _ => T::HIGHEST,
+    };
+    let combine = |a: T, b: T| match op {
+        ReduceOp::Sum => a.add(b),
+        ReduceOp::Max => a.max(b),
+        _ => a.min(b),
+    };
+    // Everything, dense: one pass, parallel for big inputs.
+    if out.len() == 1 {
+        if let Some((a, b)) = l.contiguous_range() {
+            let s = &s[a..b];
+            out[0] = if op == ReduceOp::Sum {
+                let total = if threads > 1 && s.len() >= PAR_MIN { s.par_chunks(CHUNK).map(dense_sum).sum::<f64>() } else { dense_sum(s) };
+                T::from_f64(total)
+            } else if threads > 1 && s.len() >= PAR_MIN {
+                s.par_chunks(CHUNK).map(|c| c.iter().fold(init, |a, &b| combine(a, b))).reduce(|| init, combine)
+            } else {
+                s.iter().fold(init, |a, &b| combine(a, b))
+            };
+            return;
+        }
+    }
+    out.fill(init);
+    if rank == 0 {
+        out[0] = combine(init, s[l.offset]);
+        return;
+    }
+    // Where each source element lands: the output's strides with 0 on the
+    // reduced dimensions.
+    let out_dims: SmallVec<[usize; 4]> = (0..rank).map(|d| if dims.contains(&d) { 1 } else { l.dims()[d] }).collect();
+    let out_strides = crate::Shape(out_dims).contiguous_strides();
+    let bcast_strides: SmallVec<[usize; 4]> = (0..rank).map(|d| if dims.contains(&d) { 0 } else { out_strides[d] }).collect();
+    let out_layout = Layout { shape: l.shape.clone(), strides: bcast_strides, offset: 0 };
+    let (so, n, ss) = rows(l);
+    let (oo, _, os) = rows(&out_layout);
+    let rows_count = l.elem_count() / n.max(1);
+    let sum_in_f64 = op == ReduceOp::Sum && T::DTYPE.is_float();
+    for r in 0..rows_count {
+        let (ps, po) = (row_start(&so, r), row_start(&oo, r));
+        if os == 0 {
+            // The last dimension is reduced: fold the row into one value.
+            let v = if ss == 1 {
+                let row = &s[ps..ps + n];
+                if sum_in_f64 {
+                    T::from_f64(dense_sum(row))
+                } else {
+                    row.iter().fold(init, |a, &b| combine(a, b))
+                }
+            } else {
+                (0..n).fold(init, |a, j| combine(a, s[ps + j * ss]))
+            };
+            out[po] = combine(out[po], v);
+        } else {
+            for j in 0..n {
+                out[po + j] = combine(out[po + j], s[ps + j * ss]);
+            }
+        }
+    }
+}
+
+fn arg_reduce<T: Num>(s: &[T], l: &Layout, dim: usize, out: &mut [i64], max: bool) {
+    let n = l.dims()[dim];
+    let stride = l.strides[dim];
+    let base = l.narrow(dim, 0, 1);
+    for (o, b) in out.iter_mut().zip(base.offsets()) {
+        let mut best = s[b];
+        let mut idx = 0;
+        for i in 1..n {
+            let v = s[b + i * stride];
+            if (max && v > best) || (!max && v < best) {
+                best = v;
+                idx = i;
+            }
+        }
+        *o = idx as i64;
+    }
+}
+
+/// Offsets of each matrix of a batched operand.
+fn batch_offsets(l: &Layout) -> Vec<usize> {
+    let r = l.dims().len();
+    let batch =
+        Layout { shape: crate::Shape::from(&l.dims()[..r - 2]), strides: SmallVec::from_slice(&l.strides[..r - 2]), offset: l.offset };
+    batch.offsets().collect()
+}
+
+fn matmul_gemm<T: WithDType + 'static>(
+    a: &[T],
+    la: &Layout,
+    b: &[T],
+    lb: &Layout,
+    out: &mut [T],
+    (m, n, k): (usize, usize, usize),
+    threads: usize,
+) {
+    let r = la.dims().len();
+    let (a_rs, a_cs) = (la.strides[r - 2] as isize, la.strides[r - 1] as isize);
+    let (b_rs, b_cs) = (lb.strides[r - 2] as isize, lb.strides[r - 1] as isize);
+    let par = if threads > 1 && m * n * k >= MATMUL_PAR_MIN { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    let (zero, one) = (T::from_f64(0.0), T::from_f64(1.0));
+    if k == 0 {
+        out.fill(zero);
+        return;
+    }
+    for (bi, (oa, ob)) in batch_offsets(la).into_iter().zip(batch_offsets(lb)).enumerate() {
+        let dst = &mut out[bi * m * n..(bi + 1) * m * n];
+        // SAFETY: the front end checked that every index the strides reach
+        // lies inside the operands' storages, and `dst` holds m·n elements.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                dst.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                a.as_ptr().add(oa),
+                a_cs,
+                a_rs,
+                b.as_ptr().add(ob),
+                b_cs,
+                b_rs,
+                zero,
+                one,
+                false,
+                false,
+                false,
+                par,
+            );
+        }
+    }
+}
+
+fn matmul_naive<T: Num>(a: &[T], la: &Layout, b: &[T], lb: &Layout, out: &mut [T], (m, n, k): (usize, usize, usize)) {
+    let r = la.dims().len();
+    let (a_rs, a_cs) = (la.strides[r - 2], la.strides[r - 1]);
+    let (b_rs, b_cs) = (lb.strides[r - 2], lb.strides[r - 1]);
+    for (bi, (oa, ob)) in batch_offsets(la).into_iter().zip(batch_offsets(lb)).enumerate() {
+        for i in 0..m {
+            for j in 0..n {
+                let mut acc = T::ZERO;
+                for p in 0..k {
+                    acc = acc.add(a[oa + i * a_rs + p * a_cs].mul(b[ob + p * b_rs + j * b_cs]));
+                }
+                out[bi * m * n + i * n + j] = acc;
+            }
+        }
+    }
+}
+
+/// Converts between element types; f16/bf16 go through f32, which is exact.
+trait Convert<U> {
+    fn convert(self) -> U;
+}
+macro_rules! convert_via_f64 {
+    ($($from:ty),*) => { $(
+        impl<U: WithDType> Convert<U> for $from {
+            #[inline(always)]
+            fn convert(self) -> U {
+                U::from_f64(self.to_f64())
+            }
+        }
+    )* };
+}
+convert_via_f64!(f32, f64, i64, u8, f16, bf16);
+
+fn copy_typed<T: WithDType + Convert<U>, U: WithDType>(s: &[T], ls: &Layout, d: &mut [U], ld: &Layout) {
+    if T::DTYPE == U::DTYPE {
+        if let (Some((a0, a1)), Some((b0, b1))) = (ls.contiguous_range(), ld.contiguous_range()) {
+            // SAFETY: same dtype, so T and U are the same type.
+            let s: &[U] = unsafe { std::slice::from_raw_parts(s[a0..a1].as_ptr() as *const U, a1 - a0) };
+            d[b0..b1].copy_from_slice(s);
+            return;
+        }
+    }
+    for (i, j) in ls.offsets().zip(ld.offsets()) {
+        d[j] = s[i].convert();
+    }
+}
+
+fn copy_cast(src: &CpuBuffer, ls: &Layout, dst: &mut CpuBuffer, ld: &Layout) {
+    macro_rules! to {
+        ($s:expr) => {
+            match dst {
+                CpuBuffer::F32(d) => copy_typed($s, ls, d, ld),
+                CpuBuffer::F64(d) => copy_typed($s, ls, d, ld),
+                CpuBuffer::I64(d) => copy_typed($s, ls, d, ld),
+                CpuBuffer::U8(d) => copy_typed($s, ls, d, ld),
+                CpuBuffer::F16(d) => copy_typed($s, ls, d, ld),
+                CpuBuffer::BF16(d) => copy_typed($s, ls, d, ld),
+            }
+        };
+    }
+    match src {
+        CpuBuffer::F32(s) => to!(s),
+        CpuBuffer::F64(s) => to!(s),
+        CpuBuffer::I64(s) => to!(s),
+        CpuBuffer::U8(s) => to!(s),
+        CpuBuffer::F16(s) => to!(s),
+        CpuBuffer::BF16(s) => to!(s),
+    }
+}
+
+fn split_at_dim(dims: &[usize], dim: usize) -> (usize, usize, usize) {
+    (dims[..dim].iter().product(), dims[dim], dims[dim + 1..].iter().product())
+}
+
+fn index_select<T: Copy>(s: &[T], dims: &[usize], ids: &[usize], dim: usize, out: &mut [T]) {
+    let (outer, d, inner) = split_at_dim(dims, dim);
+    let mut o = 0;
+    for i in 0..outer {
+        for &id in ids {
+            // Out-of-range indices (only possible for indices that live on a
+            // GPU, which the front end does not read back) select nothing.
+            if id < d {
+                let start = (i * d + id) * inner;
+                out[o..o + inner].copy_from_slice(&s[start..start + inner]);
+            }
+            o += inner;
+        }
+    }
+}
+
+fn index_add<T: Num>(s: &[T], dims: &[usize], ids: &[usize], dim: usize, out: &mut [T]) {
+    let (outer, n, inner) = split_at_dim(dims, dim);
+    let d = out.len() / (outer * inner).max(1);
+    for i in 0..outer {
+        for (j, &id) in ids.iter().enumerate().take(n) {
+            if id >= d {
+                continue;
+            }
+            let src = (i * n + j) * inner;
+            let dst = (i * d + id) * inner;
+            for q in 0..inner {
+                out[dst + q] = out[dst + q].add(s[src + q]);
+            }
+        }
+    }
+}
+
+fn select<T: Copy>(mask: &[bool], a: &[T], la: &Layout, b: &[T], lb: &Layout, out: &mut [T]) {
+    for (((o, &m), i), j) in out.iter_mut().zip(mask).zip(la.offsets()).zip(lb.offsets()) {
+        *o = if m { a[i] } else { b[j] };
+    }
+}

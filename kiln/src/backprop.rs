@@ -1,0 +1,379 @@
+//! Reverse-mode automatic differentiation. An operation whose input
+//! requires gradients records a node naming the op and its inputs;
+//! `backward` walks the graph from a scalar in reverse topological order and
+//! accumulates gradients into the leaves, on each leaf's own device.
+
+use crate::op::{BinaryOp, ReduceOp, UnaryOp};
+use crate::{Error, Result, Tensor};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// What produced a tensor, with the inputs its gradient needs.
+pub(crate) enum BackOp {
+    Leaf,
+    Unary(UnaryOp, Tensor),
+    Binary(BinaryOp, Tensor, Tensor),
+    Reduce(ReduceOp, Tensor, Vec<usize>),
+    Matmul(Tensor, Tensor),
+    Reshape(Tensor),
+    Permute(Tensor, Vec<usize>),
+    Narrow(Tensor, usize, usize),
+    Broadcast(Tensor),
+    IndexSelect(Tensor, Tensor, usize),
+    Cat(Vec<Tensor>, usize),
+    Cast(Tensor),
+    Where(Tensor, Tensor, Tensor),
+    ToDevice(Tensor),
+}
+
+/// A node of the autograd graph. Leaves keep their accumulated gradient.
+pub(crate) struct Node {
+    op: BackOp,
+    grad: Mutex<Option<Tensor>>,
+}
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Whether operations on this thread record the autograd graph.
+pub fn is_grad_enabled() -> bool {
+    GRAD_ENABLED.with(|g| g.get())
+}
+
+/// Re-enables recording when dropped.
+#[must_use = "recording resumes when this guard is dropped"]
+pub struct NoGradGuard {
+    previous: bool,
+}
+
+impl Drop for NoGradGuard {
+    fn drop(&mut self) {
+        GRAD_ENABLED.with(|g| g.set(self.previous));
+    }
+}
+
+/// Stops recording gradients on this thread until the guard drops
+/// (inference, optimizer updates; PyTorch's `torch.no_grad()`).
+///
+/// ```
+/// use kiln::{Tensor, cpu};
+/// let w = Tensor::new(&[1f32], &cpu())?.requires_grad_();
+/// let y = {
+///     let _g = kiln::no_grad();
+///     (&w * 2.0)?
+/// };
+/// assert!(!y.requires_grad());
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn no_grad() -> NoGradGuard {
+    let previous = GRAD_ENABLED.with(|g| g.replace(false));
+    NoGradGuard { previous }
+}
+
+/// Attaches a node to `t` when recording and some input requires grad.
+pub(crate) fn record(mut t: Tensor, op: impl FnOnce() -> BackOp, inputs: &[&Tensor]) -> Tensor {
+    if inputs.iter().any(|i| i.node.is_some()) && is_grad_enabled() {
+        t.node = Some(Arc::new(Node { op: op(), grad: Mutex::new(None) }));
+    }
+    t
+}
+
+impl Tensor {
+    /// This tensor as a leaf that requires gradients (a parameter). Shares
+    /// storage with `self`.
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::new(&[3f32], &cpu())?.requires_grad_();
+    /// let y = x.sqr()?.sum_all()?;
+    /// y.backward()?;
+    /// assert_eq!(x.grad().unwrap().to_vec::<f32>()?, vec![6.0]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn requires_grad_(&self) -> Tensor {
+        Tensor {
+            storage: self.storage.clone(),
+            layout: self.layout.clone(),
+            node: Some(Arc::new(Node { op: BackOp::Leaf, grad: Mutex::new(None) })),
+        }
+    }
+    /// True when this tensor is recorded for autograd.
+    pub fn requires_grad(&self) -> bool {
+        self.node.is_some()
+    }
+    /// True for a parameter created with `requires_grad_`.
+    pub fn is_leaf(&self) -> bool {
+        matches!(self.node.as_deref(), Some(Node { op: BackOp::Leaf, .. }))
+    }
+    /// The same values, cut from the graph.
+    pub fn detach(&self) -> Tensor {
+        Tensor { storage: self.storage.clone(), layout: self.layout.clone(), node: None }
+    }
+    /// The gradient accumulated into this leaf by `backward`, on its device.
+    pub fn grad(&self) -> Option<Tensor> {
+        let node = self.node.as_ref()?;
+        node.grad.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    /// Clears this leaf's gradient.
+    pub fn zero_grad(&self) {
+        if let Some(node) = &self.node {
+            *node.grad.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+    }
+    /// Replaces this leaf's gradient (for gradient clipping and the like).
+    pub fn set_grad(&self, grad: Option<Tensor>) -> Result<()> {
+        let node = self
+            .node
+            .as_ref()
+            .ok_or_else(|| Error::invalid("set_grad", "this tensor does not require grad; call requires_grad_() first"))?;
+        *node.grad.lock().unwrap_or_else(|e| e.into_inner()) = grad;
+        Ok(())
+    }
+
+    /// Backpropagates from this one-element tensor, adding d(self)/d(leaf)
+    /// into every leaf's `grad()`.
+    pub fn backward(&self) -> Result<()> {
+        if self.elem_count() != 1 {
+            return Err(Error::invalid(
+                "backward",
+                format!(
+                    "needs a one-element tensor, got shape {}; reduce it first (e.g. `.sum_all()?`) or use `backward_with`",
+                    self.shape()
+                ),
+            ));
+        }
+        let seed = {
+            let _g = no_grad();
+            self.ones_like()?
+        };
+        self.backward_with(&seed)
+    }
+
+    /// Backpropagates with an explicit output gradient of `self`'s shape.
+    pub fn backward_with(&self, seed: &Tensor) -> Result<()> {
+        let root =
+            self.node.as_ref().ok_or_else(|| Error::invalid("backward", "this tensor does not depend on any tensor that requires grad"))?;
+        if seed.dims() != self.dims() {
+            return Err(Error::shape("backward", self.dims(), seed.dims()));
+        }
+        let _g = no_grad();
+        let order = topological(root);
+        let mut grads: HashMap<usize, Tensor> = HashMap::new();
+        grads.insert(key(root), seed.clone());
+        for node in order {
+            let Some(g) = grads.remove(&key(&node)) else { continue };
+            if let BackOp::Leaf = node.op {
+                let mut slot = node.grad.lock().unwrap_or_else(|e| e.into_inner());
+                *slot = Some(match slot.take() {
+                    Some(old) => old.add(&g)?,
+                    None => g.contiguous()?,
+                });
+                continue;
+            }
+            for (input, ig) in input_grads(&node.op, &g)? {
+                let Some(n) = &input.node else { continue };
+                let k = key(n);
+                let acc = match grads.remove(&k) {
+                    Some(old) => old.add(&ig)?,
+                    None => ig,
+                };
+                grads.insert(k, acc);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn key(n: &Arc<Node>) -> usize {
+    Arc::as_ptr(n) as usize
+}
+
+fn inputs(op: &BackOp) -> Vec<&Tensor> {
+    match op {
+        BackOp::Leaf => vec![],
+        BackOp::Unary(_, x)
+        | BackOp::Reduce(_, x, _)
+        | BackOp::Reshape(x)
+        | BackOp::Permute(x, _)
+        | BackOp::Narrow(x, _, _)
+        | BackOp::Broadcast(x)
+        | BackOp::IndexSelect(x, _, _)
+        | BackOp::Cast(x)
+        | BackOp::ToDevice(x) => vec![x],
+        BackOp::Binary(_, a, b) | BackOp::Matmul(a, b) => vec![a, b],
+        BackOp::Where(_, a, b) => vec![a, b],
+        BackOp::Cat(xs, _) => xs.iter().collect(),
+    }
+}
+
+/// Nodes reachable from `root`, each after every node that uses it.
+fn topological(root: &Arc<Node>) -> Vec<Arc<Node>> {
+    let mut post = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut stack: Vec<(Arc<Node>, bool)> = vec![(root.clone(), false)];
+    while let Some((node, expanded)) = stack.pop() {
+        if expanded {
+            post.push(node);
+            continue;
+        }
+        if !seen.insert(key(&node)) {
+            continue;
+        }
+        stack.push((node.clone(), true));
+        for input in inputs(&node.op) {
+            if let Some(n) = &input.node {
+                if !seen.contains(&key(n)) {
+                    stack.push((n.clone(), false));
+                }
+            }
+        }
+    }
+    post.reverse();
+    post
+}
+
+/// 0/1 of `x`'s dtype where `cmp(x, s)` holds.
+fn mask_scalar(x: &Tensor, op: BinaryOp, s: f64) -> Result<Tensor> {
+    let s = Tensor::full(s, (), x.dtype(), &x.device())?;
+    x.binary(&s, op)?.to_dtype(x.dtype())
+}
+
+fn mask(a: &Tensor, op: BinaryOp, b: &Tensor) -> Result<Tensor> {
+    a.binary(b, op)?.to_dtype(a.dtype())
+}
+
+/// Sums a broadcast gradient back down to `shape`.
+pub(crate) fn sum_to(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
+    if g.dims() == shape {
+        return Ok(g.clone());
+    }
+    let extra = g.rank() - shape.len();
+    let mut dims: Vec<usize> = (0..extra).collect();
+    for (i, &s) in shape.iter().enumerate() {
+        if s == 1 && g.dims()[extra + i] != 1 {
+            dims.push(extra + i);
+        }
+    }
+    g.sum_dims(&dims, true)?.reshape(shape)
+}
+
+fn input_grads(op: &BackOp, g: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
+    Ok(match op {
+        BackOp::Leaf => vec![],
+        BackOp::Unary(u, x) => {
+            let d = match *u {
+                UnaryOp::Neg => g.neg()?,
+                UnaryOp::Abs => g.mul(&mask_scalar(x, BinaryOp::Gt, 0.0)?.sub(&mask_scalar(x, BinaryOp::Lt, 0.0)?)?)?,
+                UnaryOp::Exp => g.mul(&x.exp()?)?,
+                UnaryOp::Log => g.div(x)?,
+                UnaryOp::Sqrt => g.div(&x.sqrt()?.mul_scalar(2.0)?)?,
+                UnaryOp::Sqr => g.mul(&x.mul_scalar(2.0)?)?,
+                UnaryOp::Recip => g.neg()?.div(&x.sqr()?)?,
+                UnaryOp::Sin => g.mul(&x.cos()?)?,
+                UnaryOp::Cos => g.mul(&x.sin()?.neg()?)?,
+                UnaryOp::Tanh => g.mul(&x.tanh()?.sqr()?.unary(UnaryOp::RSubScalar(1.0))?)?,
+                UnaryOp::Sigmoid => {
+                    let s = x.sigmoid()?;
+                    g.mul(&s.mul(&s.unary(UnaryOp::RSubScalar(1.0))?)?)?
+                }
+                UnaryOp::Relu => g.mul(&mask_scalar(x, BinaryOp::Gt, 0.0)?)?,
+                UnaryOp::Powi(n) => g.mul(&x.powi(n - 1)?.mul_scalar(n as f64)?)?,
+                UnaryOp::Powf(p) => g.mul(&x.powf(p - 1.0)?.mul_scalar(p)?)?,
+                UnaryOp::AddScalar(_) | UnaryOp::SubScalar(_) => g.clone(),
+                UnaryOp::RSubScalar(_) => g.neg()?,
+                UnaryOp::MulScalar(s) => g.mul_scalar(s)?,
+                UnaryOp::DivScalar(s) => g.div_scalar(s)?,
+                UnaryOp::RDivScalar(s) => g.mul(&x.sqr()?.unary(UnaryOp::RDivScalar(-s))?)?,
+                UnaryOp::MaxScalar(s) => g.mul(&mask_scalar(x, BinaryOp::Ge, s)?)?,
+                UnaryOp::MinScalar(s) => g.mul(&mask_scalar(x, BinaryOp::Le, s)?)?,
+                UnaryOp::Affine(a, _) => g.mul_scalar(a)?,
+            };
+            vec![(x.clone(), d)]
+        }
+        BackOp::Binary(op, a, b) => {
+            let (ga, gb) = match op {
+                BinaryOp::Add => (g.clone(), g.clone()),
+                BinaryOp::Sub => (g.clone(), g.neg()?),
+                BinaryOp::Mul => (g.mul(b)?, g.mul(a)?),
+                BinaryOp::Div => (g.div(b)?, g.mul(a)?.div(&b.sqr()?)?.neg()?),
+                BinaryOp::Pow => {
+                    let out = a.pow(b)?;
+                    (g.mul(b)?.mul(&a.pow(&b.sub(&b.ones_like()?)?)?)?, g.mul(&out)?.mul(&a.log()?)?)
+                }
+                BinaryOp::Maximum => (g.mul(&mask(a, BinaryOp::Ge, b)?)?, g.mul(&mask(a, BinaryOp::Lt, b)?)?),
+                BinaryOp::Minimum => (g.mul(&mask(a, BinaryOp::Le, b)?)?, g.mul(&mask(a, BinaryOp::Gt, b)?)?),
+                _ => return Ok(vec![]),
+            };
+            vec![(a.clone(), sum_to(&ga, a.dims())?), (b.clone(), sum_to(&gb, b.dims())?)]
+        }
+        BackOp::Reduce(op, x, dims) => {
+            let d = match op {
+                ReduceOp::Sum => g.broadcast_to(x.shape())?,
+                ReduceOp::Max | ReduceOp::Min => {
+                    let out = x.reduce(*op, dims, true)?;
+                    g.broadcast_to(x.shape())?.mul(&mask(x, BinaryOp::Eq, &out)?)?
+                }
+                _ => return Ok(vec![]),
+            };
+            vec![(x.clone(), d)]
+        }
+        BackOp::Matmul(a, b) => {
+            let ga = g.matmul(&b.t()?)?;
+            let gb = a.t()?.matmul(g)?;
+            vec![(a.clone(), sum_to(&ga, a.dims())?), (b.clone(), sum_to(&gb, b.dims())?)]
+        }
+        BackOp::Reshape(x) => vec![(x.clone(), g.reshape(x.shape())?)],
+        BackOp::Permute(x, perm) => {
+            let mut inverse = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inverse[p] = i;
+            }
+            vec![(x.clone(), g.permute(&inverse)?)]
+        }
+        BackOp::Narrow(x, dim, start) => {
+            let (dim, start) = (*dim, *start);
+            let size = x.dims()[dim];
+            let len = g.dims()[dim];
+            let mut parts = Vec::new();
+            let piece = |n: usize| -> Result<Tensor> {
+                let mut dims = x.dims().to_vec();
+                dims[dim] = n;
+                Tensor::zeros(dims, g.dtype(), &g.device())
+            };
+            if start > 0 {
+                parts.push(piece(start)?);
+            }
+            parts.push(g.clone());
+            if start + len < size {
+                parts.push(piece(size - start - len)?);
+            }
+            let refs: Vec<&Tensor> = parts.iter().collect();
+            vec![(x.clone(), Tensor::cat(&refs, dim)?)]
+        }
+        BackOp::Broadcast(x) => vec![(x.clone(), sum_to(g, x.dims())?)],
+        BackOp::IndexSelect(x, ids, dim) => {
+            let zeros = x.zeros_like()?;
+            vec![(x.clone(), zeros.index_add(ids, &g.contiguous()?, *dim)?)]
+        }
+        BackOp::Cat(xs, dim) => {
+            let mut start = 0;
+            let mut out = Vec::new();
+            for x in xs {
+                let n = x.dims()[*dim];
+                out.push((x.clone(), g.narrow(*dim, start, n)?));
+                start += n;
+            }
+            out
+        }
+        BackOp::Cast(x) => vec![(x.clone(), g.to_dtype(x.dtype())?)],
+        BackOp::Where(c, a, b) => {
+            let zero = Tensor::zeros((), g.dtype(), &g.device())?;
+            let ga = c.where_cond(g, &zero)?;
+            let gb = c.where_cond(&zero, g)?;
+            vec![(a.clone(), sum_to(&ga, a.dims())?), (b.clone(), sum_to(&gb, b.dims())?)]
+        }
+        BackOp::ToDevice(x) => vec![(x.clone(), g.to(&x.device())?)],
+    })
+}

@@ -1,0 +1,396 @@
+//! The chapter's device vocabulary: `cpu()`, `gpu(i)`, `num_gpus()`,
+//! `try_gpu(i)`, `try_all_gpus()`, and the registry of backends behind them.
+//! GPUs are numbered real ones first (CUDA), then simulated ones.
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::sim::SimBackend;
+use crate::backend::Backend;
+use crate::memory::{parse_bytes, MemoryStats};
+use crate::{Error, Result};
+use std::sync::{Arc, OnceLock, RwLock};
+
+/// Where a tensor lives: the CPU or the i-th GPU. Naming a device never
+/// fails; using one that does not exist returns [`Error::NoSuchDevice`].
+///
+/// ```
+/// use kiln::{cpu, gpu, Device};
+/// assert_eq!(cpu().to_string(), "cpu");
+/// assert_eq!(gpu(1).to_string(), "gpu(1)");
+/// assert_eq!(gpu(0), Device::Gpu(0));
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum Device {
+    /// Host memory and all CPU cores.
+    #[default]
+    Cpu,
+    /// The i-th GPU (real ones first, then simulated ones).
+    Gpu(usize),
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Gpu(i) => write!(f, "gpu({i})"),
+        }
+    }
+}
+
+impl std::str::FromStr for Device {
+    type Err = Error;
+    /// Parses `cpu`, `gpu`, `gpu(1)`, `gpu:1`, `cuda:1`.
+    fn from_str(s: &str) -> Result<Device> {
+        let t = s.trim().to_ascii_lowercase();
+        if t == "cpu" {
+            return Ok(Device::Cpu);
+        }
+        for prefix in ["gpu", "cuda"] {
+            if let Some(rest) = t.strip_prefix(prefix) {
+                let rest = rest.trim_start_matches([':', '(']).trim_end_matches(')');
+                if rest.is_empty() {
+                    return Ok(Device::Gpu(0));
+                }
+                if let Ok(i) = rest.parse() {
+                    return Ok(Device::Gpu(i));
+                }
+            }
+        }
+        Err(Error::invalid("device", format!("`{s}` is not a device; write `cpu`, `gpu`, `gpu(1)` or `gpu:1`")))
+    }
+}
+
+impl Device {
+    /// True for the CPU.
+    pub fn is_cpu(&self) -> bool {
+        matches!(self, Device::Cpu)
+    }
+    /// True for a GPU (real or simulated).
+    pub fn is_gpu(&self) -> bool {
+        matches!(self, Device::Gpu(_))
+    }
+    /// Whether the device exists on this machine.
+    pub fn exists(&self) -> bool {
+        backend(*self).is_ok()
+    }
+    /// Memory statistics of this device.
+    pub fn memory_stats(&self) -> Result<MemoryStats> {
+        Ok(backend(*self)?.pool().stats())
+    }
+}
+
+/// The CPU device.
+pub fn cpu() -> Device {
+    Device::Cpu
+}
+
+/// The i-th GPU. This only names it: using it when it does not exist is an
+/// error, see [`try_gpu`].
+pub fn gpu(i: usize) -> Device {
+    Device::Gpu(i)
+}
+
+/// What kind of hardware stands behind a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    /// The host CPU.
+    Cpu,
+    /// An NVIDIA GPU through CUDA.
+    Cuda,
+    /// A simulated GPU: host RAM with its own capacity and queue.
+    Simulated,
+}
+
+impl std::fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+            DeviceKind::Simulated => "simulated",
+        })
+    }
+}
+
+/// One line of [`devices()`]: what a device is and what it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The device.
+    pub device: Device,
+    /// Human-readable name (CPU model, GPU name).
+    pub name: String,
+    /// CPU, CUDA or simulated.
+    pub kind: DeviceKind,
+    /// Total memory, where known (host RAM for the CPU).
+    pub memory_total: Option<usize>,
+    /// Free memory as the driver or the OS reports it, where known.
+    pub memory_free: Option<usize>,
+    /// kiln's own use: bytes held by live tensors.
+    pub memory_in_use: usize,
+    /// Extra facts (compute capability, driver version), as key/value pairs.
+    pub details: Vec<(String, String)>,
+}
+
+/// Why [`try_gpu`] fell back to the CPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// kiln was built without any GPU backend.
+    NoGpuBackendBuilt,
+    /// No CUDA driver library (libcuda.so) could be loaded.
+    DriverNotFound,
+    /// The driver loaded but reported no device (or failed to start).
+    NoDevice(String),
+    /// There are GPUs, but fewer than asked for.
+    IndexOutOfRange {
+        /// The index asked for.
+        index: usize,
+        /// How many GPUs exist.
+        count: usize,
+    },
+}
+
+impl std::fmt::Display for FallbackReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FallbackReason::NoGpuBackendBuilt => f.write_str("kiln was built without a GPU backend"),
+            FallbackReason::DriverNotFound => {
+                f.write_str("no CUDA driver library found (libcuda.so); set KILN_SIM_GPUS=2 to simulate GPUs")
+            }
+            FallbackReason::NoDevice(why) => write!(f, "the CUDA driver reports no usable device: {why}"),
+            FallbackReason::IndexOutOfRange { index, count } => {
+                write!(f, "gpu({index}) asked for, but this machine has {count} GPU(s)")
+            }
+        }
+    }
+}
+
+/// Default capacity of a simulated GPU.
+pub const DEFAULT_SIM_GPU_MEMORY: usize = 2 << 30;
+
+/// The status of the real-GPU backend, decided once per process.
+pub(crate) struct RealGpus {
+    pub(crate) backends: Vec<Arc<dyn Backend>>,
+    /// Why there are none, when there are none.
+    pub(crate) absent: Option<FallbackReason>,
+}
+
+struct Registry {
+    cpu: Arc<dyn Backend>,
+    real: RealGpus,
+    gpus: RwLock<Vec<Arc<dyn Backend>>>,
+}
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let real = crate::cuda_probe();
+        let mut gpus = real.backends.clone();
+        let count = std::env::var("KILN_SIM_GPUS").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0);
+        let capacity = std::env::var("KILN_SIM_GPU_MEMORY")
+            .ok()
+            .and_then(|v| parse_bytes(&v).map_err(|e| eprintln!("kiln: ignoring KILN_SIM_GPU_MEMORY: {e}")).ok())
+            .unwrap_or(DEFAULT_SIM_GPU_MEMORY);
+        for s in 0..count {
+            let index = gpus.len();
+            gpus.push(Arc::new(SimBackend::new(Device::Gpu(index), s, capacity)));
+        }
+        Registry { cpu: Arc::new(CpuBackend::new()), real, gpus: RwLock::new(gpus) }
+    })
+}
+
+/// Makes sure at least `n` simulated GPUs exist, adding them with `capacity`
+/// bytes each when fewer do, and returns their devices. Independent of the
+/// environment, so tests can call it; adding is permanent for the process.
+///
+/// ```
+/// let sims = kiln::ensure_simulated_gpus(2, 256 << 20);
+/// assert_eq!(sims.len(), 2);
+/// assert!(kiln::num_gpus() >= 2);
+/// ```
+pub fn ensure_simulated_gpus(n: usize, capacity: usize) -> Vec<Device> {
+    let reg = registry();
+    let mut gpus = reg.gpus.write().unwrap_or_else(|e| e.into_inner());
+    let mut sims: Vec<Device> = gpus.iter().filter(|b| b.kind() == DeviceKind::Simulated).map(|b| b.device()).collect();
+    while sims.len() < n {
+        let index = gpus.len();
+        let device = Device::Gpu(index);
+        gpus.push(Arc::new(SimBackend::new(device, sims.len(), capacity)));
+        sims.push(device);
+    }
+    sims.truncate(n);
+    sims
+}
+
+pub(crate) fn backend(device: Device) -> Result<Arc<dyn Backend>> {
+    let reg = registry();
+    match device {
+        Device::Cpu => Ok(reg.cpu.clone()),
+        Device::Gpu(i) => {
+            let gpus = reg.gpus.read().unwrap_or_else(|e| e.into_inner());
+            gpus.get(i).cloned().ok_or_else(|| Error::NoSuchDevice { device, available: all_devices(&gpus) })
+        }
+    }
+}
+
+fn all_devices(gpus: &[Arc<dyn Backend>]) -> Vec<Device> {
+    std::iter::once(Device::Cpu).chain((0..gpus.len()).map(Device::Gpu)).collect()
+}
+
+/// The number of GPUs: real ones plus simulated ones.
+///
+/// ```
+/// // Without a GPU and without KILN_SIM_GPUS this is 0.
+/// let n = kiln::num_gpus();
+/// assert_eq!(kiln::try_all_gpus().len(), n.max(1));
+/// ```
+pub fn num_gpus() -> usize {
+    registry().gpus.read().unwrap_or_else(|e| e.into_inner()).len()
+}
+
+/// `gpu(i)` if it exists, otherwise the CPU (the chapter's `try_gpu`).
+/// [`why_not_gpu`] says why it fell back.
+///
+/// ```
+/// let d = kiln::try_gpu(10);
+/// if kiln::num_gpus() < 11 {
+///     assert_eq!(d, kiln::cpu());
+/// }
+/// ```
+pub fn try_gpu(i: usize) -> Device {
+    if i < num_gpus() {
+        Device::Gpu(i)
+    } else {
+        Device::Cpu
+    }
+}
+
+/// Why `try_gpu(i)` falls back to the CPU, or `None` when `gpu(i)` exists.
+///
+/// ```
+/// if kiln::num_gpus() == 0 {
+///     println!("{}", kiln::why_not_gpu(0).unwrap());
+/// }
+/// ```
+pub fn why_not_gpu(i: usize) -> Option<FallbackReason> {
+    let count = num_gpus();
+    if i < count {
+        return None;
+    }
+    if count > 0 {
+        return Some(FallbackReason::IndexOutOfRange { index: i, count });
+    }
+    Some(registry().real.absent.clone().unwrap_or(FallbackReason::IndexOutOfRange { index: i, count }))
+}
+
+/// Every GPU, or `[cpu()]` when there is none (the chapter's documented
+/// contract, so that code written for GPUs still runs).
+pub fn try_all_gpus() -> Vec<Device> {
+    let n = num_gpus();
+    if n == 0 {
+        vec![Device::Cpu]
+    } else {
+        (0..n).map(Device::Gpu).collect()
+    }
+}
+
+/// One record per device: name, kind, memory total, free and in use by kiln.
+///
+/// ```
+/// let list = kiln::devices();
+/// assert_eq!(list[0].device, kiln::cpu());
+/// ```
+pub fn devices() -> Vec<DeviceInfo> {
+    let reg = registry();
+    let gpus = reg.gpus.read().unwrap_or_else(|e| e.into_inner()).clone();
+    std::iter::once(reg.cpu.clone()).chain(gpus).map(|b| info(&*b)).collect()
+}
+
+fn info(b: &dyn Backend) -> DeviceInfo {
+    let stats = b.pool().stats();
+    let memory_total = match b.kind() {
+        DeviceKind::Cpu => host_memory_total(),
+        _ => stats.capacity,
+    };
+    DeviceInfo {
+        device: b.device(),
+        name: b.name(),
+        kind: b.kind(),
+        memory_total,
+        memory_free: b.driver_free_memory(),
+        memory_in_use: stats.in_use,
+        details: b.details(),
+    }
+}
+
+fn host_memory_total() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    line.split_whitespace().nth(1)?.parse::<usize>().ok().map(|kb| kb * 1024)
+}
+
+/// Memory statistics of a device: in use, peak, live tensors, capacity.
+pub fn memory_stats(device: &Device) -> Result<MemoryStats> {
+    device.memory_stats()
+}
+
+/// Restarts peak tracking of a device at its current use.
+pub fn reset_peak_memory(device: &Device) -> Result<()> {
+    backend(*device)?.pool().reset_peak();
+    Ok(())
+}
+
+/// Frees the buffers kiln keeps for reuse on a device.
+pub fn empty_cache(device: &Device) -> Result<()> {
+    backend(*device)?.pool().empty_cache();
+    Ok(())
+}
+
+/// Waits until all work submitted to `device` has run (the chapter's
+/// `torch.cuda.synchronize`).
+pub fn synchronize(device: &Device) -> Result<()> {
+    backend(*device)?.synchronize()
+}
+
+thread_local! {
+    static DEFAULT_DEVICE: std::cell::Cell<Device> = const { std::cell::Cell::new(Device::Cpu) };
+}
+
+/// The device that code which names none uses on this thread: the CPU unless
+/// a [`default_device_scope`] is active.
+pub fn default_device() -> Device {
+    DEFAULT_DEVICE.with(|d| d.get())
+}
+
+/// Restores the previous default device when dropped.
+#[must_use = "the scope ends when this guard is dropped"]
+pub struct DefaultDeviceGuard {
+    previous: Device,
+}
+
+impl Drop for DefaultDeviceGuard {
+    fn drop(&mut self) {
+        DEFAULT_DEVICE.with(|d| d.set(self.previous));
+    }
+}
+
+/// Makes `device` the default for this thread until the guard drops (the
+/// chapter's `with mx.Context(...)`, `jax.default_device(...)`). Fails with
+/// `NoSuchDevice` when the device does not exist.
+///
+/// ```
+/// use kiln::{cpu, default_device, default_device_scope};
+/// {
+///     let _scope = default_device_scope(cpu())?;
+///     assert_eq!(default_device(), cpu());
+/// }
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn default_device_scope(device: Device) -> Result<DefaultDeviceGuard> {
+    backend(device)?;
+    let previous = DEFAULT_DEVICE.with(|d| d.replace(device));
+    Ok(DefaultDeviceGuard { previous })
+}

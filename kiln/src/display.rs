@@ -1,0 +1,100 @@
+//! Printing like PyTorch: `tensor([[1., 1., 1.],\n        [1., 1., 1.]], device=gpu(0))`.
+//! Printing a GPU tensor reads it to the host, which the ledger books as a
+//! device-to-host transfer; large tensors are elided (first and last three
+//! entries of each dimension).
+
+use crate::{DType, Tensor};
+use std::fmt::{self, Write};
+
+/// Dimensions longer than this are elided when the tensor is large.
+const EDGE: usize = 3;
+/// Tensors with more elements than this are printed elided.
+const THRESHOLD: usize = 1000;
+
+struct Formatter {
+    integral: bool,
+    float: bool,
+    width: usize,
+}
+
+impl Formatter {
+    fn new(values: &[f64], dtype: DType) -> Self {
+        let float = dtype.is_float();
+        let integral = !float || values.iter().all(|v| v.fract() == 0.0 || !v.is_finite());
+        let mut f = Formatter { integral, float, width: 0 };
+        f.width = values.iter().map(|&v| f.text(v).len()).max().unwrap_or(0);
+        f
+    }
+    fn text(&self, v: f64) -> String {
+        if !self.float {
+            format!("{}", v as i64)
+        } else if v.is_nan() {
+            "nan".into()
+        } else if v.is_infinite() {
+            if v > 0.0 {
+                "inf".into()
+            } else {
+                "-inf".into()
+            }
+        } else if self.integral {
+            format!("{v:.0}.")
+        } else {
+            format!("{v:.4}")
+        }
+    }
+}
+
+fn write_nested(out: &mut String, values: &[f64], dims: &[usize], f: &Formatter, elide: bool, indent: usize) {
+    if dims.is_empty() {
+        let _ = write!(out, "{:>w$}", f.text(values[0]), w = f.width);
+        return;
+    }
+    let n = dims[0];
+    let inner: usize = dims[1..].iter().product();
+    out.push('[');
+    let shown: Vec<Option<usize>> = if elide && n > 2 * EDGE {
+        (0..EDGE).map(Some).chain(std::iter::once(None)).chain((n - EDGE..n).map(Some)).collect()
+    } else {
+        (0..n).map(Some).collect()
+    };
+    for (k, i) in shown.iter().enumerate() {
+        if k > 0 {
+            out.push(',');
+            if dims.len() > 1 {
+                out.push_str(&"\n".repeat(dims.len() - 1));
+                out.push_str(&" ".repeat(indent + 1));
+            } else {
+                out.push(' ');
+            }
+        }
+        match i {
+            Some(i) => write_nested(out, &values[i * inner..(i + 1) * inner], &dims[1..], f, elide, indent + 1),
+            None => out.push_str("..."),
+        }
+    }
+    out.push(']');
+}
+
+impl fmt::Display for Tensor {
+    fn fmt(&self, out: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let values = match self.read_host(std::panic::Location::caller()) {
+            Ok(buf) => (0..buf.len()).map(|i| buf.get_f64(i)).collect::<Vec<_>>(),
+            Err(e) => return write!(out, "tensor(<not readable: {e}>, shape={:?}, device={})", self.dims(), self.device()),
+        };
+        let elide = values.len() > THRESHOLD;
+        let f = Formatter::new(&values, self.dtype());
+        let mut s = String::from("tensor(");
+        write_nested(&mut s, &values, self.dims(), &f, elide, 7);
+        if !self.device().is_cpu() {
+            let _ = write!(s, ", device={}", self.device());
+        }
+        if !matches!(self.dtype(), DType::F32 | DType::I64) {
+            let _ = write!(s, ", dtype={}", self.dtype());
+        }
+        if self.requires_grad() {
+            s.push_str(", requires_grad=true");
+        }
+        s.push(')');
+        out.write_str(&s)
+    }
+}

@@ -1,0 +1,181 @@
+//! The one error type of kiln. Every message says what happened, with the
+//! devices, shapes and bytes involved, and what to do about it.
+
+use crate::{DType, Device};
+
+/// Which way a transfer goes; used by the ledger, the guard and errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Direction {
+    /// Host memory to a GPU.
+    HostToDevice,
+    /// A GPU to host memory (includes printing and `to_vec`).
+    DeviceToHost,
+    /// One GPU to another.
+    DeviceToDevice,
+}
+
+impl std::fmt::Display for Direction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Direction::HostToDevice => "host-to-device",
+            Direction::DeviceToHost => "device-to-host",
+            Direction::DeviceToDevice => "device-to-device",
+        })
+    }
+}
+
+fn list(devices: &[Device]) -> String {
+    devices.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// Formats a byte count the way people read it (`1.5 GiB`).
+pub fn human_bytes(bytes: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// Everything that can go wrong in kiln.
+///
+/// ```
+/// use kiln::{Tensor, Error, cpu};
+/// let a = Tensor::ones((2, 3), kiln::DType::F32, &cpu())?;
+/// let b = Tensor::ones((4,), kiln::DType::F32, &cpu())?;
+/// assert!(matches!(a.add(&b), Err(Error::ShapeMismatch { .. })));
+/// # Ok::<(), kiln::Error>(())
+/// ```
+#[derive(thiserror::Error, Debug, Clone)]
+#[non_exhaustive]
+pub enum Error {
+    /// Two operands of one operation live on different devices.
+    #[error("{op}: operands are on different devices, {lhs} and {rhs}; kiln never copies silently: move one operand first, e.g. `rhs.to(&{lhs})?`")]
+    DeviceMismatch {
+        /// The operation that was refused.
+        op: String,
+        /// Device of the first operand.
+        lhs: Device,
+        /// Device of the other operand.
+        rhs: Device,
+    },
+    /// A device that does not exist on this machine was used.
+    #[error("{device} does not exist; devices here: [{}]; use `kiln::try_gpu({})` to fall back to the CPU", list(.available), match .device { Device::Gpu(i) => *i, Device::Cpu => 0 })]
+    NoSuchDevice {
+        /// The device that was asked for.
+        device: Device,
+        /// The devices that do exist.
+        available: Vec<Device>,
+    },
+    /// Shapes that do not fit together.
+    #[error("{op}: shapes {lhs:?} and {rhs:?} do not fit together{}", hint(.op))]
+    ShapeMismatch {
+        /// The operation that was refused.
+        op: String,
+        /// Shape of the first operand.
+        lhs: Vec<usize>,
+        /// Shape of the other operand (or the requested shape).
+        rhs: Vec<usize>,
+    },
+    /// Operands whose element types differ, or a dtype an op does not support.
+    #[error("{op}: dtypes {lhs} and {rhs} differ; convert one with `.to_dtype(DType::{lhs:?})?`")]
+    DTypeMismatch {
+        /// The operation that was refused.
+        op: String,
+        /// The first dtype.
+        lhs: DType,
+        /// The other dtype.
+        rhs: DType,
+    },
+    /// An operation that does not support a dtype.
+    #[error("{op}: not supported for dtype {dtype}; convert first with `.to_dtype(DType::F32)?`")]
+    UnsupportedDType {
+        /// The operation that was refused.
+        op: String,
+        /// The dtype it was given.
+        dtype: DType,
+    },
+    /// A device's memory is full.
+    #[error("out of memory on {device}: asked for {}, {} in use of {}; drop tensors you no longer need (memory returns at once), or use a smaller batch", human_bytes(*.requested), human_bytes(*.in_use), human_bytes(*.capacity))]
+    OutOfMemory {
+        /// The device whose memory is full.
+        device: Device,
+        /// Bytes requested by the failing call.
+        requested: usize,
+        /// Bytes in use by kiln on that device.
+        in_use: usize,
+        /// Capacity of the device.
+        capacity: usize,
+    },
+    /// A transfer forbidden by a [`crate::TransferGuard`].
+    #[error("{direction} transfer from {src} to {dst} at {location} is disallowed by a transfer guard; keep the data where it is, or allow it with `kiln::transfer_guard(...)`")]
+    TransferDisallowed {
+        /// Which way the transfer would have gone.
+        direction: Direction,
+        /// Source device.
+        src: Device,
+        /// Destination device.
+        dst: Device,
+        /// The user's call site, `file:line:column`.
+        location: String,
+    },
+    /// An argument out of range or otherwise meaningless.
+    #[error("{op}: {msg}")]
+    InvalidArgument {
+        /// The operation that was refused.
+        op: String,
+        /// What was wrong and what to do.
+        msg: String,
+    },
+    /// A failure inside a device backend (driver, compiler, library).
+    #[error("{device}: {msg}")]
+    Backend {
+        /// The device whose backend failed.
+        device: Device,
+        /// The backend's message.
+        msg: String,
+    },
+    /// An I/O failure, with the path it concerned.
+    #[error("{path}: {msg}")]
+    Io {
+        /// The file or directory.
+        path: String,
+        /// What went wrong.
+        msg: String,
+    },
+    /// A checkpoint or data file that cannot be used.
+    #[error("{path}: {msg}")]
+    Format {
+        /// The file.
+        path: String,
+        /// What is wrong with it, naming the tensor when there is one.
+        msg: String,
+    },
+}
+
+fn hint(op: &str) -> &'static str {
+    match op {
+        "matmul" => "; the inner dimensions must agree: (.., m, k) @ (.., k, n)",
+        "reshape" => "; the element counts must be equal",
+        _ => "; broadcasting needs each trailing dimension to be equal or 1",
+    }
+}
+
+/// The result type of every fallible kiln function.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub(crate) fn invalid(op: &str, msg: impl Into<String>) -> Self {
+        Error::InvalidArgument { op: op.to_string(), msg: msg.into() }
+    }
+    pub(crate) fn shape(op: &str, lhs: &[usize], rhs: &[usize]) -> Self {
+        Error::ShapeMismatch { op: op.to_string(), lhs: lhs.to_vec(), rhs: rhs.to_vec() }
+    }
+}

@@ -1,0 +1,68 @@
+//! # kiln
+//!
+//! Tensors that live on a device (the CPU, a CUDA GPU, or a simulated GPU),
+//! where data moves between devices only when the program says so. kiln
+//! implements, for Rust, the device model of the "GPUs" chapter of *Dive
+//! into Deep Learning*.
+//!
+//! ```
+//! use kiln::{Tensor, DType, cpu, try_gpu};
+//!
+//! let x = Tensor::new(&[1f32, 2., 3.], &cpu())?;
+//! assert_eq!(x.device(), cpu());
+//!
+//! // On the first GPU if there is one, else on the CPU.
+//! let dev = try_gpu(0);
+//! let a = Tensor::ones((2, 3), DType::F32, &dev)?;
+//! let b = Tensor::rand((2, 3), &dev)?;
+//! let c = (&a + &b)?;
+//! assert_eq!(c.device(), dev);
+//!
+//! // Operands on different devices are an error, never a silent copy.
+//! if dev != cpu() {
+//!     assert!(matches!(&a + &x, Err(kiln::Error::DeviceMismatch { .. })));
+//! }
+//! # Ok::<(), kiln::Error>(())
+//! ```
+#![warn(missing_docs)]
+
+mod backend;
+mod backprop;
+mod device;
+mod display;
+mod dtype;
+mod error;
+mod ledger;
+mod memory;
+mod op;
+mod operators;
+mod ops;
+mod rng;
+mod shape;
+mod shape_ops;
+mod storage;
+mod tensor;
+
+pub use backprop::{is_grad_enabled, no_grad, NoGradGuard};
+pub use device::{
+    cpu, default_device, default_device_scope, devices, empty_cache, ensure_simulated_gpus, gpu, memory_stats, num_gpus, reset_peak_memory,
+    synchronize, try_all_gpus, try_gpu, why_not_gpu, DefaultDeviceGuard, Device, DeviceInfo, DeviceKind, FallbackReason,
+    DEFAULT_SIM_GPU_MEMORY,
+};
+pub use dtype::{DType, WithDType};
+pub use error::{human_bytes, Direction, Error, Result};
+pub use ledger::{
+    reset_transfer_stats, thread_transfer_stats, transfer_guard, transfer_guard_for, transfer_stats, GuardLevel, TransferCount,
+    TransferGuard, TransferStats,
+};
+pub use memory::{parse_bytes, MemoryStats};
+pub use op::{BinaryOp, ReduceOp, UnaryOp};
+pub use rng::{manual_seed, philox4x32};
+pub use shape::{Layout, Shape};
+pub use storage::CpuBuffer;
+pub use tensor::{HostData, Tensor};
+
+/// Finds real GPUs. Until a GPU backend is compiled in there are none.
+pub(crate) fn cuda_probe() -> device::RealGpus {
+    device::RealGpus { backends: Vec::new(), absent: Some(FallbackReason::NoGpuBackendBuilt) }
+}

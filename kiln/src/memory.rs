@@ -1,0 +1,197 @@
+//! Per-device memory accounting, with a hard capacity where the device has
+//! one, and a cache of large host buffers so that repeated big operations
+//! reuse warm pages instead of faulting in fresh ones.
+
+use crate::storage::CpuBuffer;
+use crate::{human_bytes, DType, Device, Error, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// A snapshot of one device's memory as kiln sees it.
+///
+/// ```
+/// let stats = kiln::memory_stats(&kiln::cpu())?;
+/// assert!(stats.capacity.is_none());
+/// # Ok::<(), kiln::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// The device.
+    pub device: Device,
+    /// Bytes held by live tensors.
+    pub in_use: usize,
+    /// Highest `in_use` since the last [`reset_peak_memory`](crate::reset_peak_memory).
+    pub peak: usize,
+    /// Live storages (a view shares its storage and is not counted again).
+    pub live_tensors: usize,
+    /// Bytes kept in kiln's cache for reuse, not held by any tensor.
+    pub cached: usize,
+    /// The device's capacity, where it has one.
+    pub capacity: Option<usize>,
+}
+
+impl std::fmt::Display for MemoryStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} in use in {} tensors, peak {}, cached {}",
+            self.device,
+            human_bytes(self.in_use),
+            self.live_tensors,
+            human_bytes(self.peak),
+            human_bytes(self.cached)
+        )?;
+        if let Some(c) = self.capacity {
+            write!(f, ", capacity {} ({:.1}% used)", human_bytes(c), 100.0 * self.in_use as f64 / c.max(1) as f64)?;
+        }
+        Ok(())
+    }
+}
+
+/// Buffers at least this big go back to the cache when dropped.
+const CACHE_MIN_BYTES: usize = 1 << 20;
+
+/// The accounting of one device.
+pub(crate) struct MemoryPool {
+    device: Device,
+    capacity: Option<usize>,
+    in_use: AtomicUsize,
+    peak: AtomicUsize,
+    live: AtomicUsize,
+    cache_limit: usize,
+    cache: Mutex<Vec<CpuBuffer>>,
+    cached: AtomicUsize,
+}
+
+impl MemoryPool {
+    pub(crate) fn new(device: Device, capacity: Option<usize>, cache_limit: usize) -> Self {
+        MemoryPool {
+            device,
+            capacity,
+            in_use: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            live: AtomicUsize::new(0),
+            cache_limit,
+            cache: Mutex::new(Vec::new()),
+            cached: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn capacity(&self) -> Option<usize> {
+        self.capacity
+    }
+
+    /// Books `bytes`, or fails with OutOfMemory leaving nothing booked.
+    pub(crate) fn reserve(&self, bytes: usize) -> Result<()> {
+        let mut current = self.in_use.load(Ordering::Relaxed);
+        loop {
+            let next = current.saturating_add(bytes);
+            if let Some(cap) = self.capacity {
+                // Cached buffers occupy the device too: give them back first.
+                if next + self.cached.load(Ordering::Relaxed) > cap {
+                    self.empty_cache();
+                }
+                if next > cap {
+                    return Err(Error::OutOfMemory { device: self.device, requested: bytes, in_use: current, capacity: cap });
+                }
+            }
+            match self.in_use.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(now) => current = now,
+            }
+        }
+        self.live.fetch_add(1, Ordering::Relaxed);
+        self.peak.fetch_max(current + bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub(crate) fn unreserve(&self, bytes: usize) {
+        self.in_use.fetch_sub(bytes, Ordering::AcqRel);
+        self.live.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// A host buffer of `len` elements: from the cache when one fits, else
+    /// fresh and zeroed. The caller writes every element before reading.
+    pub(crate) fn host_buffer(&self, dtype: DType, len: usize) -> CpuBuffer {
+        let bytes = len * dtype.size_in_bytes();
+        if bytes >= CACHE_MIN_BYTES && self.cache_limit > 0 {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(pos) = cache.iter().position(|b| b.dtype() == dtype && b.len() == len) {
+                let buf = cache.swap_remove(pos);
+                self.cached.fetch_sub(bytes, Ordering::Relaxed);
+                return buf;
+            }
+        }
+        CpuBuffer::zeros(dtype, len)
+    }
+
+    /// Takes back a host buffer whose storage was dropped.
+    pub(crate) fn recycle(&self, buf: CpuBuffer) {
+        let bytes = buf.size_in_bytes();
+        if bytes < CACHE_MIN_BYTES || bytes > self.cache_limit {
+            return;
+        }
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut total = self.cached.load(Ordering::Relaxed) + bytes;
+        while total > self.cache_limit && !cache.is_empty() {
+            let old = cache.remove(0);
+            total -= old.size_in_bytes();
+        }
+        cache.push(buf);
+        self.cached.store(total, Ordering::Relaxed);
+    }
+
+    /// Frees every cached buffer.
+    pub(crate) fn empty_cache(&self) {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        cache.clear();
+        self.cached.store(0, Ordering::Relaxed);
+    }
+
+    pub(crate) fn reset_peak(&self) {
+        self.peak.store(self.in_use.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    pub(crate) fn stats(&self) -> MemoryStats {
+        MemoryStats {
+            device: self.device,
+            in_use: self.in_use.load(Ordering::Relaxed),
+            peak: self.peak.load(Ordering::Relaxed),
+            live_tensors: self.live.load(Ordering::Relaxed),
+            cached: self.cached.load(Ordering::Relaxed),
+            capacity: self.capacity,
+        }
+    }
+}
+
+/// Parses sizes like `2GiB`, `512MiB`, `1.5GB` or a plain byte count.
+///
+/// ```
+/// assert_eq!(kiln::parse_bytes("2GiB")?, 2 << 30);
+/// assert_eq!(kiln::parse_bytes("512")?, 512);
+/// assert!(kiln::parse_bytes("lots").is_err());
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn parse_bytes(text: &str) -> Result<usize> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| Error::invalid("parse_bytes", format!("`{text}` is not a size; write e.g. `2GiB`, `512MiB` or `1000000`")))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" => 1e12,
+        "tib" => 1024f64.powi(4),
+        other => {
+            return Err(Error::invalid("parse_bytes", format!("unknown unit `{other}` in `{text}`; use B, KiB, MiB, GiB, KB, MB or GB")))
+        }
+    };
+    Ok((value * scale) as usize)
+}

@@ -1,0 +1,426 @@
+//! Arithmetic on tensors: elementwise (with numpy broadcasting), scalar
+//! variants, reductions and matmul. Each checks devices first, then dtypes
+//! and shapes, then launches one primitive kernel.
+
+use crate::backprop::{self, BackOp};
+use crate::op::{BinaryOp, Kernel, ReduceOp, UnaryOp};
+use crate::shape::{broadcast_shapes, Layout};
+use crate::tensor::{check_compute, check_dim, check_same_device, check_same_dtype};
+use crate::{DType, Error, Result, Shape, Tensor};
+
+macro_rules! unary_fns {
+    ($($(#[$doc:meta])* $name:ident => $op:expr;)*) => {
+        $( $(#[$doc])* pub fn $name(&self) -> Result<Tensor> { self.unary($op) } )*
+    };
+}
+
+macro_rules! binary_fns {
+    ($($(#[$doc:meta])* $name:ident => $op:expr;)*) => {
+        $( $(#[$doc])* pub fn $name(&self, rhs: &Tensor) -> Result<Tensor> { self.binary(rhs, $op) } )*
+    };
+}
+
+impl Tensor {
+    /// Applies a primitive elementwise function.
+    pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        let dtype = self.dtype();
+        check_compute(op.name(), dtype)?;
+        if op.float_only() && !dtype.is_float() {
+            return Err(Error::UnsupportedDType { op: op.name().into(), dtype });
+        }
+        let out = self.alloc_like(dtype, self.shape())?;
+        self.launch(Kernel::Unary { op, src: self.src(), out: out.clone() })?;
+        let t = Tensor::from_storage(out, self.shape().clone());
+        Ok(backprop::record(t, || BackOp::Unary(op, self.clone()), &[self]))
+    }
+
+    unary_fns! {
+        /// −x
+        neg => UnaryOp::Neg;
+        /// |x|
+        abs => UnaryOp::Abs;
+        /// eˣ
+        exp => UnaryOp::Exp;
+        /// Natural logarithm.
+        log => UnaryOp::Log;
+        /// Square root.
+        sqrt => UnaryOp::Sqrt;
+        /// x²
+        sqr => UnaryOp::Sqr;
+        /// 1/x
+        recip => UnaryOp::Recip;
+        /// Sine.
+        sin => UnaryOp::Sin;
+        /// Cosine.
+        cos => UnaryOp::Cos;
+        /// Hyperbolic tangent.
+        tanh => UnaryOp::Tanh;
+        /// Logistic sigmoid.
+        sigmoid => UnaryOp::Sigmoid;
+        /// max(x, 0)
+        relu => UnaryOp::Relu;
+    }
+
+    /// xⁿ by repeated multiplication (never through `powf`).
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::new(&[2f32, -3.], &cpu())?;
+    /// assert_eq!(x.powi(3)?.to_vec::<f32>()?, vec![8., -27.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn powi(&self, n: i32) -> Result<Tensor> {
+        if n < 0 && !self.dtype().is_float() {
+            return Err(Error::invalid(
+                "powi",
+                format!("a negative power ({n}) of an integer tensor is not an integer; cast to a float dtype first"),
+            ));
+        }
+        self.unary(UnaryOp::Powi(n))
+    }
+    /// xᵖ for a real p.
+    pub fn powf(&self, p: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::Powf(p))
+    }
+    /// x·a + b in one pass.
+    pub fn affine(&self, mul: f64, add: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::Affine(mul, add))
+    }
+    /// x + s
+    pub fn add_scalar(&self, s: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::AddScalar(s))
+    }
+    /// x − s
+    pub fn sub_scalar(&self, s: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::SubScalar(s))
+    }
+    /// x · s
+    pub fn mul_scalar(&self, s: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::MulScalar(s))
+    }
+    /// x / s
+    pub fn div_scalar(&self, s: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::DivScalar(s))
+    }
+    /// max(x, s)
+    pub fn maximum_scalar(&self, s: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::MaxScalar(s))
+    }
+    /// min(x, s)
+    pub fn minimum_scalar(&self, s: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::MinScalar(s))
+    }
+    /// Clamps into [lo, hi].
+    pub fn clamp(&self, lo: f64, hi: f64) -> Result<Tensor> {
+        self.maximum_scalar(lo)?.minimum_scalar(hi)
+    }
+
+    /// Applies a primitive binary function with numpy broadcasting.
+    pub fn binary(&self, rhs: &Tensor, op: BinaryOp) -> Result<Tensor> {
+        let name = op.name();
+        check_same_device(name, self, rhs)?;
+        check_same_dtype(name, self, rhs)?;
+        check_compute(name, self.dtype())?;
+        if op == BinaryOp::Pow && !self.dtype().is_float() {
+            return Err(Error::UnsupportedDType { op: name.into(), dtype: self.dtype() });
+        }
+        let shape = if self.shape() == rhs.shape() { self.shape().clone() } else { broadcast_shapes(name, self.shape(), rhs.shape())? };
+        let (l, r) = if self.shape() == rhs.shape() {
+            (self.src(), rhs.src())
+        } else {
+            let mut l = self.src();
+            l.layout = self.layout.broadcast_as(&shape)?;
+            let mut r = rhs.src();
+            r.layout = rhs.layout.broadcast_as(&shape)?;
+            (l, r)
+        };
+        let dtype = if op.is_comparison() { DType::U8 } else { self.dtype() };
+        let out = self.alloc_like(dtype, &shape)?;
+        self.launch(Kernel::Binary { op, lhs: l, rhs: r, out: out.clone() })?;
+        let t = Tensor::from_storage(out, shape);
+        if op.is_comparison() {
+            return Ok(t);
+        }
+        Ok(backprop::record(t, || BackOp::Binary(op, self.clone(), rhs.clone()), &[self, rhs]))
+    }
+
+    binary_fns! {
+        /// a + b, broadcasting.
+        add => BinaryOp::Add;
+        /// a − b, broadcasting.
+        sub => BinaryOp::Sub;
+        /// a · b, broadcasting.
+        mul => BinaryOp::Mul;
+        /// a / b, broadcasting.
+        div => BinaryOp::Div;
+        /// aᵇ, broadcasting (floats).
+        pow => BinaryOp::Pow;
+        /// Elementwise maximum.
+        maximum => BinaryOp::Maximum;
+        /// Elementwise minimum.
+        minimum => BinaryOp::Minimum;
+        /// a == b as u8 0/1.
+        eq => BinaryOp::Eq;
+        /// a != b as u8 0/1.
+        ne => BinaryOp::Ne;
+        /// a < b as u8 0/1.
+        lt => BinaryOp::Lt;
+        /// a <= b as u8 0/1.
+        le => BinaryOp::Le;
+        /// a > b as u8 0/1.
+        gt => BinaryOp::Gt;
+        /// a >= b as u8 0/1.
+        ge => BinaryOp::Ge;
+    }
+
+    // ---- reductions ----------------------------------------------------
+
+    /// Reduces over `dims` (all distinct, in range); keeps them as size 1
+    /// when `keepdim`.
+    pub fn reduce(&self, op: ReduceOp, dims: &[usize], keepdim: bool) -> Result<Tensor> {
+        let name = match op {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+            ReduceOp::ArgMax => "argmax",
+            ReduceOp::ArgMin => "argmin",
+        };
+        check_compute(name, self.dtype())?;
+        for (i, &d) in dims.iter().enumerate() {
+            check_dim(name, d, self.rank())?;
+            if dims[..i].contains(&d) {
+                return Err(Error::invalid(name, format!("dimension {d} is named twice")));
+            }
+        }
+        let arg = matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin);
+        if arg && dims.len() != 1 {
+            return Err(Error::invalid(name, "reduces exactly one dimension; flatten first to search everything"));
+        }
+        if op != ReduceOp::Sum && dims.iter().any(|&d| self.dims()[d] == 0) {
+            return Err(Error::invalid(name, format!("cannot reduce an empty dimension of shape {}", self.shape())));
+        }
+        let kept: Shape = Shape((0..self.rank()).map(|d| if dims.contains(&d) { 1 } else { self.dims()[d] }).collect());
+        let dtype = if arg { DType::I64 } else { self.dtype() };
+        let out = self.alloc_like(dtype, &kept)?;
+        self.launch(Kernel::Reduce { op, src: self.src(), dims: dims.to_vec(), out: out.clone() })?;
+        let mut t = Tensor::from_storage(out, kept);
+        if !arg {
+            t = backprop::record(t, || BackOp::Reduce(op, self.clone(), dims.to_vec()), &[self]);
+        }
+        if keepdim {
+            Ok(t)
+        } else {
+            let squeezed: Vec<usize> = (0..self.rank()).filter(|d| !dims.contains(d)).map(|d| self.dims()[d]).collect();
+            t.reshape(squeezed)
+        }
+    }
+
+    fn all_dims(&self) -> Vec<usize> {
+        (0..self.rank()).collect()
+    }
+
+    /// Sum of every element, as a 0-d tensor.
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::new(&[[1f32, 2.], [3., 4.]], &cpu())?;
+    /// assert_eq!(x.sum_all()?.to_scalar::<f32>()?, 10.0);
+    /// assert_eq!(x.sum(0)?.to_vec::<f32>()?, vec![4., 6.]);
+    /// assert_eq!(x.sum_keepdim(1)?.dims(), &[2, 1]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn sum_all(&self) -> Result<Tensor> {
+        self.reduce(ReduceOp::Sum, &self.all_dims(), false)
+    }
+    /// Sum over one dimension, dropping it.
+    pub fn sum(&self, dim: usize) -> Result<Tensor> {
+        self.reduce(ReduceOp::Sum, &[dim], false)
+    }
+    /// Sum over one dimension, keeping it as size 1.
+    pub fn sum_keepdim(&self, dim: usize) -> Result<Tensor> {
+        self.reduce(ReduceOp::Sum, &[dim], true)
+    }
+    /// Sum over several dimensions.
+    pub fn sum_dims(&self, dims: &[usize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Sum, dims, keepdim)
+    }
+    /// Mean over several dimensions (floats).
+    pub fn mean_dims(&self, dims: &[usize], keepdim: bool) -> Result<Tensor> {
+        if !self.dtype().is_float() {
+            return Err(Error::UnsupportedDType { op: "mean".into(), dtype: self.dtype() });
+        }
+        let n: usize = dims.iter().filter_map(|&d| self.dims().get(d)).product();
+        self.sum_dims(dims, keepdim)?.div_scalar(n.max(1) as f64)
+    }
+    /// Mean of every element.
+    pub fn mean_all(&self) -> Result<Tensor> {
+        self.mean_dims(&self.all_dims(), false)
+    }
+    /// Mean over one dimension.
+    pub fn mean(&self, dim: usize) -> Result<Tensor> {
+        self.mean_dims(&[dim], false)
+    }
+    /// Mean over one dimension, keeping it.
+    pub fn mean_keepdim(&self, dim: usize) -> Result<Tensor> {
+        self.mean_dims(&[dim], true)
+    }
+    /// Largest element.
+    pub fn max_all(&self) -> Result<Tensor> {
+        self.reduce(ReduceOp::Max, &self.all_dims(), false)
+    }
+    /// Maximum over one dimension.
+    pub fn max(&self, dim: usize) -> Result<Tensor> {
+        self.reduce(ReduceOp::Max, &[dim], false)
+    }
+    /// Maximum over one dimension, keeping it.
+    pub fn max_keepdim(&self, dim: usize) -> Result<Tensor> {
+        self.reduce(ReduceOp::Max, &[dim], true)
+    }
+    /// Smallest element.
+    pub fn min_all(&self) -> Result<Tensor> {
+        self.reduce(ReduceOp::Min, &self.all_dims(), false)
+    }
+    /// Minimum over one dimension.
+    pub fn min(&self, dim: usize) -> Result<Tensor> {
+        self.reduce(ReduceOp::Min, &[dim], false)
+    }
+    /// Minimum over one dimension, keeping it.
+    pub fn min_keepdim(&self, dim: usize) -> Result<Tensor> {
+        self.reduce(ReduceOp::Min, &[dim], true)
+    }
+    /// Index of the maximum along `dim` (first on ties), i64.
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::new(&[[1f32, 5., 2.], [7., 0., 7.]], &cpu())?;
+    /// assert_eq!(x.argmax(1)?.to_vec::<i64>()?, vec![1, 0]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn argmax(&self, dim: usize) -> Result<Tensor> {
+        self.reduce(ReduceOp::ArgMax, &[dim], false)
+    }
+    /// Index of the maximum, keeping the dimension.
+    pub fn argmax_keepdim(&self, dim: usize) -> Result<Tensor> {
+        self.reduce(ReduceOp::ArgMax, &[dim], true)
+    }
+    /// Index of the minimum along `dim`, i64.
+    pub fn argmin(&self, dim: usize) -> Result<Tensor> {
+        self.reduce(ReduceOp::ArgMin, &[dim], false)
+    }
+    /// The Frobenius norm: √(Σ x²), a 0-d tensor on the same device.
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::new(&[[3f32, 0.], [0., 4.]], &cpu())?;
+    /// assert_eq!(x.norm()?.to_scalar::<f32>()?, 5.0);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn norm(&self) -> Result<Tensor> {
+        self.sqr()?.sum_all()?.sqrt()
+    }
+
+    // ---- matmul --------------------------------------------------------
+
+    /// Matrix product: 2-D @ 2-D, batched (leading dims broadcast),
+    /// matrix @ vector and vector @ vector.
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let a = Tensor::new(&[[1f32, 2.], [3., 4.]], &cpu())?;
+    /// let v = Tensor::new(&[1f32, 1.], &cpu())?;
+    /// assert_eq!(a.matmul(&a)?.to_vec::<f32>()?, vec![7., 10., 15., 22.]);
+    /// assert_eq!(a.matmul(&v)?.to_vec::<f32>()?, vec![3., 7.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        check_same_device("matmul", self, rhs)?;
+        check_same_dtype("matmul", self, rhs)?;
+        if self.dtype() == DType::BF16 {
+            return Err(Error::UnsupportedDType { op: "matmul".into(), dtype: self.dtype() });
+        }
+        if self.rank() == 0 || rhs.rank() == 0 {
+            return Err(Error::invalid("matmul", "needs tensors of rank 1 or more; use `mul` for scalars"));
+        }
+        // Vectors become matrices and the added dimension is dropped after.
+        let (a, drop_m) = if self.rank() == 1 { (self.unsqueeze(0)?, true) } else { (self.clone(), false) };
+        let (b, drop_n) = if rhs.rank() == 1 { (rhs.unsqueeze(1)?, true) } else { (rhs.clone(), false) };
+        let (ra, rb) = (a.rank(), b.rank());
+        let (m, k) = (a.dims()[ra - 2], a.dims()[ra - 1]);
+        let (k2, n) = (b.dims()[rb - 2], b.dims()[rb - 1]);
+        if k != k2 {
+            return Err(Error::shape("matmul", self.dims(), rhs.dims()));
+        }
+        let batch = broadcast_shapes("matmul", &Shape::from(&a.dims()[..ra - 2]), &Shape::from(&b.dims()[..rb - 2]))
+            .map_err(|_| Error::shape("matmul", self.dims(), rhs.dims()))?;
+        let mut la = batch.dims().to_vec();
+        la.extend([m, k]);
+        let mut lb = batch.dims().to_vec();
+        lb.extend([k, n]);
+        let mut lo = batch.dims().to_vec();
+        lo.extend([m, n]);
+        let mut sa = a.src();
+        sa.layout = a.layout.broadcast_as(&Shape::from(la))?;
+        let mut sb = b.src();
+        sb.layout = b.layout.broadcast_as(&Shape::from(lb))?;
+        let out_shape = Shape::from(lo);
+        let out = self.alloc_like(self.dtype(), &out_shape)?;
+        self.launch(Kernel::Matmul { lhs: sa, rhs: sb, out: out.clone(), m, n, k })?;
+        let mut t = Tensor::from_storage(out, out_shape);
+        t = backprop::record(t, || BackOp::Matmul(a.clone(), b.clone()), &[&a, &b]);
+        if drop_n {
+            t = t.squeeze(t.rank() - 1)?;
+        }
+        if drop_m {
+            t = t.squeeze(t.rank() - if drop_n { 1 } else { 2 })?;
+        }
+        Ok(t)
+    }
+
+    /// Converts to another dtype (a copy; the same tensor when already there).
+    ///
+    /// ```
+    /// use kiln::{Tensor, DType, cpu};
+    /// let x = Tensor::new(&[1.7f32, -2.2], &cpu())?;
+    /// assert_eq!(x.to_dtype(DType::I64)?.to_vec::<i64>()?, vec![1, -2]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        let out = self.alloc_like(dtype, self.shape())?;
+        self.launch(Kernel::Copy { src: self.src(), dst: out.clone(), dst_layout: Layout::contiguous(self.shape().clone()) })?;
+        let t = Tensor::from_storage(out, self.shape().clone());
+        if !dtype.is_float() {
+            return Ok(t);
+        }
+        Ok(backprop::record(t, || BackOp::Cast(self.clone()), &[self]))
+    }
+
+    /// `self ? on_true : on_false` elementwise; `self` is the condition
+    /// (non-zero is true); all three broadcast together.
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let c = Tensor::new(&[1u8, 0, 1], &cpu())?;
+    /// let a = Tensor::new(&[1f32, 2., 3.], &cpu())?;
+    /// let b = Tensor::new(&[-1f32], &cpu())?;
+    /// assert_eq!(c.where_cond(&a, &b)?.to_vec::<f32>()?, vec![1., -1., 3.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn where_cond(&self, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
+        check_same_device("where", self, on_true)?;
+        check_same_device("where", self, on_false)?;
+        check_same_dtype("where", on_true, on_false)?;
+        let shape = broadcast_shapes("where", &broadcast_shapes("where", self.shape(), on_true.shape())?, on_false.shape())?;
+        let bc = |t: &Tensor| -> Result<crate::op::Src> {
+            let mut s = t.src();
+            s.layout = t.layout.broadcast_as(&shape)?;
+            Ok(s)
+        };
+        let out = self.alloc_like(on_true.dtype(), &shape)?;
+        self.launch(Kernel::Where { cond: bc(self)?, on_true: bc(on_true)?, on_false: bc(on_false)?, out: out.clone() })?;
+        let t = Tensor::from_storage(out, shape);
+        Ok(backprop::record(t, || BackOp::Where(self.clone(), on_true.clone(), on_false.clone()), &[on_true, on_false]))
+    }
+}

@@ -1,0 +1,296 @@
+//! Shapes and layouts. A layout is a shape plus strides and an offset into
+//! storage, so transpose, narrow and broadcast are views that copy nothing.
+
+use crate::{Error, Result};
+use smallvec::SmallVec;
+
+pub(crate) type Dims = SmallVec<[usize; 4]>;
+
+/// The extent of each dimension of a tensor.
+///
+/// ```
+/// use kiln::Shape;
+/// let s: Shape = (2, 3).into();
+/// assert_eq!(s.dims(), &[2, 3]);
+/// assert_eq!(s.elem_count(), 6);
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
+pub struct Shape(pub(crate) Dims);
+
+impl Shape {
+    /// The dimensions.
+    pub fn dims(&self) -> &[usize] {
+        &self.0
+    }
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.0.len()
+    }
+    /// Number of elements (1 for a scalar).
+    pub fn elem_count(&self) -> usize {
+        self.0.iter().product()
+    }
+    /// Row-major strides of a contiguous tensor of this shape.
+    pub fn contiguous_strides(&self) -> Dims {
+        let mut strides: Dims = SmallVec::from_elem(0, self.0.len());
+        let mut acc = 1;
+        for i in (0..self.0.len()).rev() {
+            strides[i] = acc;
+            acc *= self.0[i];
+        }
+        strides
+    }
+}
+
+impl std::fmt::Debug for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.dims())
+    }
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.dims())
+    }
+}
+
+impl From<()> for Shape {
+    fn from(_: ()) -> Self {
+        Shape(SmallVec::new())
+    }
+}
+impl From<usize> for Shape {
+    fn from(d: usize) -> Self {
+        Shape(SmallVec::from_slice(&[d]))
+    }
+}
+impl From<(usize,)> for Shape {
+    fn from(d: (usize,)) -> Self {
+        Shape(SmallVec::from_slice(&[d.0]))
+    }
+}
+impl From<(usize, usize)> for Shape {
+    fn from(d: (usize, usize)) -> Self {
+        Shape(SmallVec::from_slice(&[d.0, d.1]))
+    }
+}
+impl From<(usize, usize, usize)> for Shape {
+    fn from(d: (usize, usize, usize)) -> Self {
+        Shape(SmallVec::from_slice(&[d.0, d.1, d.2]))
+    }
+}
+impl From<(usize, usize, usize, usize)> for Shape {
+    fn from(d: (usize, usize, usize, usize)) -> Self {
+        Shape(SmallVec::from_slice(&[d.0, d.1, d.2, d.3]))
+    }
+}
+impl<const N: usize> From<[usize; N]> for Shape {
+    fn from(d: [usize; N]) -> Self {
+        Shape(SmallVec::from_slice(&d))
+    }
+}
+impl From<&[usize]> for Shape {
+    fn from(d: &[usize]) -> Self {
+        Shape(SmallVec::from_slice(d))
+    }
+}
+impl From<&Vec<usize>> for Shape {
+    fn from(d: &Vec<usize>) -> Self {
+        Shape(SmallVec::from_slice(d))
+    }
+}
+impl From<Vec<usize>> for Shape {
+    fn from(d: Vec<usize>) -> Self {
+        Shape(SmallVec::from_vec(d))
+    }
+}
+impl From<&Shape> for Shape {
+    fn from(s: &Shape) -> Self {
+        s.clone()
+    }
+}
+
+/// Shape, strides (in elements) and start offset of a view into storage.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub(crate) shape: Shape,
+    pub(crate) strides: Dims,
+    pub(crate) offset: usize,
+}
+
+impl Layout {
+    /// A contiguous row-major layout starting at 0.
+    pub fn contiguous(shape: Shape) -> Self {
+        let strides = shape.contiguous_strides();
+        Layout { shape, strides, offset: 0 }
+    }
+    /// The shape.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+    /// The dims.
+    pub fn dims(&self) -> &[usize] {
+        self.shape.dims()
+    }
+    /// Strides in elements.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+    /// Offset of the first element.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+    /// Number of elements.
+    pub fn elem_count(&self) -> usize {
+        self.shape.elem_count()
+    }
+    /// True when the elements are dense and in row-major order.
+    pub fn is_contiguous(&self) -> bool {
+        let mut acc = 1;
+        for i in (0..self.strides.len()).rev() {
+            if self.shape.0[i] != 1 && self.strides[i] != acc {
+                return false;
+            }
+            acc *= self.shape.0[i];
+        }
+        true
+    }
+    /// Offsets of the first and one-past-last element when contiguous.
+    pub fn contiguous_range(&self) -> Option<(usize, usize)> {
+        self.is_contiguous().then(|| (self.offset, self.offset + self.elem_count()))
+    }
+    /// Swaps two dimensions (a view).
+    pub(crate) fn transpose(&self, a: usize, b: usize) -> Layout {
+        let mut l = self.clone();
+        l.shape.0.swap(a, b);
+        l.strides.swap(a, b);
+        l
+    }
+    /// Reorders dimensions (a view).
+    pub(crate) fn permute(&self, perm: &[usize]) -> Layout {
+        let shape = perm.iter().map(|&p| self.shape.0[p]).collect();
+        let strides = perm.iter().map(|&p| self.strides[p]).collect();
+        Layout { shape: Shape(shape), strides, offset: self.offset }
+    }
+    /// Restricts dimension `dim` to `start..start+len` (a view).
+    pub(crate) fn narrow(&self, dim: usize, start: usize, len: usize) -> Layout {
+        let mut l = self.clone();
+        l.offset += start * self.strides[dim];
+        l.shape.0[dim] = len;
+        l
+    }
+    /// Broadcasts to `target` with stride 0 on the new or stretched dims.
+    pub(crate) fn broadcast_as(&self, target: &Shape) -> Result<Layout> {
+        let src = self.dims();
+        let dst = target.dims();
+        if dst.len() < src.len() {
+            return Err(Error::shape("broadcast_to", src, dst));
+        }
+        let pad = dst.len() - src.len();
+        let mut strides: Dims = SmallVec::from_elem(0, dst.len());
+        for (i, &d) in dst.iter().enumerate() {
+            if i < pad {
+                continue;
+            }
+            let s = src[i - pad];
+            if s == d {
+                strides[i] = self.strides[i - pad];
+            } else if s == 1 {
+                strides[i] = 0;
+            } else {
+                return Err(Error::shape("broadcast_to", src, dst));
+            }
+        }
+        Ok(Layout { shape: target.clone(), strides, offset: self.offset })
+    }
+    /// Iterates the storage offsets of all elements in row-major order.
+    pub(crate) fn offsets(&self) -> StridedOffsets<'_> {
+        StridedOffsets::new(self)
+    }
+}
+
+/// Storage offsets of a strided layout, in row-major element order.
+pub(crate) struct StridedOffsets<'a> {
+    dims: &'a [usize],
+    strides: &'a [usize],
+    index: Dims,
+    next: usize,
+    remaining: usize,
+}
+
+impl<'a> StridedOffsets<'a> {
+    fn new(l: &'a Layout) -> Self {
+        StridedOffsets {
+            dims: l.dims(),
+            strides: &l.strides,
+            index: SmallVec::from_elem(0, l.dims().len()),
+            next: l.offset,
+            remaining: l.elem_count(),
+        }
+    }
+}
+
+impl Iterator for StridedOffsets<'_> {
+    type Item = usize;
+    #[inline]
+    fn next(&mut self) -> Option<usize> {
+        if self.remaining == 0 {
+            return None;
+        }
+        self.remaining -= 1;
+        let out = self.next;
+        for d in (0..self.dims.len()).rev() {
+            self.index[d] += 1;
+            self.next += self.strides[d];
+            if self.index[d] < self.dims[d] {
+                break;
+            }
+            self.next -= self.strides[d] * self.index[d];
+            self.index[d] = 0;
+        }
+        Some(out)
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.remaining, Some(self.remaining))
+    }
+}
+
+/// The numpy broadcast of two shapes.
+pub(crate) fn broadcast_shapes(op: &str, a: &Shape, b: &Shape) -> Result<Shape> {
+    let (a, b) = (a.dims(), b.dims());
+    let rank = a.len().max(b.len());
+    let mut out: Dims = SmallVec::from_elem(0, rank);
+    for i in 0..rank {
+        let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
+        let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };
+        out[i] = if da == db || db == 1 {
+            da
+        } else if da == 1 {
+            db
+        } else {
+            return Err(Error::shape(op, a, b));
+        };
+    }
+    Ok(Shape(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strided_offsets_of_transpose() {
+        let l = Layout::contiguous((2, 3).into()).transpose(0, 1);
+        assert_eq!(l.offsets().collect::<Vec<_>>(), vec![0, 3, 1, 4, 2, 5]);
+        assert!(!l.is_contiguous());
+    }
+
+    #[test]
+    fn broadcast_rules() {
+        let s = broadcast_shapes("add", &(3, 1).into(), &(4,).into()).unwrap();
+        assert_eq!(s.dims(), &[3, 4]);
+        assert!(broadcast_shapes("add", &(3,).into(), &(4,).into()).is_err());
+        let l = Layout::contiguous((3, 1).into()).broadcast_as(&(2, 3, 4).into()).unwrap();
+        assert_eq!(l.strides(), &[0, 1, 0]);
+    }
+}

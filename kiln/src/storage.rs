@@ -1,0 +1,188 @@
+//! Storage: one allocation on one device, shared by every view of it.
+//!
+//! A storage is created by its device's backend, which accounts its bytes in
+//! the device's [`MemoryPool`](crate::memory::MemoryPool) and gets them back
+//! when the last view drops. The buffer sits behind a lock because on an
+//! asynchronous device the kernel that fills it runs later, on the device's
+//! queue, while the host already holds the tensor.
+
+use crate::backend::Backend;
+use crate::{DType, Device, WithDType};
+use half::{bf16, f16};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Elements in host memory, one variant per dtype.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CpuBuffer {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// f64 elements.
+    F64(Vec<f64>),
+    /// i64 elements.
+    I64(Vec<i64>),
+    /// u8 elements.
+    U8(Vec<u8>),
+    /// f16 elements.
+    F16(Vec<f16>),
+    /// bf16 elements.
+    BF16(Vec<bf16>),
+}
+
+/// Runs `$body` with `$v` bound to the typed vector inside a [`CpuBuffer`].
+#[macro_export]
+#[doc(hidden)]
+macro_rules! map_buffer {
+    ($buf:expr, $v:ident => $body:expr) => {
+        match $buf {
+            $crate::CpuBuffer::F32($v) => $body,
+            $crate::CpuBuffer::F64($v) => $body,
+            $crate::CpuBuffer::I64($v) => $body,
+            $crate::CpuBuffer::U8($v) => $body,
+            $crate::CpuBuffer::F16($v) => $body,
+            $crate::CpuBuffer::BF16($v) => $body,
+        }
+    };
+}
+
+impl CpuBuffer {
+    /// The dtype of the elements.
+    pub fn dtype(&self) -> DType {
+        match self {
+            CpuBuffer::F32(_) => DType::F32,
+            CpuBuffer::F64(_) => DType::F64,
+            CpuBuffer::I64(_) => DType::I64,
+            CpuBuffer::U8(_) => DType::U8,
+            CpuBuffer::F16(_) => DType::F16,
+            CpuBuffer::BF16(_) => DType::BF16,
+        }
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        map_buffer!(self, v => v.len())
+    }
+    /// True when there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// A zeroed buffer (large ones come straight from the OS as zero pages).
+    pub(crate) fn zeros(dtype: DType, len: usize) -> CpuBuffer {
+        let buf = match dtype {
+            DType::F32 => CpuBuffer::F32(vec![0f32; len]),
+            DType::F64 => CpuBuffer::F64(vec![0f64; len]),
+            DType::I64 => CpuBuffer::I64(vec![0i64; len]),
+            DType::U8 => CpuBuffer::U8(vec![0u8; len]),
+            DType::F16 => CpuBuffer::F16(vec![f16::ZERO; len]),
+            DType::BF16 => CpuBuffer::BF16(vec![bf16::ZERO; len]),
+        };
+        buf.advise_huge_pages();
+        buf
+    }
+    /// Asks the kernel for transparent huge pages on big buffers: a 400 MB
+    /// output otherwise takes 100,000 page faults before the first write ends.
+    fn advise_huge_pages(&self) {
+        #[cfg(target_os = "linux")]
+        {
+            const HUGE: usize = 2 << 20;
+            let (ptr, bytes) = map_buffer!(self, v => (v.as_ptr() as usize, std::mem::size_of_val(&v[..])));
+            if bytes < 4 * HUGE {
+                return;
+            }
+            let start = ptr.div_ceil(HUGE) * HUGE;
+            let end = (ptr + bytes) / HUGE * HUGE;
+            if end > start {
+                // SAFETY: the range lies inside our own allocation; madvise only
+                // changes how the kernel backs it, never its contents.
+                unsafe {
+                    libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+                }
+            }
+        }
+    }
+    /// Bytes held.
+    pub fn size_in_bytes(&self) -> usize {
+        self.len() * self.dtype().size_in_bytes()
+    }
+    /// Element `i` as f64.
+    pub(crate) fn get_f64(&self, i: usize) -> f64 {
+        map_buffer!(self, v => v[i].to_f64())
+    }
+    /// The elements as a typed vector, if the dtype matches.
+    pub fn into_vec<T: WithDType>(self) -> Option<Vec<T>> {
+        T::from_buffer(self)
+    }
+}
+
+/// Where a storage's bytes are.
+pub(crate) enum Buffer {
+    /// Host memory: the CPU, and the simulated GPUs' separate pools.
+    Host(CpuBuffer),
+    /// Memory owned by a real GPU backend.
+    #[allow(dead_code)]
+    Device(Box<dyn std::any::Any + Send + Sync>),
+}
+
+/// One allocation on one device.
+pub(crate) struct Storage {
+    pub(crate) dtype: DType,
+    pub(crate) len: usize,
+    pub(crate) backend: Arc<dyn Backend>,
+    buffer: RwLock<Option<Buffer>>,
+}
+
+impl Storage {
+    pub(crate) fn new(backend: Arc<dyn Backend>, buffer: Buffer, dtype: DType, len: usize) -> Arc<Storage> {
+        Arc::new(Storage { dtype, len, backend, buffer: RwLock::new(Some(buffer)) })
+    }
+    pub(crate) fn device(&self) -> Device {
+        self.backend.device()
+    }
+    pub(crate) fn bytes(&self) -> usize {
+        self.len * self.dtype.size_in_bytes()
+    }
+    /// Read access to the buffer. Only kernels and transfers call this, in
+    /// queue order, so a writer never holds it for long.
+    pub(crate) fn read(&self) -> BufferRead<'_> {
+        BufferRead(self.buffer.read().unwrap_or_else(|e| e.into_inner()))
+    }
+    pub(crate) fn write(&self) -> BufferWrite<'_> {
+        BufferWrite(self.buffer.write().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+pub(crate) struct BufferRead<'a>(RwLockReadGuard<'a, Option<Buffer>>);
+pub(crate) struct BufferWrite<'a>(RwLockWriteGuard<'a, Option<Buffer>>);
+
+impl BufferRead<'_> {
+    pub(crate) fn host(&self) -> &CpuBuffer {
+        match self.0.as_ref() {
+            Some(Buffer::Host(b)) => b,
+            _ => unreachable!("host kernel given a storage of another backend"),
+        }
+    }
+    #[allow(dead_code)]
+    pub(crate) fn buffer(&self) -> &Buffer {
+        self.0.as_ref().expect("storage buffer present until drop")
+    }
+}
+
+impl BufferWrite<'_> {
+    pub(crate) fn host(&mut self) -> &mut CpuBuffer {
+        match self.0.as_mut() {
+            Some(Buffer::Host(b)) => b,
+            _ => unreachable!("host kernel given a storage of another backend"),
+        }
+    }
+    #[allow(dead_code)]
+    pub(crate) fn buffer(&mut self) -> &mut Buffer {
+        self.0.as_mut().expect("storage buffer present until drop")
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        let buffer = self.buffer.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(buffer) = buffer {
+            self.backend.release(buffer, self.bytes());
+        }
+    }
+}
