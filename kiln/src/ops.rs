@@ -124,8 +124,9 @@ impl Tensor {
         if op == BinaryOp::Pow && !self.dtype().is_float() {
             return Err(Error::UnsupportedDType { op: name.into(), dtype: self.dtype() });
         }
-        let shape = if self.shape() == rhs.shape() { self.shape().clone() } else { broadcast_shapes(name, self.shape(), rhs.shape())? };
-        let (l, r) = if self.shape() == rhs.shape() {
+        let same_shape = self.shape() == rhs.shape();
+        let shape = if same_shape { self.shape().clone() } else { broadcast_shapes(name, self.shape(), rhs.shape())? };
+        let (l, r) = if same_shape {
             (self.src(), rhs.src())
         } else {
             let mut l = self.src();

@@ -14,8 +14,17 @@ pub(crate) type Dims = SmallVec<[usize; 4]>;
 /// assert_eq!(s.dims(), &[2, 3]);
 /// assert_eq!(s.elem_count(), 6);
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, Default)]
+#[derive(PartialEq, Eq, Hash, Default)]
 pub struct Shape(pub(crate) Dims);
+
+// SmallVec's derived clone goes through `Extend`; a slice copy is several
+// times cheaper, and shapes are cloned on every operation.
+impl Clone for Shape {
+    #[inline]
+    fn clone(&self) -> Self {
+        Shape(SmallVec::from_slice(&self.0))
+    }
+}
 
 impl Shape {
     /// The dimensions.
@@ -111,11 +120,18 @@ impl From<&Shape> for Shape {
 }
 
 /// Shape, strides (in elements) and start offset of a view into storage.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct Layout {
     pub(crate) shape: Shape,
     pub(crate) strides: Dims,
     pub(crate) offset: usize,
+}
+
+impl Clone for Layout {
+    #[inline]
+    fn clone(&self) -> Self {
+        Layout { shape: self.shape.clone(), strides: SmallVec::from_slice(&self.strides), offset: self.offset }
+    }
 }
 
 impl Layout {

@@ -66,6 +66,23 @@ impl CpuBuffer {
     }
     /// A zeroed buffer (large ones come straight from the OS as zero pages).
     pub(crate) fn zeros(dtype: DType, len: usize) -> CpuBuffer {
+        if len <= 64 {
+            // calloc costs more than malloc plus a short fill for tiny buffers,
+            // which is what per-op overhead is made of.
+            fn small<T: Copy>(x: T, len: usize) -> Vec<T> {
+                let mut v = Vec::with_capacity(len);
+                v.resize(len, x);
+                v
+            }
+            return match dtype {
+                DType::F32 => CpuBuffer::F32(small(0f32, len)),
+                DType::F64 => CpuBuffer::F64(small(0f64, len)),
+                DType::I64 => CpuBuffer::I64(small(0i64, len)),
+                DType::U8 => CpuBuffer::U8(small(0u8, len)),
+                DType::F16 => CpuBuffer::F16(small(f16::ZERO, len)),
+                DType::BF16 => CpuBuffer::BF16(small(bf16::ZERO, len)),
+            };
+        }
         let buf = match dtype {
             DType::F32 => CpuBuffer::F32(vec![0f32; len]),
             DType::F64 => CpuBuffer::F64(vec![0f64; len]),

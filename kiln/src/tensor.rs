@@ -422,9 +422,13 @@ impl Tensor {
         ledger::transfer(src_device, *device, bytes, site)?;
         let shape = self.shape().clone();
         let src_backend = self.backend();
-        let out = if src_device == *device || (src_backend.host_memory() && dst.host_memory() && dst.is_async()) {
-            // Same device, or host memory read directly by the destination's
-            // queue after the source's queue has produced it (event order).
+        let gpu_to_gpu_in_host_memory = src_backend.host_memory() && dst.host_memory() && src_backend.is_async() && dst.is_async();
+        let out = if src_device == *device || gpu_to_gpu_in_host_memory {
+            // Same device, or two simulated GPUs: the destination's queue
+            // reads the source after the source's queue has produced it
+            // (event order), and the host does not wait. A host-to-device
+            // copy is not done this way: the host may overwrite its tensor
+            // right after the call, so it is copied before returning.
             let out = backend::alloc(&dst, self.dtype(), shape.elem_count())?;
             if src_device != *device {
                 if let Some(event) = src_backend.record_event() {

@@ -21,6 +21,13 @@ impl CpuBackend {
     }
 }
 
+/// Threads of the global rayon pool, looked up once: asking rayon costs a
+/// thread-local access on every kernel otherwise.
+fn threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(rayon::current_num_threads)
+}
+
 pub(crate) fn cpu_name() -> String {
     let threads = rayon::current_num_threads();
     let model = std::fs::read_to_string("/proc/cpuinfo")
@@ -63,7 +70,7 @@ impl Backend for CpuBackend {
         }
     }
     fn launch(&self, kernel: Kernel) -> Result<()> {
-        host_kernels::run(&kernel, rayon::current_num_threads());
+        host_kernels::run(&kernel, threads());
         Ok(())
     }
     fn upload(&self, data: CpuBuffer) -> Result<Buffer> {
