@@ -217,7 +217,7 @@ impl Tensor {
         }
         if ids.device().is_cpu() {
             let size = self.dims()[dim];
-            if let Some(bad) = ids.to_vec_f64()?.into_iter().find(|&i| i as usize >= size) {
+            if let Some(bad) = ids.to_vec_f64()?.into_iter().find(|&i| i < 0.0 || i as usize >= size) {
                 return Err(Error::invalid(op, format!("index {bad} is out of range for dimension {dim} of size {size}")));
             }
         }
