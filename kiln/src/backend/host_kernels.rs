@@ -354,7 +354,8 @@ pub(crate) fn gather(src: &Src) -> CpuBuffer {
 
 fn index_list(ids: &Src) -> Vec<usize> {
     let data = gather(ids);
-    (0..data.len()).map(|i| data.get_f64(i) as usize).collect()
+    // A negative index (only possible on a GPU, see index_list_len) selects nothing, like one past the end.
+    (0..data.len()).map(|i| data.get_f64(i)).map(|v| if v < 0.0 { usize::MAX } else { v as usize }).collect()
 }
 
 fn fill<T: WithDType>(v: &mut [T], value: f64, threads: usize) {
