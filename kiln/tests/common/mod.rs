@@ -1,0 +1,90 @@
+//! Helpers shared by kiln's integration tests: the devices every test runs
+//! on, simulated GPUs a test binary owns alone, and assertions that name the
+//! device when they fail.
+#![allow(dead_code)]
+
+use kiln::{Device, DeviceKind, Tensor};
+use std::sync::OnceLock;
+
+/// Capacity of the two shared simulated GPUs.
+pub const SIM_CAPACITY: usize = 512 << 20;
+
+/// The two simulated GPUs every suite runs on (created when the process has
+/// fewer, whatever `KILN_SIM_GPUS` says).
+pub fn sims() -> Vec<Device> {
+    kiln::ensure_simulated_gpus(2, SIM_CAPACITY)
+}
+
+/// Every real CUDA device of this machine (none without a GPU).
+pub fn cuda_devices() -> Vec<Device> {
+    kiln::devices().into_iter().filter(|d| d.kind == DeviceKind::Cuda).map(|d| d.device).collect()
+}
+
+/// The devices a conformance test runs on: the CPU, two simulated GPUs, and
+/// every CUDA device when there is one.
+pub fn devices() -> Vec<Device> {
+    let sims = sims();
+    let mut all = vec![kiln::cpu()];
+    all.extend(sims);
+    all.extend(cuda_devices());
+    all
+}
+
+/// `n` simulated GPUs that only this test binary uses, created after any that
+/// exist (from `KILN_SIM_GPUS` or elsewhere), each with `capacity` bytes.
+/// The first call of a binary decides `n` and `capacity`: later calls must
+/// pass the same values. Use it in binaries that measure memory exactly, and
+/// give each test its own slot, since tests of a binary run concurrently.
+pub fn own_sims(n: usize, capacity: usize) -> &'static [Device] {
+    static OWN: OnceLock<(usize, usize, Vec<Device>)> = OnceLock::new();
+    let (count, cap, list) = OWN.get_or_init(|| {
+        let existing = kiln::devices().iter().filter(|d| d.kind == DeviceKind::Simulated).count();
+        let all = kiln::ensure_simulated_gpus(existing + n, capacity);
+        (n, capacity, all[existing..].to_vec())
+    });
+    assert_eq!((*count, *cap), (n, capacity), "own_sims must be called with the same arguments in one binary");
+    list
+}
+
+/// Runs `f` on every device, failing with the device's name and the error.
+pub fn on_every_device(f: impl Fn(Device) -> kiln::Result<()>) {
+    for d in devices() {
+        if let Err(e) = f(d) {
+            panic!("on {d}: {e}");
+        }
+    }
+}
+
+/// The f32 elements of `t`, checking on the way that it lives on `device`.
+#[track_caller]
+pub fn f32s(t: &Tensor, device: Device) -> Vec<f32> {
+    assert_eq!(t.device(), device, "result of an op on {device} landed on {}", t.device());
+    t.to_vec::<f32>().unwrap_or_else(|e| panic!("reading a tensor on {device}: {e}"))
+}
+
+/// Asserts shape, device and exact f32 values.
+#[track_caller]
+pub fn assert_f32(t: &Tensor, device: Device, dims: &[usize], expected: &[f32]) {
+    assert_eq!(t.dims(), dims, "shape on {device}");
+    assert_eq!(t.dtype(), kiln::DType::F32, "dtype on {device}");
+    assert_eq!(f32s(t, device), expected, "values on {device}");
+}
+
+/// Asserts shape, device and exact values of any dtype, compared as f64.
+#[track_caller]
+pub fn assert_values(t: &Tensor, device: Device, dims: &[usize], expected: &[f64]) {
+    assert_eq!(t.device(), device, "device of result");
+    assert_eq!(t.dims(), dims, "shape on {device}");
+    let got = t.to_vec_f64().unwrap_or_else(|e| panic!("reading a tensor on {device}: {e}"));
+    assert_eq!(got, expected, "values on {device}");
+}
+
+/// Asserts that every value is within `tol` (relative to max(1, |expected|)).
+#[track_caller]
+pub fn assert_close(got: &[f32], expected: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), expected.len(), "{what}: lengths differ");
+    for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
+        let err = (g as f64 - e).abs() / e.abs().max(1.0);
+        assert!(err <= tol, "{what}: element {i} is {g}, expected {e} (relative error {err:e} > {tol:e})");
+    }
+}
