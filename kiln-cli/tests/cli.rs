@@ -1,0 +1,193 @@
+//! Runs the built `kiln` binary as a process and checks what it prints.
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .env("RAYON_NUM_THREADS", "1")
+        .env_remove("KILN_SIM_GPUS")
+        .env_remove("KILN_BENCH_QUICK")
+        .output()
+        .expect("the kiln binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// Checks the PNG signature and returns the width and height from the IHDR chunk.
+fn png_size(path: &std::path::Path) -> (u32, u32) {
+    let bytes = std::fs::read(path).expect("the PNG exists");
+    assert!(bytes.len() > 33, "PNG too short: {} bytes", bytes.len());
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "PNG signature");
+    assert_eq!(&bytes[12..16], b"IHDR", "first chunk is IHDR");
+    let be = |i: usize| u32::from_be_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+    assert_eq!(be(8), 13, "IHDR length");
+    assert!(bytes.ends_with(&[0, 0, 0, 0, b'I', b'E', b'N', b'D', 0xAE, 0x42, 0x60, 0x82]), "ends with IEND");
+    (be(16), be(20))
+}
+
+/// A bad invocation: non-zero exit, exactly one line on stderr starting with `kiln:`, no panic.
+fn assert_one_line_error(o: &Output, needle: &str) {
+    let err = stderr(o);
+    assert!(!o.status.success(), "expected failure, got success; stderr: {err}");
+    assert_eq!(err.lines().count(), 1, "one line on stderr, got: {err:?}");
+    assert!(err.starts_with("kiln: "), "stderr starts with `kiln: `: {err:?}");
+    assert!(err.contains(needle), "stderr mentions {needle:?}: {err:?}");
+    assert!(!err.contains("panicked") && !err.contains("backtrace") && !err.contains("internal error"), "{err}");
+}
+
+#[test]
+fn tour_walks_through_the_chapter() {
+    for args in [&[][..], &["tour"][..]] {
+        let o = kiln(args);
+        let out = stdout(&o);
+        assert!(o.status.success(), "tour failed: {}", stderr(&o));
+        for needle in [
+            "== 1. Computing devices ==",
+            "cpu() = cpu, gpu(0) = gpu(0), gpu(1) = gpu(1)",
+            "num_gpus() = 0",
+            "try_gpu(0) = cpu, try_gpu(10) = cpu, try_all_gpus() = [cpu]",
+            "try_gpu(10) fell back to the CPU because",
+            "x.device() = cpu",
+            "ensure_simulated_gpus(2, ...)",
+            "num_gpus() = 2",
+            "device=gpu(0))",
+            "device=gpu(1))",
+            "add: operands are on different devices, gpu(0) and gpu(1)",
+            "Y + Z = tensor(",
+            "Z.to(&gpu(1))?.same_storage(&Z) = true",
+            "Z.copy_to(&gpu(1))?.same_storage(&Z) = false",
+            "transfers: ",
+            "device-to-device gpu(0) -> gpu(1): 1 (24 B)",
+        ] {
+            assert!(out.contains(needle), "tour output lacks {needle:?}:\n{out}");
+        }
+        // The steps come in the chapter's order.
+        let pos = |s: &str| out.find(s).unwrap_or(usize::MAX);
+        assert!(pos("Computing devices") < pos("try_gpu(10)"));
+        assert!(pos("try_gpu(10)") < pos("x.device()"));
+        assert!(pos("x.device()") < pos("different devices"));
+        assert!(pos("different devices") < pos("Y + Z"));
+        assert!(pos("Y + Z") < pos("transfers: "));
+    }
+}
+
+#[test]
+fn devices_json_lists_the_cpu_and_simulated_gpus() {
+    let o = kiln(&["devices", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).expect("devices --json is JSON");
+    let list = v.as_array().expect("an array");
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0]["device"], "cpu");
+    assert_eq!(list[0]["kind"], "cpu");
+    assert!(list[0]["memory_in_use"].is_u64());
+    assert!(list[0]["memory_total"].as_u64().unwrap_or(0) > 0);
+
+    let o = kiln(&["--sim-gpus", "2", "devices", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).expect("JSON");
+    let list = v.as_array().expect("an array");
+    let names: Vec<&str> = list.iter().filter_map(|d| d["device"].as_str()).collect();
+    assert_eq!(names, ["cpu", "gpu(0)", "gpu(1)"]);
+    for (i, d) in list[1..].iter().enumerate() {
+        assert_eq!(d["kind"], "simulated");
+        assert_eq!(d["index"], i);
+        assert_eq!(d["memory_total"], 2u64 << 30);
+        assert_eq!(d["memory_in_use"], 0);
+    }
+
+    let o = kiln(&["--sim-gpus", "1", "devices"]);
+    let out = stdout(&o);
+    assert!(out.contains("| IDX |") && out.contains("KILN IN USE") && out.contains("simulated"), "{out}");
+}
+
+const REQUIRED: [&str; 8] = ["workload", "device", "threads", "median_ms", "min_ms", "max_ms", "rate", "unit"];
+
+fn json_rows(out: &str) -> Vec<Value> {
+    out.lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .inspect(|row| {
+            for key in REQUIRED {
+                assert!(row.get(key).is_some(), "row lacks {key}: {row}");
+            }
+            assert!(row["median_ms"].as_f64().unwrap_or(-1.0) >= 0.0);
+            assert!(row["min_ms"].as_f64() <= row["median_ms"].as_f64());
+            assert!(row["median_ms"].as_f64() <= row["max_ms"].as_f64());
+        })
+        .collect()
+}
+
+#[test]
+fn bench_json_has_the_required_keys_and_counts_transfers() {
+    let o = kiln(&["bench", "w2", "W4", "ex3", "async", "--json", "--quick"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_rows(&stdout(&o));
+    let workloads: Vec<&str> = rows.iter().filter_map(|r| r["workload"].as_str()).collect();
+    // In the order asked for.
+    assert_eq!(workloads, ["W2", "W4", "Ex3", "Ex3", "Async"]);
+    for r in &rows {
+        assert_eq!(r["threads"], 1, "RAYON_NUM_THREADS=1 is honoured: {r}");
+    }
+    assert_eq!(rows[0]["unit"], "ms");
+    assert_eq!(rows[0]["device"], "cpu");
+    assert_eq!(rows[1]["unit"], "us/op");
+    // Ex3: logging every step reads each norm (one transfer per step), the on-device log reads once.
+    assert_eq!(rows[2]["device"], "gpu(0)");
+    assert_eq!(rows[2]["transfers"], 100);
+    assert_eq!(rows[2]["transfer_bytes"], 400);
+    assert_eq!(rows[3]["transfers"], 1);
+    assert_eq!(rows[3]["transfer_bytes"], 400);
+    assert_eq!(rows[4]["device"], "gpu(0)");
+    assert_eq!(rows[4]["unit"], "us/op");
+}
+
+#[test]
+fn bench_table_and_async_devices() {
+    let o = kiln(&["bench", "W1", "ex4", "--quick"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("| WORKLOAD |") && out.contains("GFLOP/s"), "{out}");
+    assert!(out.contains("gpu(0)+gpu(1)"), "{out}");
+    assert!(out.contains("speedup"), "{out}");
+}
+
+#[test]
+fn bench_ex1_writes_a_png_plot() {
+    let dir = scratch("ex1");
+    let png = dir.join("ex1.png");
+    let o = kiln(&["bench", "Ex1", "--quick", "--json", "--plot", png.to_str().expect("utf-8 path")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_rows(&stdout(&o));
+    // Sizes 16..128 on the CPU and on the (simulated) GPU.
+    assert_eq!(rows.len(), 8);
+    assert!(rows.iter().all(|r| r["unit"] == "GFLOP/s" && r["size"].is_u64()));
+    assert!(rows.iter().filter(|r| r["device"] == "gpu(0)").all(|r| r.get("gpu_wins_from").is_some()));
+    assert_eq!(png_size(&png), (900, 600));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_arguments_give_one_line_and_a_nonzero_exit() {
+    assert_one_line_error(&kiln(&["bench", "W9"]), "unknown workload `W9`");
+    assert_one_line_error(&kiln(&["bench", "W4", "--device", "gpu(3)"]), "gpu(3) does not exist");
+    assert_one_line_error(&kiln(&["bench", "W4", "--device", "tpu"]), "`tpu` is not a device");
+    assert_one_line_error(&kiln(&["bench", "Ex1", "--plot", "/nonexistent-dir/x/plot.png"]), "cannot write the plot");
+    assert_one_line_error(&kiln(&["frobnicate"]), "unrecognized subcommand");
+    assert_one_line_error(&kiln(&["devices", "--jsn"]), "--jsn");
+}
