@@ -326,7 +326,7 @@ fn info(b: &dyn Backend) -> DeviceInfo {
     }
 }
 
-fn host_memory_total() -> Option<usize> {
+pub(crate) fn host_memory_total() -> Option<usize> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
     line.split_whitespace().nth(1)?.parse::<usize>().ok().map(|kb| kb * 1024)

@@ -83,6 +83,16 @@ impl MemoryPool {
 
     /// Books `bytes`, or fails with OutOfMemory leaving nothing booked.
     pub(crate) fn reserve(&self, bytes: usize) -> Result<()> {
+        if bytes == usize::MAX {
+            // A saturated size: no device has that much memory.
+            let stats = self.stats();
+            return Err(Error::OutOfMemory {
+                device: self.device,
+                requested: bytes,
+                in_use: stats.in_use,
+                capacity: stats.capacity.or_else(crate::device::host_memory_total).unwrap_or(0),
+            });
+        }
         let mut current = self.in_use.load(Ordering::Relaxed);
         loop {
             let next = current.saturating_add(bytes);
@@ -116,17 +126,31 @@ impl MemoryPool {
 
     /// A host buffer of `len` elements: from the cache when one fits, else
     /// fresh and zeroed. The caller writes every element before reading.
-    pub(crate) fn host_buffer(&self, dtype: DType, len: usize) -> CpuBuffer {
-        let bytes = len * dtype.size_in_bytes();
+    pub(crate) fn host_buffer(&self, dtype: DType, len: usize) -> Result<CpuBuffer> {
+        let bytes = len.saturating_mul(dtype.size_in_bytes());
         if bytes >= CACHE_MIN_BYTES && self.cache_limit > 0 {
             let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(pos) = cache.iter().position(|b| b.dtype() == dtype && b.len() == len) {
                 let buf = cache.swap_remove(pos);
                 self.cached.fetch_sub(bytes, Ordering::Relaxed);
-                return buf;
+                return Ok(buf);
             }
         }
-        CpuBuffer::zeros(dtype, len)
+        if len <= 64 {
+            return Ok(CpuBuffer::zeros(dtype, len));
+        }
+        CpuBuffer::try_zeros(dtype, len).ok_or_else(|| {
+            // The host refused: give back what is cached and say so.
+            self.empty_cache();
+            let stats = self.stats();
+            // The caller has booked `bytes` already; report the use before it.
+            Error::OutOfMemory {
+                device: self.device,
+                requested: bytes,
+                in_use: stats.in_use.saturating_sub(bytes),
+                capacity: stats.capacity.or_else(crate::device::host_memory_total).unwrap_or(0),
+            }
+        })
     }
 
     /// Takes back a host buffer whose storage was dropped.

@@ -37,7 +37,9 @@ impl Shape {
     }
     /// Number of elements (1 for a scalar).
     pub fn elem_count(&self) -> usize {
-        self.0.iter().product()
+        // Saturating, so an absurd shape asks for usize::MAX elements and
+        // fails as out-of-memory instead of wrapping to a small buffer.
+        self.0.iter().fold(1usize, |acc, &d| acc.saturating_mul(d))
     }
     /// Row-major strides of a contiguous tensor of this shape.
     pub fn contiguous_strides(&self) -> Dims {

@@ -83,16 +83,22 @@ impl CpuBuffer {
                 DType::BF16 => CpuBuffer::BF16(small(bf16::ZERO, len)),
             };
         }
+        CpuBuffer::try_zeros(dtype, len).unwrap_or_else(|| CpuBuffer::zeros(dtype, 0))
+    }
+
+    /// A zeroed buffer, or `None` when the allocator cannot provide it
+    /// (instead of aborting the process as `vec!` would).
+    pub(crate) fn try_zeros(dtype: DType, len: usize) -> Option<CpuBuffer> {
         let buf = match dtype {
-            DType::F32 => CpuBuffer::F32(vec![0f32; len]),
-            DType::F64 => CpuBuffer::F64(vec![0f64; len]),
-            DType::I64 => CpuBuffer::I64(vec![0i64; len]),
-            DType::U8 => CpuBuffer::U8(vec![0u8; len]),
-            DType::F16 => CpuBuffer::F16(vec![f16::ZERO; len]),
-            DType::BF16 => CpuBuffer::BF16(vec![bf16::ZERO; len]),
+            DType::F32 => CpuBuffer::F32(zeroed_vec(len)?),
+            DType::F64 => CpuBuffer::F64(zeroed_vec(len)?),
+            DType::I64 => CpuBuffer::I64(zeroed_vec(len)?),
+            DType::U8 => CpuBuffer::U8(zeroed_vec(len)?),
+            DType::F16 => CpuBuffer::F16(zeroed_vec(len)?),
+            DType::BF16 => CpuBuffer::BF16(zeroed_vec(len)?),
         };
         buf.advise_huge_pages();
-        buf
+        Some(buf)
     }
     /// Asks the kernel for transparent huge pages on big buffers: a 400 MB
     /// output otherwise takes 100,000 page faults before the first write ends.
@@ -126,6 +132,25 @@ impl CpuBuffer {
     /// The elements as a typed vector, if the dtype matches.
     pub fn into_vec<T: WithDType>(self) -> Option<Vec<T>> {
         T::from_buffer(self)
+    }
+}
+
+/// `len` zeroed elements straight from the allocator (large ones are fresh
+/// zero pages, touched only when written), or `None` when it refuses.
+fn zeroed_vec<T: WithDType>(len: usize) -> Option<Vec<T>> {
+    if len == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<T>(len).ok()?;
+    // SAFETY: the layout has a non-zero size; every dtype of kiln is valid as
+    // all-zero bits (0.0, 0, +0 half); the pointer comes from the global
+    // allocator with T's layout, as Vec::from_raw_parts requires.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout) as *mut T;
+        if ptr.is_null() {
+            return None;
+        }
+        Some(Vec::from_raw_parts(ptr, len, len))
     }
 }
 

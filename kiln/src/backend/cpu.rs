@@ -60,8 +60,15 @@ impl Backend for CpuBackend {
         Some(kb * 1024)
     }
     fn alloc_buffer(&self, dtype: DType, len: usize) -> Result<Buffer> {
-        self.pool.reserve(len * dtype.size_in_bytes())?;
-        Ok(Buffer::Host(self.pool.host_buffer(dtype, len)))
+        let bytes = len.saturating_mul(dtype.size_in_bytes());
+        self.pool.reserve(bytes)?;
+        match self.pool.host_buffer(dtype, len) {
+            Ok(buf) => Ok(Buffer::Host(buf)),
+            Err(e) => {
+                self.pool.unreserve(bytes);
+                Err(e)
+            }
+        }
     }
     fn release(&self, buffer: Buffer, bytes: usize) {
         self.pool.unreserve(bytes);

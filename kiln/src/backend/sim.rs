@@ -107,8 +107,21 @@ impl Backend for SimBackend {
         stats.capacity.map(|c| c.saturating_sub(stats.in_use))
     }
     fn alloc_buffer(&self, dtype: DType, len: usize) -> Result<Buffer> {
-        self.pool.reserve(len * dtype.size_in_bytes())?;
-        Ok(Buffer::Host(CpuBuffer::zeros(dtype, len)))
+        let bytes = len.saturating_mul(dtype.size_in_bytes());
+        self.pool.reserve(bytes)?;
+        match CpuBuffer::try_zeros(dtype, len) {
+            Some(buf) => Ok(Buffer::Host(buf)),
+            None => {
+                let stats = self.pool.stats();
+                self.pool.unreserve(bytes);
+                Err(Error::OutOfMemory {
+                    device: self.device,
+                    requested: bytes,
+                    in_use: stats.in_use - bytes,
+                    capacity: stats.capacity.unwrap_or(0),
+                })
+            }
+        }
     }
     fn release(&self, _buffer: Buffer, bytes: usize) {
         self.pool.unreserve(bytes);
