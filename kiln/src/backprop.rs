@@ -293,20 +293,58 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
             vec![(x.clone(), d)]
         }
         BackOp::Binary(op, a, b) => {
-            let (ga, gb) = match op {
-                BinaryOp::Add => (g.clone(), g.clone()),
-                BinaryOp::Sub => (g.clone(), g.neg()?),
-                BinaryOp::Mul => (g.mul(b)?, g.mul(a)?),
-                BinaryOp::Div => (g.div(b)?, g.mul(a)?.div(&b.sqr()?)?.neg()?),
-                BinaryOp::Pow => {
-                    let out = a.pow(b)?;
-                    (g.mul(b)?.mul(&a.pow(&b.sub(&b.ones_like()?)?)?)?, g.mul(&out)?.mul(&a.log()?)?)
+            // Only inputs that are recorded need a gradient: a batch or a
+            // target never does, and skipping it saves kernels every step.
+            let (na, nb) = (a.node.is_some(), b.node.is_some());
+            let mut out = Vec::with_capacity(2);
+            match op {
+                BinaryOp::Add | BinaryOp::Sub => {
+                    if na {
+                        out.push((a.clone(), sum_to(g, a.dims())?));
+                    }
+                    if nb {
+                        let gb = if *op == BinaryOp::Add { sum_to(g, b.dims())? } else { sum_to(g, b.dims())?.neg()? };
+                        out.push((b.clone(), gb));
+                    }
                 }
-                BinaryOp::Maximum => (g.mul(&mask(a, BinaryOp::Ge, b)?)?, g.mul(&mask(a, BinaryOp::Lt, b)?)?),
-                BinaryOp::Minimum => (g.mul(&mask(a, BinaryOp::Le, b)?)?, g.mul(&mask(a, BinaryOp::Gt, b)?)?),
-                _ => return Ok(vec![]),
-            };
-            vec![(a.clone(), sum_to(&ga, a.dims())?), (b.clone(), sum_to(&gb, b.dims())?)]
+                BinaryOp::Mul => {
+                    if na {
+                        out.push((a.clone(), sum_to(&g.mul(b)?, a.dims())?));
+                    }
+                    if nb {
+                        out.push((b.clone(), sum_to(&g.mul(a)?, b.dims())?));
+                    }
+                }
+                BinaryOp::Div => {
+                    if na {
+                        out.push((a.clone(), sum_to(&g.div(b)?, a.dims())?));
+                    }
+                    if nb {
+                        out.push((b.clone(), sum_to(&g.mul(a)?.div(&b.sqr()?)?.neg()?, b.dims())?));
+                    }
+                }
+                BinaryOp::Pow => {
+                    if na {
+                        let ga = g.mul(b)?.mul(&a.pow(&b.sub(&b.ones_like()?)?)?)?;
+                        out.push((a.clone(), sum_to(&ga, a.dims())?));
+                    }
+                    if nb {
+                        let gb = g.mul(&a.pow(b)?)?.mul(&a.log()?)?;
+                        out.push((b.clone(), sum_to(&gb, b.dims())?));
+                    }
+                }
+                BinaryOp::Maximum | BinaryOp::Minimum => {
+                    let (to_a, to_b) = if *op == BinaryOp::Maximum { (BinaryOp::Ge, BinaryOp::Lt) } else { (BinaryOp::Le, BinaryOp::Gt) };
+                    if na {
+                        out.push((a.clone(), sum_to(&g.mul(&mask(a, to_a, b)?)?, a.dims())?));
+                    }
+                    if nb {
+                        out.push((b.clone(), sum_to(&g.mul(&mask(a, to_b, b)?)?, b.dims())?));
+                    }
+                }
+                _ => {}
+            }
+            out
         }
         BackOp::Reduce(op, x, dims) => {
             let d = match op {
@@ -320,9 +358,16 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
             vec![(x.clone(), d)]
         }
         BackOp::Matmul(a, b) => {
-            let ga = g.matmul(&b.t()?)?;
-            let gb = a.t()?.matmul(g)?;
-            vec![(a.clone(), sum_to(&ga, a.dims())?), (b.clone(), sum_to(&gb, b.dims())?)]
+            let mut out = Vec::with_capacity(2);
+            if a.node.is_some() {
+                let ga = g.matmul(&b.t()?)?;
+                out.push((a.clone(), sum_to(&ga, a.dims())?));
+            }
+            if b.node.is_some() {
+                let gb = a.t()?.matmul(g)?;
+                out.push((b.clone(), sum_to(&gb, b.dims())?));
+            }
+            out
         }
         BackOp::Reshape(x) => vec![(x.clone(), g.reshape(x.shape())?)],
         BackOp::Permute(x, perm) => {
@@ -370,9 +415,14 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
         BackOp::Cast(x) => vec![(x.clone(), g.to_dtype(x.dtype())?)],
         BackOp::Where(c, a, b) => {
             let zero = Tensor::zeros((), g.dtype(), &g.device())?;
-            let ga = c.where_cond(g, &zero)?;
-            let gb = c.where_cond(&zero, g)?;
-            vec![(a.clone(), sum_to(&ga, a.dims())?), (b.clone(), sum_to(&gb, b.dims())?)]
+            let mut out = Vec::with_capacity(2);
+            if a.node.is_some() {
+                out.push((a.clone(), sum_to(&c.where_cond(g, &zero)?, a.dims())?));
+            }
+            if b.node.is_some() {
+                out.push((b.clone(), sum_to(&c.where_cond(&zero, g)?, b.dims())?));
+            }
+            out
         }
         BackOp::ToDevice(x) => vec![(x.clone(), g.to(&x.device())?)],
     })

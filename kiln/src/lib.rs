@@ -28,20 +28,25 @@
 
 mod backend;
 mod backprop;
+pub mod checkpoint;
+pub mod data;
 mod device;
 mod display;
 mod dtype;
 mod error;
 mod ledger;
 mod memory;
+pub mod nn;
 mod op;
 mod operators;
+pub mod optim;
 mod ops;
 mod rng;
 mod shape;
 mod shape_ops;
 mod storage;
 mod tensor;
+pub mod trainer;
 
 pub use backprop::{is_grad_enabled, no_grad, NoGradGuard};
 pub use device::{

@@ -1,0 +1,245 @@
+//! Checkpoints: a model's parameters saved as safetensors and loaded back
+//! straight onto a chosen device (the chapter's exercise 2: reading and
+//! writing parameters that live on a GPU).
+//!
+//! Saving is atomic: the file is written to `<path>.<pid>.tmp` in the same
+//! directory, flushed to disk, then renamed over `path`, so an interrupted
+//! save leaves the previous checkpoint intact. Loading checks every tensor
+//! (present, same shape, same dtype, nothing extra) and copies them to the
+//! device before touching the model: on any error the model is unchanged.
+//!
+//! ```
+//! use kiln::nn::{Linear, Module};
+//! use kiln::{checkpoint, cpu, try_gpu};
+//! let dir = std::env::temp_dir().join(format!("kiln-doc-ckpt-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir).unwrap();
+//! let path = dir.join("linear.safetensors");
+//!
+//! let net = Linear::new(2, 1, &cpu())?;
+//! checkpoint::save(&net, &path)?;
+//!
+//! let mut other = Linear::new(2, 1, &cpu())?;
+//! checkpoint::load(&mut other, &path, &try_gpu(0))?;
+//! assert_eq!(other.weight().device(), try_gpu(0));
+//! assert_eq!(other.weight().to_vec::<f32>()?, net.weight().to_vec::<f32>()?);
+//! # std::fs::remove_dir_all(&dir).unwrap();
+//! # Ok::<(), kiln::Error>(())
+//! ```
+
+use crate::nn::Module;
+use crate::storage::CpuBuffer;
+use crate::{no_grad, DType, Device, Error, Result, Shape, Tensor};
+use half::{bf16, f16};
+use safetensors::{Dtype as SDtype, SafeTensors, View};
+use std::borrow::Cow;
+use std::io::Write;
+use std::panic::Location;
+use std::path::{Path, PathBuf};
+
+fn format_err(path: &Path, msg: impl Into<String>) -> Error {
+    Error::Format { path: path.display().to_string(), msg: msg.into() }
+}
+
+fn io_err(path: &Path, what: &str, e: std::io::Error) -> Error {
+    Error::Io { path: path.display().to_string(), msg: format!("{what}: {e}") }
+}
+
+fn to_sdtype(d: DType) -> SDtype {
+    match d {
+        DType::F32 => SDtype::F32,
+        DType::F64 => SDtype::F64,
+        DType::I64 => SDtype::I64,
+        DType::U8 => SDtype::U8,
+        DType::F16 => SDtype::F16,
+        DType::BF16 => SDtype::BF16,
+    }
+}
+
+fn from_sdtype(d: SDtype) -> Option<DType> {
+    Some(match d {
+        SDtype::F32 => DType::F32,
+        SDtype::F64 => DType::F64,
+        SDtype::I64 => DType::I64,
+        SDtype::U8 => DType::U8,
+        SDtype::F16 => DType::F16,
+        SDtype::BF16 => DType::BF16,
+        _ => return None,
+    })
+}
+
+/// A tensor's elements as little-endian bytes on the host.
+struct HostTensor {
+    dtype: SDtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl View for &HostTensor {
+    fn dtype(&self) -> SDtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+fn le_bytes(buf: &CpuBuffer) -> Vec<u8> {
+    match buf {
+        CpuBuffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        CpuBuffer::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        CpuBuffer::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        CpuBuffer::U8(v) => v.clone(),
+        CpuBuffer::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        CpuBuffer::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+fn from_le_bytes(dtype: DType, b: &[u8]) -> CpuBuffer {
+    fn chunks<const N: usize, T>(b: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
+        b.chunks_exact(N).map(|c| f(c.try_into().unwrap_or([0; N]))).collect()
+    }
+    match dtype {
+        DType::F32 => CpuBuffer::F32(chunks(b, f32::from_le_bytes)),
+        DType::F64 => CpuBuffer::F64(chunks(b, f64::from_le_bytes)),
+        DType::I64 => CpuBuffer::I64(chunks(b, i64::from_le_bytes)),
+        DType::U8 => CpuBuffer::U8(b.to_vec()),
+        DType::F16 => CpuBuffer::F16(chunks(b, f16::from_le_bytes)),
+        DType::BF16 => CpuBuffer::BF16(chunks(b, bf16::from_le_bytes)),
+    }
+}
+
+/// The temporary file a save to `path` writes first: `<path>.<pid>.tmp`.
+pub fn temp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(format!(".{}.tmp", std::process::id()));
+    path.with_file_name(name)
+}
+
+/// Saves named tensors (from any devices: GPU tensors are read to the host,
+/// one booked transfer each) to a safetensors file, atomically.
+pub fn save_tensors(tensors: &[(String, Tensor)], path: impl AsRef<Path>) -> Result<()> {
+    let path = path.as_ref();
+    let mut host = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        if host.iter().any(|(n, _): &(String, HostTensor)| n == name) {
+            return Err(Error::invalid("save", format!("the tensor name `{name}` appears twice")));
+        }
+        let buf = t.read_host(Location::caller())?;
+        host.push((name.clone(), HostTensor { dtype: to_sdtype(t.dtype()), shape: t.dims().to_vec(), bytes: le_bytes(&buf) }));
+    }
+    let bytes = safetensors::serialize(host.iter().map(|(n, h)| (n.as_str(), h)), None)
+        .map_err(|e| format_err(path, format!("cannot encode the checkpoint: {e}")))?;
+    let tmp = temp_path(path);
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io_err(&tmp, "cannot write the checkpoint (the previous one, if any, is untouched)", e));
+    }
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io_err(path, "cannot move the new checkpoint into place (the previous one, if any, is untouched)", e)
+    })
+}
+
+/// Saves a model's parameters (by their [`Module::named_parameters`] names).
+pub fn save(model: &dyn Module, path: impl AsRef<Path>) -> Result<()> {
+    save_tensors(&model.named_parameters(), path)
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| io_err(path, "cannot read the checkpoint", e))
+}
+
+fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
+    SafeTensors::deserialize(bytes).map_err(|e| format_err(path, format!("not a valid safetensors file (corrupt or truncated?): {e}")))
+}
+
+fn upload(path: &Path, name: &str, view: &safetensors::tensor::TensorView<'_>, device: &Device) -> Result<Tensor> {
+    let dtype = from_sdtype(view.dtype())
+        .ok_or_else(|| format_err(path, format!("tensor `{name}` has dtype {:?}, which kiln does not support", view.dtype())))?;
+    let shape = Shape::from(view.shape().to_vec());
+    let expect = shape.elem_count() * dtype.size_in_bytes();
+    if view.data().len() != expect {
+        return Err(format_err(path, format!("tensor `{name}` holds {} bytes, its shape {shape} needs {expect}", view.data().len())));
+    }
+    Tensor::from_host_buffer(from_le_bytes(dtype, view.data()), shape, device)
+}
+
+/// Loads every tensor of a safetensors file onto `device`, in file order.
+pub fn load_tensors(path: impl AsRef<Path>, device: &Device) -> Result<Vec<(String, Tensor)>> {
+    let path = path.as_ref();
+    let bytes = read_file(path)?;
+    let st = parse(path, &bytes)?;
+    let mut names: Vec<(usize, String)> = st.iter().map(|(n, v)| (v.data().as_ptr() as usize, n.to_string())).collect();
+    names.sort();
+    let mut out = Vec::with_capacity(names.len());
+    for (_, name) in names {
+        let view = st.tensor(&name).map_err(|e| format_err(path, format!("tensor `{name}`: {e}")))?;
+        out.push((name.clone(), upload(path, &name, &view, device)?));
+    }
+    Ok(out)
+}
+
+/// Loads a model's parameters from `path` straight onto `device`. Every
+/// parameter must be in the file with its shape and dtype, and the file
+/// must hold nothing else; otherwise a [`Error::Format`] names the tensor
+/// and the model is left unchanged. A parameter already on `device` is
+/// overwritten in place (same tensor, so an optimizer holding it stays
+/// valid); one elsewhere is replaced by a new parameter on `device`.
+pub fn load(model: &mut dyn Module, path: impl AsRef<Path>, device: &Device) -> Result<()> {
+    let path = path.as_ref();
+    let bytes = read_file(path)?;
+    let st = parse(path, &bytes)?;
+    let params = model.named_parameters();
+    for name in st.names() {
+        if !params.iter().any(|(n, _)| n == name) {
+            let expected: Vec<&str> = params.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(format_err(
+                path,
+                format!(
+                    "tensor `{name}` is in the file but not in the model (the model has [{}]); was it saved from another model?",
+                    expected.join(", ")
+                ),
+            ));
+        }
+    }
+    let mut loaded = std::collections::HashMap::with_capacity(params.len());
+    for (name, p) in &params {
+        let view = st.tensor(name).map_err(|_| format_err(path, format!("tensor `{name}` is missing from the checkpoint")))?;
+        let file_dtype = from_sdtype(view.dtype());
+        if file_dtype != Some(p.dtype()) {
+            return Err(format_err(
+                path,
+                format!("tensor `{name}` has dtype {:?} in the file, the model's is {}", view.dtype(), p.dtype()),
+            ));
+        }
+        if view.shape() != p.dims() {
+            return Err(format_err(
+                path,
+                format!("tensor `{name}` has shape {:?} in the file, the model's is {:?}", view.shape(), p.dims()),
+            ));
+        }
+        loaded.insert(name.clone(), upload(path, name, &view, device)?);
+    }
+    // Everything checked and on the device: now change the model.
+    let _g = no_grad();
+    model.visit_parameters_mut(&mut |name, p| {
+        let Some(new) = loaded.remove(name) else { return Ok(()) };
+        if p.device() == new.device() {
+            p.assign(&new)
+        } else {
+            *p = new.requires_grad_();
+            Ok(())
+        }
+    })
+}

@@ -1,0 +1,73 @@
+//! Layers without parameters: activations and [`Flatten`].
+
+use super::module::Module;
+use crate::{Result, Tensor};
+
+/// max(x, 0), elementwise.
+///
+/// ```
+/// use kiln::nn::{Module, ReLU};
+/// let x = kiln::Tensor::new(&[-1f32, 2.], &kiln::cpu())?;
+/// assert_eq!(ReLU.forward(&x)?.to_vec::<f32>()?, vec![0., 2.]);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReLU;
+
+impl Module for ReLU {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.relu()
+    }
+    fn describe(&self) -> String {
+        "ReLU".into()
+    }
+}
+
+/// 1 / (1 + e⁻ˣ), elementwise.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sigmoid;
+
+impl Module for Sigmoid {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.sigmoid()
+    }
+    fn describe(&self) -> String {
+        "Sigmoid".into()
+    }
+}
+
+/// tanh x, elementwise.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Tanh;
+
+impl Module for Tanh {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.tanh()
+    }
+    fn describe(&self) -> String {
+        "Tanh".into()
+    }
+}
+
+/// Flattens every dimension after the first: (n, c, h, w) → (n, c·h·w).
+///
+/// ```
+/// use kiln::nn::{Flatten, Module};
+/// let x = kiln::Tensor::zeros((2, 1, 28, 28), kiln::DType::F32, &kiln::cpu())?;
+/// assert_eq!(Flatten.forward(&x)?.dims(), &[2, 784]);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Flatten;
+
+impl Module for Flatten {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.rank() <= 1 {
+            return Ok(x.clone());
+        }
+        x.flatten_from(1)
+    }
+    fn describe(&self) -> String {
+        "Flatten".into()
+    }
+}

@@ -1,0 +1,158 @@
+//! Losses and metrics, computed on the operands' device and returned as 0-d
+//! tensors there (reading them is the caller's choice, and a transfer).
+
+use crate::{DType, Error, Result, Tensor};
+
+/// Mean squared error, mean over every element: mean((ŷ − y)²). The target
+/// may have another shape with the same number of elements (e.g. (n) for
+/// a prediction of shape (n, 1)); it is reshaped, never broadcast.
+///
+/// ```
+/// use kiln::{Tensor, cpu};
+/// let p = Tensor::new(&[[1f32], [2.]], &cpu())?;
+/// let y = Tensor::new(&[1f32, 4.], &cpu())?;
+/// assert_eq!(kiln::nn::mse_loss(&p, &y)?.to_scalar::<f32>()?, 2.0);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
+    let target = if pred.dims() == target.dims() {
+        target.clone()
+    } else if pred.elem_count() == target.elem_count() {
+        target.reshape(pred.shape().clone())?
+    } else {
+        return Err(Error::ShapeMismatch {
+            op: "mse_loss: prediction and target need the same number of elements".into(),
+            lhs: pred.dims().to_vec(),
+            rhs: target.dims().to_vec(),
+        });
+    };
+    let n = pred.elem_count().max(1) as f64;
+    pred.sub(&target)?.sqr()?.sum_all()?.div_scalar(n)
+}
+
+/// log(softmax(x)) along the last dimension, computed stably as
+/// x − max − log Σ exp(x − max).
+///
+/// ```
+/// use kiln::{Tensor, cpu};
+/// let x = Tensor::new(&[[1000f32, 1000.]], &cpu())?;
+/// let l = kiln::nn::log_softmax(&x)?.to_vec::<f32>()?;
+/// assert!((l[0] - (0.5f32).ln()).abs() < 1e-6);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
+    if x.rank() == 0 {
+        return Err(Error::invalid("log_softmax", "needs a tensor of rank 1 or more"));
+    }
+    let last = x.rank() - 1;
+    let m = x.detach().max_keepdim(last)?;
+    let shifted = x.sub(&m)?;
+    let lse = shifted.exp()?.sum_keepdim(last)?.log()?;
+    shifted.sub(&lse)
+}
+
+/// softmax(x) along the last dimension.
+pub fn softmax(x: &Tensor) -> Result<Tensor> {
+    log_softmax(x)?.exp()
+}
+
+fn check_labels(op: &str, logits: &Tensor, labels: &Tensor) -> Result<usize> {
+    if logits.rank() != 2 {
+        return Err(Error::invalid(op, format!("logits must be 2-D (batch, classes), got shape {}", logits.shape())));
+    }
+    if labels.dtype() != DType::I64 {
+        return Err(Error::invalid(
+            op,
+            format!("labels must be i64 class indices, got {}; convert with `.to_dtype(DType::I64)?`", labels.dtype()),
+        ));
+    }
+    if labels.elem_count() != logits.dims()[0] {
+        return Err(Error::ShapeMismatch {
+            op: format!("{op}: one label per row of the logits"),
+            lhs: logits.dims().to_vec(),
+            rhs: labels.dims().to_vec(),
+        });
+    }
+    if labels.device() != logits.device() {
+        return Err(Error::DeviceMismatch { op: op.into(), lhs: logits.device(), rhs: labels.device() });
+    }
+    Ok(logits.dims()[1])
+}
+
+/// One-hot rows (n, classes) of `labels`, as `dtype`, on the labels' device.
+pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> {
+    let ids = Tensor::arange_dtype(0.0, classes as f64, 1.0, DType::I64, &labels.device())?;
+    labels.flatten_all()?.unsqueeze(1)?.eq(&ids.unsqueeze(0)?)?.to_dtype(dtype)
+}
+
+/// Cross-entropy of logits (n, classes) against i64 labels (n), averaged
+/// over the batch, through a stable log-softmax.
+///
+/// ```
+/// use kiln::{Tensor, cpu};
+/// let logits = Tensor::new(&[[0f32, 0.], [0., 0.]], &cpu())?;
+/// let labels = Tensor::new(&[0i64, 1], &cpu())?;
+/// let l = kiln::nn::cross_entropy(&logits, &labels)?.to_scalar::<f32>()?;
+/// assert!((l - 2f32.ln()).abs() < 1e-6);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    let classes = check_labels("cross_entropy", logits, labels)?;
+    let n = logits.dims()[0].max(1) as f64;
+    let picked = log_softmax(logits)?.mul(&one_hot(labels, classes, logits.dtype())?)?;
+    picked.sum_all()?.mul_scalar(-1.0 / n)
+}
+
+/// The fraction of rows whose largest logit is at the label, as a 0-d f32
+/// tensor on the logits' device.
+///
+/// ```
+/// use kiln::{Tensor, cpu};
+/// let logits = Tensor::new(&[[2f32, 1.], [0., 3.], [5., 1.]], &cpu())?;
+/// let labels = Tensor::new(&[0i64, 1, 1], &cpu())?;
+/// let acc = kiln::nn::accuracy(&logits, &labels)?.to_scalar::<f32>()?;
+/// assert!((acc - 2.0 / 3.0).abs() < 1e-6);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn accuracy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    check_labels("accuracy", logits, labels)?;
+    let n = logits.dims()[0].max(1) as f64;
+    let hits = logits.detach().argmax(1)?.eq(&labels.flatten_all()?)?.to_dtype(DType::F32)?;
+    hits.sum_all()?.div_scalar(n)
+}
+
+/// A loss for the [`Trainer`](crate::trainer::Trainer), with the metric that
+/// goes with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loss {
+    /// [`mse_loss`]; no metric.
+    Mse,
+    /// [`cross_entropy`]; metric: [`accuracy`].
+    CrossEntropy,
+}
+
+impl Loss {
+    /// The loss of predictions `pred` against `target`, a 0-d tensor.
+    pub fn compute(&self, pred: &Tensor, target: &Tensor) -> Result<Tensor> {
+        match self {
+            Loss::Mse => mse_loss(pred, target),
+            Loss::CrossEntropy => cross_entropy(pred, target),
+        }
+    }
+
+    /// The metric (accuracy for classification), if the loss has one.
+    pub fn metric(&self, pred: &Tensor, target: &Tensor) -> Option<Result<Tensor>> {
+        match self {
+            Loss::Mse => None,
+            Loss::CrossEntropy => Some(accuracy(pred, target)),
+        }
+    }
+
+    /// The metric's name, if there is one.
+    pub fn metric_name(&self) -> Option<&'static str> {
+        match self {
+            Loss::Mse => None,
+            Loss::CrossEntropy => Some("accuracy"),
+        }
+    }
+}

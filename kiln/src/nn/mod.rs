@@ -1,0 +1,34 @@
+//! Neural networks: the [`Module`] trait, layers ([`Linear`],
+//! [`LazyLinear`], [`Sequential`], activations, [`Flatten`], [`Dropout`]),
+//! initializers ([`init`]) and losses.
+//!
+//! Parameters live on one device; a forward whose input is elsewhere fails
+//! with [`Error::DeviceMismatch`](crate::Error::DeviceMismatch) naming the
+//! parameter, and [`Module::to`] moves a model (the chapter's
+//! `net = net.to(device=try_gpu())`).
+//!
+//! ```
+//! use kiln::nn::{LazyLinear, Module, Sequential};
+//! use kiln::{Tensor, DType, try_gpu};
+//! let net = Sequential::new().add(LazyLinear::new(1));
+//! let x = Tensor::ones((2, 3), DType::F32, &try_gpu(0))?;
+//! let y = net.forward(&x)?;
+//! assert_eq!(y.device(), try_gpu(0));
+//! assert_eq!(net[0].parameter("weight")?.device(), try_gpu(0));
+//! # Ok::<(), kiln::Error>(())
+//! ```
+
+mod activation;
+mod dropout;
+pub mod init;
+mod linear;
+mod loss;
+mod module;
+mod sequential;
+
+pub use activation::{Flatten, ReLU, Sigmoid, Tanh};
+pub use dropout::Dropout;
+pub use linear::{LazyLinear, Linear};
+pub use loss::{accuracy, cross_entropy, log_softmax, mse_loss, one_hot, softmax, Loss};
+pub use module::{Module, ParamVisitor};
+pub use sequential::Sequential;

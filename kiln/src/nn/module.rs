@@ -1,0 +1,192 @@
+//! The [`Module`] trait: a forward function plus named parameters that can be
+//! listed (for optimizers and checkpoints), moved to a device, and switched
+//! between training and evaluation.
+
+use crate::{Device, Error, Result, Tensor};
+
+/// Visits each parameter by name, mutably: the one primitive that moving,
+/// loading and re-initialising a model are built on.
+pub type ParamVisitor<'a> = dyn FnMut(&str, &mut Tensor) -> Result<()> + 'a;
+
+/// A layer, a stack of layers, or a whole model.
+///
+/// Implementors write `forward` and, when they hold parameters,
+/// `named_parameters` and `visit_parameters_mut`; the rest is provided. A
+/// model written "from scratch" with plain tensors as fields (the chapter's
+/// `set_scratch_params_device`) implements the same two methods and can then
+/// be moved with [`Module::to`] and saved with [`crate::checkpoint`].
+///
+/// ```
+/// use kiln::nn::{Module, ParamVisitor};
+/// use kiln::{Tensor, cpu, Result};
+///
+/// /// y = x·w + b, with plain tensors as parameters.
+/// struct Scratch { w: Tensor, b: Tensor }
+///
+/// impl Module for Scratch {
+///     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+///         x.matmul(&self.w)?.add(&self.b)
+///     }
+///     fn named_parameters(&self) -> Vec<(String, Tensor)> {
+///         vec![("w".into(), self.w.clone()), ("b".into(), self.b.clone())]
+///     }
+///     fn visit_parameters_mut(&mut self, f: &mut ParamVisitor<'_>) -> Result<()> {
+///         f("w", &mut self.w)?;
+///         f("b", &mut self.b)
+///     }
+/// }
+///
+/// let mut m = Scratch {
+///     w: Tensor::new(&[[2f32], [-3.4]], &cpu())?.requires_grad_(),
+///     b: Tensor::new(&[4.2f32], &cpu())?.requires_grad_(),
+/// };
+/// m.to(&kiln::try_gpu(0))?;
+/// assert_eq!(m.w.device(), kiln::try_gpu(0));
+/// assert!(m.w.requires_grad());
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub trait Module {
+    /// Computes the output for a batch `x`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// Every parameter with its dotted name (`"0.weight"`), in a fixed order.
+    /// The tensors share storage with the module's own.
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+
+    /// Calls `f` on every parameter, by name, with the right to replace it.
+    fn visit_parameters_mut(&mut self, f: &mut ParamVisitor<'_>) -> Result<()> {
+        let _ = f;
+        Ok(())
+    }
+
+    /// Switches training behaviour (dropout) on or off.
+    fn set_training(&mut self, training: bool) {
+        let _ = training;
+    }
+
+    /// A short description, used in `Debug` output of containers.
+    fn describe(&self) -> String {
+        let name = std::any::type_name::<Self>();
+        name.rsplit("::").next().unwrap_or(name).to_string()
+    }
+
+    /// The parameters, without names.
+    fn parameters(&self) -> Vec<Tensor> {
+        self.named_parameters().into_iter().map(|(_, t)| t).collect()
+    }
+
+    /// The parameter called `name` (e.g. `"weight"`, `"0.bias"`).
+    ///
+    /// ```
+    /// use kiln::nn::{Linear, Module};
+    /// let layer = Linear::new(3, 2, &kiln::cpu())?;
+    /// assert_eq!(layer.parameter("weight")?.dims(), &[2, 3]);
+    /// assert!(layer.parameter("gamma").is_err());
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    fn parameter(&self, name: &str) -> Result<Tensor> {
+        let all = self.named_parameters();
+        let names: Vec<String> = all.iter().map(|(n, _)| n.clone()).collect();
+        all.into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+            .ok_or_else(|| Error::invalid("parameter", format!("no parameter named `{name}`; this module has [{}]", names.join(", "))))
+    }
+
+    /// Total number of scalar parameters.
+    fn num_parameters(&self) -> usize {
+        self.named_parameters().iter().map(|(_, t)| t.elem_count()).sum()
+    }
+
+    /// Moves every parameter to `device` (PyTorch's `net.to(device)`). A
+    /// parameter already there stays the very same tensor (same storage);
+    /// one elsewhere is copied and becomes a new parameter on `device`.
+    fn to(&mut self, device: &Device) -> Result<()> {
+        let device = *device;
+        // Copy first, then swap in, so that a failure (e.g. out of memory)
+        // leaves the module where it was.
+        let mut moved: Vec<Option<Tensor>> = Vec::new();
+        self.visit_parameters_mut(&mut |_, p| {
+            moved.push(if p.device() == device {
+                None
+            } else {
+                let _g = crate::no_grad();
+                Some(p.to(&device)?.detach().requires_grad_())
+            });
+            Ok(())
+        })?;
+        let mut it = moved.into_iter();
+        self.visit_parameters_mut(&mut |_, p| {
+            if let Some(Some(new)) = it.next() {
+                *p = new;
+            }
+            Ok(())
+        })
+    }
+
+    /// The devices the parameters live on, without repeats, in order.
+    fn devices(&self) -> Vec<Device> {
+        let mut out: Vec<Device> = Vec::new();
+        for (_, p) in self.named_parameters() {
+            if !out.contains(&p.device()) {
+                out.push(p.device());
+            }
+        }
+        out
+    }
+
+    /// Clears every parameter's gradient.
+    fn zero_grad(&self) {
+        for p in self.parameters() {
+            p.zero_grad();
+        }
+    }
+
+    /// Training mode (dropout active).
+    fn train(&mut self) {
+        self.set_training(true);
+    }
+
+    /// Evaluation mode (dropout is the identity).
+    fn eval(&mut self) {
+        self.set_training(false);
+    }
+}
+
+impl<M: Module + ?Sized> Module for Box<M> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        (**self).forward(x)
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        (**self).named_parameters()
+    }
+    fn visit_parameters_mut(&mut self, f: &mut ParamVisitor<'_>) -> Result<()> {
+        (**self).visit_parameters_mut(f)
+    }
+    fn set_training(&mut self, training: bool) {
+        (**self).set_training(training)
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+}
+
+/// The error of a forward pass whose input is on another device than a
+/// parameter: "input is on cpu while weight is on gpu(0)". Containers
+/// prefix the name with the layer (`layer 0 weight`).
+pub(crate) fn input_device_mismatch(input: Device, param: &str, param_device: Device) -> Error {
+    Error::DeviceMismatch { op: format!("input is on {input} while {param} is on {param_device}"), lhs: input, rhs: param_device }
+}
+
+/// Names the layer in a device mismatch raised by a child of a container.
+pub(crate) fn in_layer(e: Error, index: usize) -> Error {
+    match e {
+        Error::DeviceMismatch { op, lhs, rhs } if op.starts_with("input is on ") => {
+            let op = op.replacen(" while ", &format!(" while layer {index} "), 1);
+            Error::DeviceMismatch { op, lhs, rhs }
+        }
+        other => other,
+    }
+}
