@@ -67,7 +67,12 @@ pub use shape::{Layout, Shape};
 pub use storage::CpuBuffer;
 pub use tensor::{HostData, Tensor};
 
-/// Finds real GPUs. Until a GPU backend is compiled in there are none.
+/// Finds real GPUs: CUDA devices through a driver library loaded at run
+/// time (none, with the reason, when there is no driver or no device).
 pub(crate) fn cuda_probe() -> device::RealGpus {
-    device::RealGpus { backends: Vec::new(), absent: Some(FallbackReason::NoGpuBackendBuilt) }
+    backend::cuda::probe()
 }
+
+/// The CUDA kernel sources and NVRTC access, for the compile check.
+#[doc(hidden)]
+pub use backend::cuda::check as cuda_check;

@@ -3,6 +3,7 @@
 //! in-order queue on a worker thread) and, when present, CUDA.
 
 pub(crate) mod cpu;
+pub(crate) mod cuda;
 pub(crate) mod host_kernels;
 pub(crate) mod sim;
 
