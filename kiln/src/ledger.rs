@@ -190,15 +190,39 @@ pub fn transfer_guard_for(direction: Direction, level: GuardLevel) -> TransferGu
     TransferGuard { previous }
 }
 
-/// Checks the guard and books a transfer; `None` when it is not a transfer
-/// (both ends on the host).
-pub(crate) fn transfer(src: Device, dst: Device, bytes: usize, site: &'static Location<'static>) -> Result<()> {
+/// A transfer the guard allowed, booked by [`Ticket::book`] once it has
+/// happened, so that a copy that fails (out of memory) is never counted.
+pub(crate) struct Ticket {
+    direction: Direction,
+    src: Device,
+    dst: Device,
+    bytes: usize,
+    location: String,
+}
+
+impl Ticket {
+    pub(crate) fn book(self) {
+        let Ticket { direction, src, dst, bytes, location } = self;
+        LOCAL.with(|l| l.borrow_mut().book(direction, src, dst, bytes as u64, &location));
+        GLOBAL.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(Default::default).book(
+            direction,
+            src,
+            dst,
+            bytes as u64,
+            &location,
+        );
+    }
+}
+
+/// Checks the guard for a transfer; `None` when it is not a transfer (both
+/// ends on one device, or on the host).
+pub(crate) fn check(src: Device, dst: Device, bytes: usize, site: &'static Location<'static>) -> Result<Option<Ticket>> {
     if src == dst {
         // A copy within one device crosses no bus.
-        return Ok(());
+        return Ok(None);
     }
     let direction = match (src, dst) {
-        (Device::Cpu, Device::Cpu) => return Ok(()),
+        (Device::Cpu, Device::Cpu) => return Ok(None),
         (Device::Cpu, Device::Gpu(_)) => Direction::HostToDevice,
         (Device::Gpu(_), Device::Cpu) => Direction::DeviceToHost,
         (Device::Gpu(_), Device::Gpu(_)) => Direction::DeviceToDevice,
@@ -209,13 +233,13 @@ pub(crate) fn transfer(src: Device, dst: Device, bytes: usize, site: &'static Lo
         GuardLevel::Log => eprintln!("kiln: {direction} transfer {src} -> {dst} of {} at {location}", crate::human_bytes(bytes)),
         GuardLevel::Disallow => return Err(Error::TransferDisallowed { direction, src, dst, location }),
     }
-    LOCAL.with(|l| l.borrow_mut().book(direction, src, dst, bytes as u64, &location));
-    GLOBAL.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(Default::default).book(
-        direction,
-        src,
-        dst,
-        bytes as u64,
-        &location,
-    );
+    Ok(Some(Ticket { direction, src, dst, bytes, location }))
+}
+
+/// Checks the guard and books a transfer at once.
+pub(crate) fn transfer(src: Device, dst: Device, bytes: usize, site: &'static Location<'static>) -> Result<()> {
+    if let Some(ticket) = check(src, dst, bytes, site)? {
+        ticket.book();
+    }
     Ok(())
 }

@@ -156,8 +156,12 @@ impl Tensor {
         }
         let b = device_backend(*device)?;
         let (dtype, len) = (data.dtype(), data.len());
-        ledger::transfer(Device::Cpu, *device, data.size_in_bytes(), Location::caller())?;
+        let ticket = ledger::check(Device::Cpu, *device, data.size_in_bytes(), Location::caller())?;
         let buffer = b.upload(data)?;
+        // Booked once done: an upload that ran out of memory moved nothing.
+        if let Some(ticket) = ticket {
+            ticket.book();
+        }
         Ok(Tensor::from_storage(Storage::new(b, buffer, dtype, len), shape))
     }
 
@@ -419,7 +423,7 @@ impl Tensor {
         let dst = device_backend(*device)?;
         let src_device = self.device();
         let bytes = self.elem_count() * self.dtype().size_in_bytes();
-        ledger::transfer(src_device, *device, bytes, site)?;
+        let ticket = ledger::check(src_device, *device, bytes, site)?;
         let shape = self.shape().clone();
         let src_backend = self.backend();
         let gpu_to_gpu_in_host_memory = src_backend.host_memory() && dst.host_memory() && src_backend.is_async() && dst.is_async();
@@ -445,6 +449,10 @@ impl Tensor {
             let buffer = dst.upload(data)?;
             Storage::new(dst, buffer, self.dtype(), len)
         };
+        // Booked once done: a copy that ran out of memory moved nothing.
+        if let Some(ticket) = ticket {
+            ticket.book();
+        }
         let t = Tensor::from_storage(out, shape);
         Ok(backprop::record(t, || BackOp::ToDevice(self.clone()), &[self]))
     }
