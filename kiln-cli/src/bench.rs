@@ -515,6 +515,34 @@ fn w5(ctx: &mut Ctx) -> Result<()> {
         row = row.with("w", json!([round(w[0] as f64, 4), round(w[1] as f64, 4)])).with("b", round(b[0] as f64, 4));
     }
     ctx.emit(row);
+    if dev.is_cpu() {
+        // The same training through nn::Linear, Loss::Mse, Sgd and the Trainer (the
+        // book's concise version), as kiln::trainer::bench_w5 runs it.
+        let per_epoch = RefCell::new(Vec::new());
+        let last = RefCell::new(None);
+        ctx.measure("linear regression, Trainer", 0, 1 + ctx.runs(7), || {
+            let r = kiln::trainer::bench_w5(epochs)?;
+            per_epoch.borrow_mut().push(r.ms_per_epoch);
+            *last.borrow_mut() = Some(r);
+            Ok(())
+        })?;
+        let mut samples = per_epoch.into_inner();
+        samples.remove(0); // the first run warms up
+        let stats = Stats::from_samples(samples);
+        let mut row = Row::new(
+            "W5",
+            format!("nn::Linear + Trainer, n={n} bs={batch} lr={lr}, {epochs} epochs"),
+            dev,
+            stats,
+            stats.median_ms,
+            "ms/epoch",
+        )
+        .with("epochs", epochs);
+        if let Some(r) = last.into_inner() {
+            row = row.with("w", json!([round(r.w[0] as f64, 4), round(r.w[1] as f64, 4)])).with("b", round(r.b as f64, 4));
+        }
+        ctx.emit(row);
+    }
     Ok(())
 }
 
@@ -741,6 +769,57 @@ fn ex4(ctx: &mut Ctx) -> Result<()> {
 }
 
 fn ex2(ctx: &mut Ctx) -> Result<()> {
-    ctx.note("Ex2: skipped: kiln::checkpoint is not built yet.".into());
-    Ok(())
+    use kiln::nn::{Linear, Module, ReLU, Sequential};
+    let mut devices = vec![cpu()];
+    if kiln::num_gpus() == 0 {
+        let d = kiln::ensure_simulated_gpus(1, kiln::DEFAULT_SIM_GPU_MEMORY)[0];
+        ctx.note(format!("Ex2: no GPU on this machine, so the GPU side is simulated {d}."));
+    }
+    devices.extend((0..kiln::num_gpus()).map(gpu));
+    let dir = std::env::temp_dir().join(format!("kiln-bench-ex2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| fail!("Ex2: cannot create {}: {e}", dir.display()))?;
+    let hidden = if ctx.quick { 64 } else { 1024 };
+    let make = || -> kiln::Result<Sequential> {
+        Ok(Sequential::new()
+            .add(Linear::new(784, hidden, &cpu())?)
+            .add(ReLU)
+            .add(Linear::new(hidden, hidden, &cpu())?)
+            .add(ReLU)
+            .add(Linear::new(hidden, 10, &cpu())?))
+    };
+    let result = (|| -> Result<()> {
+        for &dev in &devices {
+            let mut net = make()?;
+            net.to(&dev)?;
+            let path = dir.join(format!("mlp-{}.safetensors", dev.to_string().replace(['(', ')'], "")));
+            let save = ctx.measure(&format!("save from {dev}"), 1, ctx.runs(5), || kiln::checkpoint::save(&net, &path))?;
+            let bytes = std::fs::metadata(&path).map(|m| m.len()).map_err(|e| fail!("Ex2: {}: {e}", path.display()))?;
+            let mut other = make()?;
+            let load = ctx.measure(&format!("load onto {dev}"), 1, ctx.runs(5), || {
+                kiln::checkpoint::load(&mut other, &path, &dev)?;
+                kiln::synchronize(&dev)
+            })?;
+            // The round trip is exact, and the loaded parameters live on the device.
+            for ((name, a), (_, b)) in net.named_parameters().iter().zip(other.named_parameters()) {
+                if b.device() != dev || a.detach().to_vec::<f32>()? != b.detach().to_vec::<f32>()? {
+                    return Err(fail!("Ex2: parameter {name} did not survive the round trip on {dev}"));
+                }
+            }
+            let mb = |s: &Stats| bytes as f64 / (s.median_ms * 1e-3) / 1e6;
+            let params = net.num_parameters();
+            ctx.emit(
+                Row::new("Ex2", format!("save MLP 784-{hidden}-{hidden}-10 ({params} params)"), dev, save, mb(&save), "MB/s")
+                    .with("bytes", bytes)
+                    .with("parameters", params),
+            );
+            ctx.emit(
+                Row::new("Ex2", format!("load MLP 784-{hidden}-{hidden}-10 ({params} params)"), dev, load, mb(&load), "MB/s")
+                    .with("bytes", bytes)
+                    .with("parameters", params),
+            );
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }

@@ -69,7 +69,6 @@ pub fn gflops_vs_size(path: &Path, series: &[(String, Vec<(usize, f64)>)], threa
     save(path, draw)
 }
 
-#[allow(dead_code)] // used by `kiln train` once kiln::nn lands
 /// Draws training curves: each named series against the epoch, on one chart per metric group.
 pub fn curves(path: &Path, title: &str, left: &[(String, Vec<f64>)], right: &[(String, Vec<f64>)]) -> Result<()> {
     let draw = |labels: bool| -> DrawResult {
@@ -78,7 +77,11 @@ pub fn curves(path: &Path, title: &str, left: &[(String, Vec<f64>)], right: &[(S
         let areas = root.split_evenly((1, 2));
         for (area, (group, desc)) in areas.iter().zip([(left, "loss"), (right, "accuracy")]) {
             let epochs = group.iter().map(|(_, v)| v.len()).max().unwrap_or(1).max(2);
-            let ymax = group.iter().flat_map(|(_, v)| v.iter().copied()).filter(|v| v.is_finite()).fold(0.0f64, f64::max).max(1e-3) * 1.1;
+            let ymax = if desc == "accuracy" {
+                1.0
+            } else {
+                group.iter().flat_map(|(_, v)| v.iter().copied()).filter(|v| v.is_finite()).fold(0.0f64, f64::max).max(1e-3) * 1.1
+            };
             let mut builder = ChartBuilder::on(area);
             builder.margin(15);
             if labels {

@@ -1,20 +1,190 @@
-//! `kiln train`, and the tour's network and Trainer steps.
+//! `kiln train`: train a classifier on the best device, with a progress bar,
+//! a loss/accuracy plot and a final safetensors checkpoint; and the tour's
+//! steps on networks (a network on a device, a short Trainer run).
 
-use crate::util::Result;
-use kiln::Tensor;
+use crate::fail;
+use crate::util::{table, Align, Result};
+use kiln::data::{fashion_mnist, synthetic_classification, synthetic_regression, DataModule, FASHION_MNIST_CLASSES};
+use kiln::nn::{Flatten, LazyLinear, Linear, Loss, Module, ReLU, Sequential};
+use kiln::optim::OptimizerConfig;
+use kiln::trainer::{Learner, Progress, Trainer};
+use kiln::{checkpoint, cpu, try_gpu, Direction, Tensor};
+use std::path::{Path, PathBuf};
 
 /// Options of `kiln train`.
 #[derive(clap::Args, Debug)]
-pub struct TrainArgs {}
+pub struct TrainArgs {
+    /// Fashion-MNIST directory with the four IDX files (gzipped or not); synthetic data when absent.
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// Use up to this many GPUs (the first one computes); 0 trains on the CPU.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub num_gpus: usize,
+    /// Epochs to train.
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub epochs: u32,
+    /// Examples per batch.
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch_size: u32,
+    /// Learning rate of SGD.
+    #[arg(long, value_name = "LR", default_value_t = 0.1)]
+    pub lr: f64,
+    /// Width of the hidden layer of the MLP.
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub hidden: u32,
+    /// Directory for the plot (training.png) and the checkpoint (model.safetensors).
+    #[arg(long, value_name = "DIR", default_value = "kiln-train")]
+    pub out: PathBuf,
+    /// Start from the parameters of this checkpoint.
+    #[arg(long, value_name = "CKPT")]
+    pub resume: Option<PathBuf>,
+    /// Random seed (data shuffling, initial parameters, synthetic data).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// The MLP `kiln train` trains: flatten, linear, ReLU, linear.
+fn mlp(inputs: usize, hidden: usize, classes: usize) -> kiln::Result<Sequential> {
+    Ok(Sequential::new().add(Flatten).add(Linear::new(inputs, hidden, &cpu())?).add(ReLU).add(Linear::new(hidden, classes, &cpu())?))
+}
+
+fn check_out_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| fail!("cannot create the output directory {}: {e}", dir.display()))?;
+    let probe = dir.join(format!(".kiln-write-test-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|e| fail!("cannot write to the output directory {}: {e}", dir.display()))?;
+    let _ = std::fs::remove_file(probe);
+    Ok(())
+}
 
 /// Runs `kiln train`.
-pub fn run(_args: TrainArgs) -> Result<()> {
-    Err(crate::fail!("`kiln train` needs kiln::nn, which is not built yet"))
+pub fn run(args: TrainArgs) -> Result<()> {
+    if let Some(dir) = &args.data {
+        if !dir.is_dir() {
+            return Err(fail!("--data {}: no such directory; give the directory holding the Fashion-MNIST IDX files", dir.display()));
+        }
+    }
+    if let Some(ckpt) = &args.resume {
+        if !ckpt.is_file() {
+            return Err(fail!("--resume {}: no such checkpoint file", ckpt.display()));
+        }
+    }
+    if !(args.lr.is_finite() && args.lr > 0.0) {
+        return Err(fail!("--lr must be a positive number, got {}", args.lr));
+    }
+    check_out_dir(&args.out)?;
+    kiln::manual_seed(args.seed);
+    let batch = args.batch_size as usize;
+    let (data, what, inputs, classes): (DataModule, String, usize, usize) = match &args.data {
+        Some(dir) => {
+            let data = fashion_mnist(dir, batch)?;
+            let inputs: usize = data.train.tensors()[0].dims()[1..].iter().product();
+            (data, format!("Fashion-MNIST from {}", dir.display()), inputs, FASHION_MNIST_CLASSES.len())
+        }
+        None => (synthetic_classification(8192, 2048, 4, 10, batch)?, "synthetic classification (10 classes, 4 features)".into(), 4, 10),
+    };
+    let mut net = mlp(inputs, args.hidden as usize, classes)?;
+    let mut trainer = Trainer::new(args.epochs as usize, args.num_gpus, 0.0).progress(Progress::Auto);
+    let device = trainer.device();
+    if let Some(ckpt) = &args.resume {
+        checkpoint::load(&mut net, ckpt, &device)?;
+        println!("Resumed from {}", ckpt.display());
+    }
+    println!(
+        "Training an MLP {inputs}-{}-{classes} ({} parameters) on {what}: {} training and {} validation examples, on {device} \
+         (num_gpus {} asked, {} available), {} epochs, batch {batch}, SGD lr {}",
+        args.hidden,
+        net.num_parameters(),
+        data.train.num_examples(),
+        data.val.as_ref().map(|v| v.num_examples()).unwrap_or(0),
+        args.num_gpus,
+        kiln::num_gpus(),
+        args.epochs,
+        args.lr
+    );
+    let before = kiln::thread_transfer_stats();
+    let mut model = Learner::new(net, Loss::CrossEntropy, OptimizerConfig::sgd(args.lr));
+    let history = trainer.fit(&mut model, &data)?;
+    let transfers = kiln::thread_transfer_stats().since(&before);
+
+    let rows: Vec<Vec<String>> = history
+        .epochs
+        .iter()
+        .map(|e| {
+            vec![
+                (e.epoch + 1).to_string(),
+                format!("{:.4}", e.train_loss),
+                e.val_loss.map(|v| format!("{v:.4}")).unwrap_or_else(|| "-".into()),
+                e.val_metric.map(|v| format!("{:.2}%", 100.0 * v)).unwrap_or_else(|| "-".into()),
+                format!("{:.2} s", e.seconds),
+            ]
+        })
+        .collect();
+    println!(
+        "{}",
+        table(
+            &[
+                ("EPOCH", Align::Right),
+                ("TRAIN LOSS", Align::Right),
+                ("VAL LOSS", Align::Right),
+                ("VAL ACCURACY", Align::Right),
+                ("TIME", Align::Right)
+            ],
+            &rows
+        )
+    );
+    if device.is_gpu() {
+        println!(
+            "Transfers: {} host-to-device (batches), {} device-to-host (one read per epoch)",
+            transfers.direction(Direction::HostToDevice).count,
+            transfers.direction(Direction::DeviceToHost).count
+        );
+    }
+    let plot = args.out.join("training.png");
+    let losses = vec![("train loss".to_string(), history.train_losses()), ("val loss".to_string(), history.val_losses())];
+    let acc: Vec<f64> = history.epochs.iter().filter_map(|e| e.val_metric).collect();
+    crate::plot::curves(&plot, "kiln train", &losses, &[("val accuracy".to_string(), acc)])?;
+    let ckpt = args.out.join("model.safetensors");
+    checkpoint::save(&model.net, &ckpt)?;
+    println!("Wrote {} and {} (resume with --resume {})", plot.display(), ckpt.display(), ckpt.display());
+    Ok(())
 }
 
 /// The tour's steps on networks: a network on a device, and a short Trainer run.
-pub fn tour_network(first: usize, _x: &Tensor, step: fn(usize, &str)) -> Result<()> {
+pub fn tour_network(first: usize, x: &Tensor, step: fn(usize, &str)) -> Result<()> {
     step(first, "Neural networks and GPUs");
-    println!("(kiln::nn is not built yet)");
+    let mut net = Sequential::new().add(LazyLinear::new(1));
+    net.to(&try_gpu(0))?;
+    println!("net = Sequential::new().add(LazyLinear::new(1)); net.to(&try_gpu(0))?;");
+    let out = net.forward(x)?;
+    println!("net.forward(&X) = {out}");
+    println!("net[0].weight is on {}", net.parameter("0.weight")?.device());
+    let host_x = x.to(&cpu())?;
+    match net.forward(&host_x) {
+        Ok(_) => println!("net.forward(&X on cpu) ran"),
+        Err(e) => println!("net.forward(&X on cpu) fails: {e}"),
+    }
+
+    step(first + 1, "The Trainer with num_gpus: model and batches on gpus[0]");
+    kiln::manual_seed(0);
+    let data = synthetic_regression(1000, 100, 32)?;
+    let mut model = Learner::new(Linear::new(2, 1, &cpu())?, Loss::Mse, OptimizerConfig::sgd(0.03));
+    let mut trainer = Trainer::new(3, 1, 0.0).progress(Progress::Off);
+    println!("Trainer::new(max_epochs = 3, num_gpus = 1, gradient_clip_val = 0): gpus = {:?}", trainer.gpus());
+    let before = kiln::thread_transfer_stats();
+    let history = trainer.fit(&mut model, &data)?;
+    let moved = kiln::thread_transfer_stats().since(&before);
+    for e in &history.epochs {
+        println!("epoch {}: train loss {:.5}, val loss {:.5}", e.epoch + 1, e.train_loss, e.val_loss.unwrap_or(f64::NAN));
+    }
+    let w = model.net.weight();
+    println!("weight on {}: {}", w.device(), w.detach().to_vec::<f32>()?.iter().map(|v| format!("{v:.3}")).collect::<Vec<_>>().join(", "));
+    if let Some(b) = model.net.bias() {
+        println!("bias: {:.3}   (the data was made with w = [2, -3.4], b = 4.2)", b.detach().to_vec::<f32>()?[0]);
+    }
+    println!(
+        "fit made {} host-to-device copies (the model once, then each batch's features and labels) and read the losses device-to-host {} times (once per epoch)",
+        moved.direction(Direction::HostToDevice).count,
+        moved.direction(Direction::DeviceToHost).count
+    );
     Ok(())
 }
