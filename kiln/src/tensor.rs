@@ -428,18 +428,20 @@ impl Tensor {
         let src_backend = self.backend();
         let gpu_to_gpu_in_host_memory = src_backend.host_memory() && dst.host_memory() && src_backend.is_async() && dst.is_async();
         let out = if src_device == *device || gpu_to_gpu_in_host_memory {
-            // Same device, or two simulated GPUs: the destination's queue
-            // reads the source after the source's queue has produced it
-            // (event order), and the host does not wait. A host-to-device
-            // copy is not done this way: the host may overwrite its tensor
-            // right after the call, so it is copied before returning.
+            // Same device, or two simulated GPUs: the source's queue copies,
+            // after the work that produces the source and before any write
+            // to it enqueued later, and the destination's queue waits for
+            // that copy (event order); the host does not wait. A
+            // host-to-device copy is not done this way: the host may
+            // overwrite its tensor right after the call, so it is copied
+            // before returning.
             let out = backend::alloc(&dst, self.dtype(), shape.elem_count())?;
+            src_backend.launch(Kernel::Copy { src: self.src(), dst: out.clone(), dst_layout: Layout::contiguous(shape.clone()) })?;
             if src_device != *device {
                 if let Some(event) = src_backend.record_event() {
                     dst.wait_event(event)?;
                 }
             }
-            dst.launch(Kernel::Copy { src: self.src(), dst: out.clone(), dst_layout: Layout::contiguous(shape.clone()) })?;
             out
         } else {
             // Through the host: the source's backend reads (waiting for its
