@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Proves kiln's CUDA backend on a machine with an NVIDIA GPU, from binaries
+# built elsewhere (such a machine may have no Rust toolchain and no registry).
+#
+# On an x86-64 build machine (no GPU needed), from the repository root:
+#     cargo build --release                      # target/release/kiln
+#     cargo test --release --no-run              # target/release/deps/<test>-<hash>
+# then carry the repository (or at least target/release/kiln and
+# target/release/deps/*) to the GPU machine and run there:
+#     bash scripts/gpu-check.sh                  # everything
+#     bash scripts/gpu-check.sh --tests-only     # conformance + CUDA tests only
+#     bash scripts/gpu-check.sh --bench-only     # kiln bench on cuda and cpu only
+#
+# It prints the GPU (nvidia-smi), finds the CUDA user-space libraries the
+# machine has (NVRTC and cuBLAS: a CUDA toolkit's lib64, or the lib folders
+# of the nvidia-* Python packages that come with PyTorch), runs every test
+# binary it finds (the conformance suite then runs on every CUDA device as
+# well as on the CPU and simulated GPUs), then `kiln devices` and
+# `kiln bench` on the first CUDA device and on the CPU. Everything goes to
+# stdout; the exit status is non-zero when a test binary failed.
+#
+# Environment: KILN_TARGET_DIR (default: target), KILN_BENCH_ARGS (extra
+# arguments for `kiln bench`, e.g. "--quick" or "W1 W3"), CUDA_HOME.
+set -u
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+target="${KILN_TARGET_DIR:-target}"
+mode="${1:-all}"
+
+section() { printf '\n===== %s =====\n' "$*"; }
+
+section "machine"
+uname -a
+if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi || true
+    nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version --format=csv 2>/dev/null || true
+else
+    echo "nvidia-smi not found: is there an NVIDIA driver on this machine?"
+fi
+
+# ---- CUDA libraries ------------------------------------------------------
+# libcuda.so.1 comes with the driver and is on the loader's path already.
+# NVRTC (kernels) and cuBLAS (matmul) may live in a toolkit or in pip wheels.
+lib_dirs=()
+has_cuda_libs() {
+    compgen -G "$1/libnvrtc*.so*" >/dev/null || compgen -G "$1/libcublas*.so*" >/dev/null
+}
+add_dir() {
+    local d="$1"
+    [ -d "$d" ] || return 0
+    for x in "${lib_dirs[@]:-}"; do [ "$x" = "$d" ] && return 0; done
+    lib_dirs+=("$d")
+}
+for d in "${CUDA_HOME:-}/lib64" "${CUDA_PATH:-}/lib64" /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 /usr/lib/x86_64-linux-gnu; do
+    if has_cuda_libs "$d"; then add_dir "$d"; fi
+done
+# Python environments: site-packages/nvidia/<pkg>/lib (PyTorch's CUDA wheels)
+# and site-packages/torch/lib.
+for py in python3 python; do
+    command -v "$py" >/dev/null 2>&1 || continue
+    sites="$("$py" - <<'EOF' 2>/dev/null
+import site, sys
+paths = set(site.getsitepackages() + [site.getusersitepackages()] + [p for p in sys.path if p.endswith("-packages")])
+print("\n".join(sorted(paths)))
+EOF
+)"
+    while IFS= read -r s; do
+        [ -n "$s" ] || continue
+        for d in "$s"/nvidia/*/lib "$s"/torch/lib; do
+            if has_cuda_libs "$d"; then add_dir "$d"; fi
+        done
+    done <<<"$sites"
+done
+if [ "${#lib_dirs[@]}" -gt 0 ]; then
+    joined="$(IFS=:; echo "${lib_dirs[*]}")"
+    export LD_LIBRARY_PATH="${joined}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+section "CUDA libraries"
+echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+for d in "${lib_dirs[@]:-}"; do
+    [ -n "$d" ] && ls "$d" 2>/dev/null | grep -E '^lib(nvrtc|cublas|cublasLt)[.-].*so' | sed "s|^|  $d/|"
+done
+[ "${#lib_dirs[@]}" -gt 0 ] || echo "no NVRTC/cuBLAS found outside the default loader path; kernels need libnvrtc (pip install nvidia-cuda-nvrtc-cu12)"
+
+# The kernel cache lives next to the binaries, so repeated runs skip NVRTC.
+export KILN_CACHE_DIR="${KILN_CACHE_DIR:-$here/$target/kiln-cache}"
+status=0
+
+# ---- tests -------------------------------------------------------------------
+find_tests() {
+    # Test binaries are executables named <name>-<16 hex digits> in deps/;
+    # when a name was built several times, only the newest one runs.
+    for profile in release debug; do
+        local dir="$target/$profile/deps"
+        [ -d "$dir" ] || continue
+        local found
+        found="$(find "$dir" -maxdepth 1 -type f -perm -u+x -regextype posix-extended \
+            -regex '.*/[a-z_0-9]+-[0-9a-f]{16}' -printf '%T@ %p\n' | sort -rn | cut -d' ' -f2-)"
+        [ -n "$found" ] || continue
+        echo "$found" | awk '{ n = $0; sub(/.*\//, "", n); sub(/-[0-9a-f]+$/, "", n); if (!seen[n]++) print }' | sort
+        return 0
+    done
+}
+
+if [ "$mode" != "--bench-only" ]; then
+    tests="$(find_tests)"
+    if [ -z "$tests" ]; then
+        echo "no test binaries under $target/{release,debug}/deps: build them with 'cargo test --release --no-run'"
+        status=1
+    fi
+    for t in $tests; do
+        name="$(basename "$t")"
+        section "test $name"
+        if ! "$t" --test-threads=4 2>&1; then
+            echo "FAILED: $name"
+            status=1
+        fi
+    done
+fi
+
+# ---- kiln devices and bench ---------------------------------------------------
+if [ "$mode" != "--tests-only" ]; then
+    kiln="$target/release/kiln"
+    [ -x "$kiln" ] || kiln="$target/debug/kiln"
+    if [ -x "$kiln" ]; then
+        section "kiln devices"
+        "$kiln" devices 2>&1 || status=1
+        # Real GPUs are numbered first: gpu(0) is the first CUDA device.
+        gpu="gpu(0)"
+        # shellcheck disable=SC2086
+        section "kiln bench --device $gpu ${KILN_BENCH_ARGS:-}"
+        "$kiln" bench --device "$gpu" ${KILN_BENCH_ARGS:-} 2>&1 || status=1
+        # shellcheck disable=SC2086
+        section "kiln bench --device cpu ${KILN_BENCH_ARGS:-}"
+        "$kiln" bench --device cpu ${KILN_BENCH_ARGS:-} 2>&1 || status=1
+    else
+        echo "no kiln binary under $target/{release,debug}: build it with 'cargo build --release'"
+        status=1
+    fi
+fi
+
+section "done (status $status)"
+exit "$status"
