@@ -27,7 +27,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub batch_size: u32,
     /// Learning rate of SGD.
-    #[arg(long, value_name = "LR", default_value_t = 0.1)]
+    #[arg(long, value_name = "LR", default_value_t = 0.1, allow_negative_numbers = true)]
     pub lr: f64,
     /// Width of the hidden layer of the MLP.
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]

@@ -74,6 +74,10 @@ fn tour_walks_through_the_chapter() {
             "Z.copy_to(&gpu(1))?.same_storage(&Z) = false",
             "transfers: ",
             "device-to-device gpu(0) -> gpu(1): 1 (24 B)",
+            "net[0].weight is on gpu(0)",
+            "input is on cpu while layer 0 weight is on gpu(0)",
+            "gpus = [gpu(0)]",
+            "read the losses device-to-host 3 times (once per epoch)",
         ] {
             assert!(out.contains(needle), "tour output lacks {needle:?}:\n{out}");
         }
@@ -83,7 +87,9 @@ fn tour_walks_through_the_chapter() {
         assert!(pos("try_gpu(10)") < pos("x.device()"));
         assert!(pos("x.device()") < pos("different devices"));
         assert!(pos("different devices") < pos("Y + Z"));
-        assert!(pos("Y + Z") < pos("transfers: "));
+        assert!(pos("Y + Z") < pos("net[0].weight"));
+        assert!(pos("net[0].weight") < pos("gpus = [gpu(0)]"));
+        assert!(pos("gpus = [gpu(0)]") < pos("transfers: "));
     }
 }
 
@@ -158,6 +164,30 @@ fn bench_json_has_the_required_keys_and_counts_transfers() {
 }
 
 #[test]
+fn bench_ex2_saves_and_loads_on_every_device() {
+    let o = kiln(&["bench", "Ex2", "--json", "--quick"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_rows(&stdout(&o));
+    let got: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["device"].as_str().unwrap_or("").to_string(),
+                r["variant"].as_str().unwrap_or("").split(' ').next().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let want = [("cpu", "save"), ("cpu", "load"), ("gpu(0)", "save"), ("gpu(0)", "load")];
+    assert_eq!(got, want.map(|(a, b)| (a.to_string(), b.to_string())));
+    // MLP 784-64-64-10 in f32: 55,050 parameters, plus the safetensors header.
+    for r in &rows {
+        assert_eq!(r["parameters"], 55050);
+        assert!(r["bytes"].as_u64().unwrap_or(0) > 55050 * 4, "{r}");
+        assert_eq!(r["unit"], "MB/s");
+    }
+}
+
+#[test]
 fn bench_table_and_async_devices() {
     let o = kiln(&["bench", "W1", "ex4", "--quick"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -190,4 +220,113 @@ fn bad_arguments_give_one_line_and_a_nonzero_exit() {
     assert_one_line_error(&kiln(&["bench", "Ex1", "--plot", "/nonexistent-dir/x/plot.png"]), "cannot write the plot");
     assert_one_line_error(&kiln(&["frobnicate"]), "unrecognized subcommand");
     assert_one_line_error(&kiln(&["devices", "--jsn"]), "--jsn");
+    assert_one_line_error(&kiln(&["train", "--data", "/nonexistent-kiln-data"]), "no such directory");
+    assert_one_line_error(&kiln(&["train", "--epochs", "1", "--out", "/proc/kiln-cannot-write"]), "output directory");
+    assert_one_line_error(&kiln(&["train", "--resume", "/nonexistent.safetensors", "--out", "/tmp"]), "no such checkpoint");
+    assert_one_line_error(&kiln(&["train", "--lr", "-1", "--out", "/tmp"]), "--lr");
+}
+
+/// The parameter names of a safetensors file (its JSON header).
+fn safetensors_names(path: &std::path::Path) -> Vec<String> {
+    let bytes = std::fs::read(path).expect("the checkpoint exists");
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).expect("a JSON header");
+    let mut names: Vec<String> = header.as_object().expect("an object").keys().filter(|k| *k != "__metadata__").cloned().collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn train_writes_a_plot_and_a_checkpoint_and_resumes() {
+    let dir = scratch("train");
+    let out = dir.join("out");
+    let o = kiln(&["--sim-gpus", "1", "train", "--epochs", "2", "--hidden", "16", "--out", out.to_str().expect("utf-8")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("on gpu(0)") && text.contains("VAL ACCURACY"), "{text}");
+    assert!(text.contains("2 device-to-host (one read per epoch)"), "{text}");
+    assert_eq!(png_size(&out.join("training.png")), (1000, 450));
+    let ckpt = out.join("model.safetensors");
+    assert_eq!(safetensors_names(&ckpt), ["1.bias", "1.weight", "3.bias", "3.weight"]);
+
+    let o = kiln(&[
+        "train",
+        "--epochs",
+        "1",
+        "--hidden",
+        "16",
+        "--num-gpus",
+        "0",
+        "--out",
+        out.to_str().expect("utf-8"),
+        "--resume",
+        ckpt.to_str().expect("utf-8"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("Resumed from") && stdout(&o).contains("on cpu"), "{}", stdout(&o));
+
+    // A checkpoint of another shape is refused, naming the tensor.
+    let o = kiln(&[
+        "train",
+        "--epochs",
+        "1",
+        "--hidden",
+        "8",
+        "--out",
+        out.to_str().expect("utf-8"),
+        "--resume",
+        ckpt.to_str().expect("utf-8"),
+    ]);
+    assert_one_line_error(&o, "1.weight");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Writes an IDX file: magic (0, 0, 0x08 = u8, rank), big-endian dims, then the bytes.
+fn write_idx(path: &std::path::Path, dims: &[u32], data: &[u8]) {
+    let mut bytes = vec![0, 0, 0x08, dims.len() as u8];
+    for d in dims {
+        bytes.extend_from_slice(&d.to_be_bytes());
+    }
+    bytes.extend_from_slice(data);
+    std::fs::write(path, bytes).expect("write IDX");
+}
+
+#[test]
+fn train_reads_fashion_mnist_idx_files() {
+    let dir = scratch("fmnist");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).expect("dir");
+    for (prefix, n) in [("train", 64u32), ("t10k", 16)] {
+        let pixels: Vec<u8> = (0..n as usize * 784).map(|i| ((i * 7) % 256) as u8).collect();
+        let labels: Vec<u8> = (0..n as usize).map(|i| (i % 10) as u8).collect();
+        write_idx(&data.join(format!("{prefix}-images-idx3-ubyte")), &[n, 28, 28], &pixels);
+        write_idx(&data.join(format!("{prefix}-labels-idx1-ubyte")), &[n], &labels);
+    }
+    let out = dir.join("out");
+    let o = kiln(&[
+        "train",
+        "--data",
+        data.to_str().expect("utf-8"),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--hidden",
+        "8",
+        "--out",
+        out.to_str().expect("utf-8"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("MLP 784-8-10") && text.contains("Fashion-MNIST") && text.contains("64 training and 16 validation"), "{text}");
+    assert!(out.join("model.safetensors").is_file());
+
+    // A directory without the files: one line naming the missing file.
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).expect("dir");
+    assert_one_line_error(
+        &kiln(&["train", "--data", empty.to_str().expect("utf-8"), "--out", out.to_str().expect("utf-8")]),
+        "train-images-idx3-ubyte",
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }
