@@ -48,3 +48,28 @@ echo "cuda-check: NVRTC from $site/nvidia/cuda_nvrtc/lib, $("$KILN_PTXAS" --vers
 
 # shellcheck disable=SC2086
 cargo test -p kiln ${CARGO_PROFILE_ARGS:-} --test cuda -- --nocapture
+
+# Optional: the "driver present, no device" path, with the CUDA driver library
+# of Debian's libcuda1 (non-free) unpacked, not installed. Skipped when it
+# cannot be fetched.
+libcuda_dir="$(dirname "$venv")/kiln-libcuda1"
+if [ ! -e "$libcuda_dir/lib/libcuda.so.1" ] && command -v apt-get >/dev/null && command -v dpkg >/dev/null; then
+    tmp="$(mktemp -d)"
+    mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial"
+    echo "deb http://deb.debian.org/debian bookworm non-free" >"$tmp/sources.list"
+    apt_opts=(-o "Dir::Etc::SourceList=$tmp/sources.list" -o Dir::Etc::SourceParts=/dev/null
+        -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o APT::Sandbox::User=root)
+    if (cd "$tmp" && apt-get "${apt_opts[@]}" update -qq >/dev/null 2>&1 && apt-get "${apt_opts[@]}" download libcuda1 >/dev/null 2>&1); then
+        dpkg -x "$tmp"/libcuda1_*.deb "$tmp/root"
+        mkdir -p "$libcuda_dir/lib"
+        cp -a "$tmp"/root/usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so* "$libcuda_dir/lib/"
+    fi
+    rm -rf "$tmp"
+fi
+if [ -e "$libcuda_dir/lib/libcuda.so.1" ]; then
+    echo "cuda-check: again with Debian's libcuda1 and no GPU (driver present, no device)"
+    # shellcheck disable=SC2086
+    LD_LIBRARY_PATH="$libcuda_dir/lib:$LD_LIBRARY_PATH" cargo test -p kiln ${CARGO_PROFILE_ARGS:-} --test cuda -- --nocapture no_device
+else
+    echo "cuda-check: libcuda1 could not be fetched; the driver-present-no-device path is not checked"
+fi

@@ -60,6 +60,23 @@ fn without_a_driver_try_gpu_falls_back_and_says_why() {
 }
 
 #[test]
+fn with_a_driver_but_no_device_try_gpu_says_so() {
+    if !kiln::cuda_check::driver_present() || !cuda_devices().is_empty() {
+        println!("skipped: needs a CUDA driver library and no CUDA device (e.g. LD_LIBRARY_PATH to an unpacked libcuda1)");
+        return;
+    }
+    let sims = kiln::devices().iter().filter(|d| d.kind == DeviceKind::Simulated).count();
+    assert_eq!(kiln::num_gpus(), sims);
+    if sims == 0 {
+        let why = kiln::why_not_gpu(0).expect("a reason to fall back");
+        assert!(matches!(why, FallbackReason::NoDevice(_)), "{why:?}");
+        assert!(why.to_string().contains("no usable device"), "{why}");
+        println!("driver present, no device: {why}");
+        assert_eq!(kiln::try_gpu(0), cpu());
+    }
+}
+
+#[test]
 fn nvrtc_compiles_every_kernel_family_for_sm90() {
     let require = required("KILN_REQUIRE_NVRTC");
     let version = match kiln::cuda_check::nvrtc_version() {

@@ -462,28 +462,48 @@ impl CudaBackend {
             .ok_or_else(|| format!("no kernel family `{family}`"))?;
         let sm = self.cc.0 * 10 + self.cc.1;
         let archs = nvrtc::supported_archs()?;
-        let mut options: Vec<String> = nvrtc::COMMON_OPTIONS.iter().map(|s| s.to_string()).collect();
-        let cubin = archs.contains(&sm);
-        if cubin {
-            options.push(format!("--gpu-architecture=sm_{sm}"));
-        } else {
-            let best = archs.iter().copied().filter(|&a| a <= sm).max().ok_or_else(|| {
-                format!(
-                    "this NVRTC cannot target compute capability {}.{} (it knows sm {archs:?}); use an NVRTC at least as old as the GPU",
-                    self.cc.0, self.cc.1
-                )
-            })?;
-            options.push(format!("--gpu-architecture=compute_{best}"));
+        let base: Vec<String> = nvrtc::COMMON_OPTIONS.iter().map(|s| s.to_string()).collect();
+        let with = |arch: String| -> Vec<String> {
+            let mut o = base.clone();
+            o.push(format!("--gpu-architecture={arch}"));
+            o
+        };
+        let mut errors = Vec::new();
+        // Machine code first when NVRTC knows the exact architecture.
+        if archs.contains(&sm) {
+            match nvrtc::compile_cached(family, &source, &with(format!("sm_{sm}")), true).and_then(|img| load_module(family, img.bytes())) {
+                Ok(m) => return Ok(m),
+                Err(e) => errors.push(e),
+            }
         }
-        let image = nvrtc::compile_cached(family, &source, &options, cubin)?;
-        let mut bytes = image.bytes().to_vec();
-        if !cubin && bytes.last() != Some(&0) {
-            bytes.push(0);
+        // Else (or if the driver refused it) PTX for the newest architecture
+        // NVRTC knows that the device can run; the driver JIT-compiles it.
+        match archs.iter().copied().filter(|&a| a <= sm).max() {
+            Some(best) => {
+                let image = nvrtc::compile_cached(family, &source, &with(format!("compute_{best}")), false);
+                match image.and_then(|img| {
+                    let mut bytes = img.bytes().to_vec();
+                    if bytes.last() != Some(&0) {
+                        bytes.push(0);
+                    }
+                    load_module(family, &bytes)
+                }) {
+                    Ok(m) => return Ok(m),
+                    Err(e) => errors.push(e),
+                }
+            }
+            None => {
+                errors.push(format!("this NVRTC knows sm {archs:?}, none of which compute capability {}.{} can run", self.cc.0, self.cc.1))
+            }
         }
-        let mut module: cu::CUmodule = std::ptr::null_mut();
-        // SAFETY: a complete cubin or NUL-terminated PTX image; the context is bound.
-        ck(unsafe { cu::cuModuleLoadData(&mut module, bytes.as_ptr() as *const c_void) }, &format!("loading kernel family `{family}`"))?;
-        Ok(Raw(module))
+        let nv = nvrtc::version().map(|(a, b)| format!("{a}.{b}")).unwrap_or_default();
+        Err(format!(
+            "{}; NVRTC is {nv} and the driver supports CUDA {}.{}: an NVRTC newer than the driver produces code the driver \
+             cannot load, so put an NVRTC no newer than the driver first on LD_LIBRARY_PATH (or set KILN_NVRTC_LIB)",
+            errors.join("; "),
+            self.driver_version / 1000,
+            (self.driver_version % 1000) / 10
+        ))
     }
 
     /// Runs `f` with the cuBLAS handle, or returns None when cuBLAS cannot be
@@ -550,6 +570,14 @@ impl CudaBackend {
             None => Err(self.oom(bytes)),
         }
     }
+}
+
+/// Loads a cubin or NUL-terminated PTX image into the bound context.
+fn load_module(family: &str, image: &[u8]) -> std::result::Result<Raw<cu::CUmodule>, String> {
+    let mut module: cu::CUmodule = std::ptr::null_mut();
+    // SAFETY: a complete image that outlives the call; the context is bound.
+    ck(unsafe { cu::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) }, &format!("loading kernel family `{family}`"))?;
+    Ok(Raw(module))
 }
 
 /// Scratch device memory for one operation.
