@@ -5,8 +5,13 @@
 
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{Error, Result, Tensor};
+use smallvec::{smallvec, SmallVec};
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// The gradients of a node's inputs (most ops have one or two).
+type Grads = SmallVec<[(Tensor, Tensor); 2]>;
 use std::sync::{Arc, Mutex};
 
 /// What produced a tensor, with the inputs its gradient needs.
@@ -160,10 +165,10 @@ impl Tensor {
         }
         let _g = no_grad();
         let order = topological(root);
-        let mut grads: HashMap<usize, Tensor> = HashMap::new();
+        let mut grads: PtrMap<Tensor> = PtrMap::with_capacity_and_hasher(order.len(), Default::default());
         grads.insert(key(root), seed.clone());
         for node in order {
-            let Some(g) = grads.remove(&key(&node)) else { continue };
+            let Some(g) = grads.remove(&node_key(node)) else { continue };
             if let BackOp::Leaf = node.op {
                 let mut slot = node.grad.lock().unwrap_or_else(|e| e.into_inner());
                 *slot = Some(match slot.take() {
@@ -186,13 +191,38 @@ impl Tensor {
     }
 }
 
+/// Hashes node addresses with one multiply: SipHash costs more than the
+/// small kernels of a training step.
+#[derive(Default)]
+struct PtrHasher(u64);
+
+impl Hasher for PtrHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type PtrMap<V> = HashMap<usize, V, BuildHasherDefault<PtrHasher>>;
+
 fn key(n: &Arc<Node>) -> usize {
     Arc::as_ptr(n) as usize
 }
 
-fn inputs(op: &BackOp) -> Vec<&Tensor> {
+fn node_key(n: &Node) -> usize {
+    n as *const Node as usize
+}
+
+fn inputs(op: &BackOp) -> SmallVec<[&Tensor; 3]> {
     match op {
-        BackOp::Leaf => vec![],
+        BackOp::Leaf => smallvec![],
         BackOp::Unary(_, x)
         | BackOp::Reduce(_, x, _)
         | BackOp::Reshape(x)
@@ -201,31 +231,33 @@ fn inputs(op: &BackOp) -> Vec<&Tensor> {
         | BackOp::Broadcast(x)
         | BackOp::IndexSelect(x, _, _)
         | BackOp::Cast(x)
-        | BackOp::ToDevice(x) => vec![x],
-        BackOp::Binary(_, a, b) | BackOp::Matmul(a, b) => vec![a, b],
-        BackOp::Where(_, a, b) => vec![a, b],
+        | BackOp::ToDevice(x) => smallvec![x],
+        BackOp::Binary(_, a, b) | BackOp::Matmul(a, b) => smallvec![a, b],
+        BackOp::Where(_, a, b) => smallvec![a, b],
         BackOp::Cat(xs, _) => xs.iter().collect(),
     }
 }
 
-/// Nodes reachable from `root`, each after every node that uses it.
-fn topological(root: &Arc<Node>) -> Vec<Arc<Node>> {
-    let mut post = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    let mut stack: Vec<(Arc<Node>, bool)> = vec![(root.clone(), false)];
+/// Nodes reachable from `root`, each after every node that uses it. The
+/// references live as long as `root`, which owns the graph.
+fn topological(root: &Arc<Node>) -> Vec<&Node> {
+    let mut post = Vec::with_capacity(16);
+    let mut seen: HashSet<usize, BuildHasherDefault<PtrHasher>> = HashSet::with_capacity_and_hasher(32, Default::default());
+    let mut stack: Vec<(&Node, bool)> = Vec::with_capacity(16);
+    stack.push((&**root, false));
     while let Some((node, expanded)) = stack.pop() {
         if expanded {
             post.push(node);
             continue;
         }
-        if !seen.insert(key(&node)) {
+        if !seen.insert(node_key(node)) {
             continue;
         }
-        stack.push((node.clone(), true));
+        stack.push((node, true));
         for input in inputs(&node.op) {
             if let Some(n) = &input.node {
                 if !seen.contains(&key(n)) {
-                    stack.push((n.clone(), false));
+                    stack.push((&**n, false));
                 }
             }
         }
@@ -259,9 +291,9 @@ pub(crate) fn sum_to(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
     g.sum_dims(&dims, true)?.reshape(shape)
 }
 
-fn input_grads(op: &BackOp, g: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
+fn input_grads(op: &BackOp, g: &Tensor) -> Result<Grads> {
     Ok(match op {
-        BackOp::Leaf => vec![],
+        BackOp::Leaf => smallvec![],
         BackOp::Unary(u, x) => {
             let d = match *u {
                 UnaryOp::Neg => g.neg()?,
@@ -290,13 +322,13 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
                 UnaryOp::MinScalar(s) => g.mul(&mask_scalar(x, BinaryOp::Le, s)?)?,
                 UnaryOp::Affine(a, _) => g.mul_scalar(a)?,
             };
-            vec![(x.clone(), d)]
+            smallvec![(x.clone(), d)]
         }
         BackOp::Binary(op, a, b) => {
             // Only inputs that are recorded need a gradient: a batch or a
             // target never does, and skipping it saves kernels every step.
             let (na, nb) = (a.node.is_some(), b.node.is_some());
-            let mut out = Vec::with_capacity(2);
+            let mut out = Grads::new();
             match op {
                 BinaryOp::Add | BinaryOp::Sub => {
                     if na {
@@ -353,12 +385,12 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
                     let out = x.reduce(*op, dims, true)?;
                     g.broadcast_to(x.shape())?.mul(&mask(x, BinaryOp::Eq, &out)?)?
                 }
-                _ => return Ok(vec![]),
+                _ => return Ok(smallvec![]),
             };
-            vec![(x.clone(), d)]
+            smallvec![(x.clone(), d)]
         }
         BackOp::Matmul(a, b) => {
-            let mut out = Vec::with_capacity(2);
+            let mut out = Grads::new();
             if a.node.is_some() {
                 let ga = g.matmul(&b.t()?)?;
                 out.push((a.clone(), sum_to(&ga, a.dims())?));
@@ -369,13 +401,13 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
             }
             out
         }
-        BackOp::Reshape(x) => vec![(x.clone(), g.reshape(x.shape())?)],
+        BackOp::Reshape(x) => smallvec![(x.clone(), g.reshape(x.shape())?)],
         BackOp::Permute(x, perm) => {
             let mut inverse = vec![0; perm.len()];
             for (i, &p) in perm.iter().enumerate() {
                 inverse[p] = i;
             }
-            vec![(x.clone(), g.permute(&inverse)?)]
+            smallvec![(x.clone(), g.permute(&inverse)?)]
         }
         BackOp::Narrow(x, dim, start) => {
             let (dim, start) = (*dim, *start);
@@ -395,16 +427,16 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
                 parts.push(piece(size - start - len)?);
             }
             let refs: Vec<&Tensor> = parts.iter().collect();
-            vec![(x.clone(), Tensor::cat(&refs, dim)?)]
+            smallvec![(x.clone(), Tensor::cat(&refs, dim)?)]
         }
-        BackOp::Broadcast(x) => vec![(x.clone(), sum_to(g, x.dims())?)],
+        BackOp::Broadcast(x) => smallvec![(x.clone(), sum_to(g, x.dims())?)],
         BackOp::IndexSelect(x, ids, dim) => {
             let zeros = x.zeros_like()?;
-            vec![(x.clone(), zeros.index_add(ids, &g.contiguous()?, *dim)?)]
+            smallvec![(x.clone(), zeros.index_add(ids, &g.contiguous()?, *dim)?)]
         }
         BackOp::Cat(xs, dim) => {
             let mut start = 0;
-            let mut out = Vec::new();
+            let mut out = Grads::new();
             for x in xs {
                 let n = x.dims()[*dim];
                 out.push((x.clone(), g.narrow(*dim, start, n)?));
@@ -412,10 +444,10 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
             }
             out
         }
-        BackOp::Cast(x) => vec![(x.clone(), g.to_dtype(x.dtype())?)],
+        BackOp::Cast(x) => smallvec![(x.clone(), g.to_dtype(x.dtype())?)],
         BackOp::Where(c, a, b) => {
             let zero = Tensor::zeros((), g.dtype(), &g.device())?;
-            let mut out = Vec::with_capacity(2);
+            let mut out = Grads::new();
             if a.node.is_some() {
                 out.push((a.clone(), sum_to(&c.where_cond(g, &zero)?, a.dims())?));
             }
@@ -424,6 +456,6 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
             }
             out
         }
-        BackOp::ToDevice(x) => vec![(x.clone(), g.to(&x.device())?)],
+        BackOp::ToDevice(x) => smallvec![(x.clone(), g.to(&x.device())?)],
     })
 }

@@ -138,12 +138,19 @@ pub fn permutation(n: usize) -> Vec<i64> {
     if n < 2 {
         return v;
     }
-    let (seed, offset) = rng::reserve(n);
+    // One draw from kiln's generator seeds a SplitMix64 stream for the
+    // swaps: reproducible under `manual_seed`, and cheap per element.
+    let mut state = rng::next_u64();
+    let mut next = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
     for i in (1..n).rev() {
-        let w = rng::words(seed, offset + i as u64);
-        let r = ((w[0] as u64) << 32) | w[1] as u64;
-        // Multiply-shift: an unbiased-enough index in 0..=i for n < 2^32.
-        let j = ((r as u128 * (i as u128 + 1)) >> 64) as usize;
+        // Multiply-shift maps 64 random bits onto 0..=i.
+        let j = ((next() as u128 * (i as u128 + 1)) >> 64) as usize;
         v.swap(i, j);
     }
     v

@@ -181,6 +181,15 @@ impl Trainer {
         Trainer { max_epochs, num_gpus, gradient_clip_val, gpus, progress: Progress::Auto, plot: None }
     }
 
+    /// Trains on one chosen device instead (builder style): a GPU becomes
+    /// `gpus == [device]`; the CPU empties `gpus`. Fails when the device
+    /// does not exist.
+    pub fn on_device(mut self, device: Device) -> Result<Trainer> {
+        crate::Tensor::zeros((), crate::DType::F32, &device)?;
+        self.gpus = if device.is_gpu() { vec![device] } else { Vec::new() };
+        Ok(self)
+    }
+
     /// Shows or hides the progress bar (builder style).
     pub fn progress(mut self, progress: Progress) -> Trainer {
         self.progress = progress;

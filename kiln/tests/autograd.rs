@@ -2,6 +2,8 @@
 //! on random inputs (f64, CPU), and a composed model against gradients
 //! derived by hand.
 
+#![allow(clippy::cloned_ref_to_slice_refs)] // `&[x.clone()]` reads best in the checks
+
 use kiln::{cpu, no_grad, DType, Device, Result, Tensor};
 
 const EPS: f64 = 1e-6;

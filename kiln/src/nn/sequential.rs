@@ -39,7 +39,8 @@ impl Sequential {
         Sequential { layers: Vec::new() }
     }
 
-    /// Appends a layer (builder style).
+    /// Appends a layer (builder style; the book's `net.add(...)`).
+    #[allow(clippy::should_implement_trait)]
     pub fn add<M: Module + 'static>(mut self, layer: M) -> Sequential {
         self.layers.push(Box::new(layer));
         self

@@ -1,0 +1,646 @@
+//! Layers, device moves, optimizers, the data loader, the Trainer (on the
+//! CPU and on simulated GPUs), checkpoints and IDX files.
+
+use kiln::data::{make_regression, permutation, read_idx, synthetic_classification, synthetic_regression, DataLoader, DataModule};
+use kiln::nn::{
+    accuracy, cross_entropy, init, log_softmax, mse_loss, Dropout, Flatten, LazyLinear, Linear, Loss, Module, ParamVisitor, ReLU,
+    Sequential, Sigmoid, Tanh,
+};
+use kiln::optim::{Adam, Optimizer, OptimizerConfig, Sgd};
+use kiln::trainer::{Learner, Progress, Trainer};
+use kiln::{checkpoint, cpu, DType, Device, Direction, Error, Result, Tensor};
+use std::io::Write;
+use std::path::PathBuf;
+
+fn sims() -> Vec<Device> {
+    kiln::ensure_simulated_gpus(2, 256 << 20)
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-nn-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+// ---- layers ---------------------------------------------------------------
+
+#[test]
+fn linear_computes_x_wt_plus_b() -> Result<()> {
+    let layer =
+        Linear::from_tensors(&Tensor::new(&[[1f32, 2.], [3., 4.], [5., 6.]], &cpu())?, Some(&Tensor::new(&[1f32, 0., -1.], &cpu())?))?;
+    let x = Tensor::new(&[[1f32, 1.], [2., -1.]], &cpu())?;
+    let y = layer.forward(&x)?;
+    assert_eq!(y.dims(), &[2, 3]);
+    assert_eq!(y.to_vec::<f32>()?, vec![4., 7., 10., 1., 2., 3.]);
+    assert_eq!((layer.in_features(), layer.out_features()), (2, 3));
+    assert!(layer.weight().requires_grad() && layer.weight().is_leaf());
+    // A wrong input size is a shape error, not a panic.
+    assert!(matches!(layer.forward(&Tensor::ones((2, 3), DType::F32, &cpu())?), Err(Error::ShapeMismatch { .. })));
+    assert!(Linear::new(0, 3, &cpu()).is_err());
+    Ok(())
+}
+
+#[test]
+fn linear_init_is_seeded_and_bounded() -> Result<()> {
+    kiln::manual_seed(11);
+    let a = Linear::new(16, 4, &cpu())?;
+    kiln::manual_seed(11);
+    let b = Linear::new(16, 4, &cpu())?;
+    assert_eq!(a.weight().to_vec::<f32>()?, b.weight().to_vec::<f32>()?);
+    assert!(a.weight().to_vec::<f32>()?.iter().all(|w| w.abs() <= 0.25), "U[-1/sqrt(16), 1/sqrt(16)]");
+    let w = Tensor::zeros((200, 300), DType::F32, &cpu())?;
+    init::xavier_uniform_(&w, 1.0)?;
+    let bound = (6.0f32 / 500.0).sqrt();
+    let v = w.to_vec::<f32>()?;
+    assert!(v.iter().all(|x| x.abs() <= bound) && v.iter().any(|x| x.abs() > 0.9 * bound));
+    init::normal_(&w, 0.0, 0.01)?;
+    let std = (w.sqr()?.mean_all()?.to_scalar::<f32>()?).sqrt();
+    assert!((std - 0.01).abs() < 0.0005, "std {std}");
+    init::xavier_normal_(&w, 1.0)?;
+    let std = (w.sqr()?.mean_all()?.to_scalar::<f32>()?).sqrt();
+    assert!((std - (2.0f32 / 500.0).sqrt()).abs() < 0.003, "std {std}");
+    init::constant_(&w, 3.0)?;
+    assert_eq!(w.sum_all()?.to_scalar::<f32>()?, 3.0 * 60000.0);
+    Ok(())
+}
+
+#[test]
+fn sequential_indexes_layers_and_names_parameters() -> Result<()> {
+    let net = Sequential::new().add(Linear::new(4, 8, &cpu())?).add(ReLU).add(Linear::new(8, 2, &cpu())?).add(Sigmoid);
+    assert_eq!(net.len(), 4);
+    let names: Vec<String> = net.named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["0.weight", "0.bias", "2.weight", "2.bias"]);
+    assert_eq!(net.num_parameters(), 4 * 8 + 8 + 8 * 2 + 2);
+    // The chapter's net[0].weight.data.device
+    assert_eq!(net[0].parameter("weight")?.device(), cpu());
+    assert!(net[1].named_parameters().is_empty());
+    assert!(net.get(9).is_none());
+    // Parameters are shared, not copied: writing through one is seen by the net.
+    init::zeros_(&net.parameter("2.bias")?)?;
+    assert_eq!(net[2].parameter("bias")?.to_vec::<f32>()?, vec![0., 0.]);
+    let y = net.forward(&Tensor::ones((3, 4), DType::F32, &cpu())?)?;
+    assert_eq!(y.dims(), &[3, 2]);
+    assert!(y.to_vec::<f32>()?.iter().all(|v| (0.0..=1.0).contains(v)));
+    assert!(net.parameter("5.weight").is_err());
+    Ok(())
+}
+
+#[test]
+fn activations_flatten_and_dropout() -> Result<()> {
+    let x = Tensor::new(&[-2f32, 0., 3.], &cpu())?;
+    assert_eq!(ReLU.forward(&x)?.to_vec::<f32>()?, vec![0., 0., 3.]);
+    assert_eq!(Sigmoid.forward(&x)?.to_vec::<f32>()?[1], 0.5);
+    assert_eq!(Tanh.forward(&x)?.to_vec::<f32>()?[1], 0.0);
+    assert_eq!(Flatten.forward(&Tensor::zeros((2, 3, 4), DType::F32, &cpu())?)?.dims(), &[2, 12]);
+    assert!(Dropout::new(1.0).is_err());
+    let mut d = Dropout::new(0.25)?;
+    kiln::manual_seed(3);
+    let ones = Tensor::ones((10000,), DType::F32, &cpu())?;
+    let y = d.forward(&ones)?.to_vec::<f32>()?;
+    let kept = y.iter().filter(|&&v| v != 0.0).count();
+    assert!(y.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-6));
+    assert!((7200..7800).contains(&kept), "kept {kept} of 10000 at p = 0.25");
+    let mut net = Sequential::new().add(Dropout::new(0.5)?);
+    net.eval();
+    assert_eq!(net.forward(&ones)?.to_vec::<f32>()?, vec![1.0; 10000], "evaluation mode is the identity");
+    d.eval();
+    assert!(!d.is_training());
+    Ok(())
+}
+
+#[test]
+fn losses_have_exact_values_and_are_stable() -> Result<()> {
+    let p = Tensor::new(&[[1f32], [2.], [3.]], &cpu())?;
+    let y = Tensor::new(&[[1f32], [0.], [5.]], &cpu())?;
+    assert_eq!(mse_loss(&p, &y)?.to_scalar::<f32>()?, 8.0 / 3.0);
+    assert!(mse_loss(&p, &Tensor::zeros((4, 1), DType::F32, &cpu())?).is_err(), "never broadcast (3,1) against (4,1)");
+    // Logits of 1000 would overflow exp without the max shift.
+    let logits = Tensor::new(&[[1000f32, 0.], [0., 1000.]], &cpu())?;
+    let labels = Tensor::new(&[0i64, 0], &cpu())?;
+    let ce = cross_entropy(&logits, &labels)?.to_scalar::<f32>()?;
+    assert!((ce - 500.0).abs() < 1e-3 && ce.is_finite(), "ce {ce}");
+    let ls = log_softmax(&Tensor::new(&[[0f32, 0., 0., 0.]], &cpu())?)?.to_vec::<f32>()?;
+    assert!(ls.iter().all(|v| (v + 4f32.ln()).abs() < 1e-6));
+    assert_eq!(accuracy(&logits, &labels)?.to_scalar::<f32>()?, 0.5);
+    assert!(cross_entropy(&logits, &Tensor::new(&[0f32, 0.], &cpu())?).is_err(), "labels must be i64");
+    assert!(cross_entropy(&logits, &Tensor::new(&[0i64], &cpu())?).is_err(), "one label per row");
+    Ok(())
+}
+
+// ---- devices --------------------------------------------------------------
+
+#[test]
+fn to_moves_what_is_elsewhere_and_keeps_what_is_there() -> Result<()> {
+    let gpus = sims();
+    let mut net = Sequential::new().add(Linear::new(2, 3, &cpu())?).add(Linear::new(3, 1, &gpus[0])?);
+    let before: Vec<Tensor> = net.parameters();
+    net.to(&gpus[0])?;
+    let after = net.parameters();
+    assert!(after.iter().all(|p| p.device() == gpus[0] && p.requires_grad() && p.is_leaf()));
+    assert!(!after[0].same_storage(&before[0]), "moved from the CPU: a new tensor");
+    assert!(after[2].same_storage(&before[2]) && after[3].same_storage(&before[3]), "already there: the very same tensor");
+    assert_eq!(after[0].to_vec::<f32>()?, before[0].to_vec::<f32>()?);
+    assert_eq!(net.devices(), vec![gpus[0]]);
+    let y = net.forward(&Tensor::ones((4, 2), DType::F32, &gpus[0])?)?;
+    assert_eq!(y.device(), gpus[0]);
+    // Gradients land on the parameters' device.
+    y.sum_all()?.backward()?;
+    assert!(net.parameters().iter().all(|p| p.grad().map(|g| g.device()) == Some(gpus[0])));
+    net.to(&gpus[1])?;
+    assert_eq!(net.devices(), vec![gpus[1]]);
+    Ok(())
+}
+
+#[test]
+fn forward_with_input_elsewhere_names_the_parameter() -> Result<()> {
+    let gpus = sims();
+    let mut net = Sequential::new().add(LazyLinear::new(1));
+    // LazyLinear creates its parameters on the input's device.
+    net.forward(&Tensor::ones((2, 3), DType::F32, &gpus[0])?)?;
+    assert_eq!(net[0].parameter("weight")?.device(), gpus[0]);
+    assert_eq!(net[0].parameter("weight")?.dims(), &[1, 3]);
+    let err = net.forward(&Tensor::ones((2, 3), DType::F32, &cpu())?).unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { lhs: Device::Cpu, .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("input is on cpu while layer 0 weight is on {}", gpus[0])), "{msg}");
+    // Deeper layers are named by their index.
+    let mut deep = Sequential::new().add(ReLU).add(Linear::new(3, 1, &gpus[1])?);
+    let msg = deep.forward(&Tensor::ones((2, 3), DType::F32, &cpu())?).unwrap_err().to_string();
+    assert!(msg.contains(&format!("input is on cpu while layer 1 weight is on {}", gpus[1])), "{msg}");
+    // After moving the model, the same input works.
+    deep.to(&cpu())?;
+    assert_eq!(deep.forward(&Tensor::ones((2, 3), DType::F32, &cpu())?)?.device(), cpu());
+    net.to(&cpu())?;
+    assert_eq!(net.forward(&Tensor::ones((2, 3), DType::F32, &cpu())?)?.device(), cpu());
+    Ok(())
+}
+
+/// The chapter's model "from scratch": plain tensors as parameters.
+struct ScratchRegression {
+    w: Tensor,
+    b: Tensor,
+}
+
+impl Module for ScratchRegression {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.matmul(&self.w)?.add(&self.b)
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![("w".into(), self.w.clone()), ("b".into(), self.b.clone())]
+    }
+    fn visit_parameters_mut(&mut self, f: &mut ParamVisitor<'_>) -> Result<()> {
+        f("w", &mut self.w)?;
+        f("b", &mut self.b)
+    }
+}
+
+fn scratch() -> Result<ScratchRegression> {
+    Ok(ScratchRegression {
+        w: Tensor::randn_with(0.0, 0.01, (2, 1), DType::F32, &cpu())?.requires_grad_(),
+        b: Tensor::zeros(1, DType::F32, &cpu())?.requires_grad_(),
+    })
+}
+
+#[test]
+fn scratch_models_move_to_a_device_too() -> Result<()> {
+    let gpus = sims();
+    let mut m = scratch()?;
+    let w_before = m.w.to_vec::<f32>()?;
+    m.to(&gpus[1])?;
+    assert_eq!((m.w.device(), m.b.device()), (gpus[1], gpus[1]));
+    assert!(m.w.is_leaf() && m.b.is_leaf());
+    assert_eq!(m.w.to_vec::<f32>()?, w_before);
+    let kept = m.w.clone();
+    m.to(&gpus[1])?;
+    assert!(m.w.same_storage(&kept));
+    Ok(())
+}
+
+// ---- optimizers -----------------------------------------------------------
+
+#[test]
+fn sgd_updates_in_place_with_momentum_and_weight_decay() -> Result<()> {
+    for device in [cpu(), sims()[0]] {
+        let w = Tensor::new(&[1f32, -2.], &device)?.requires_grad_();
+        let alias = w.clone();
+        let mut opt = Sgd::new(vec![w.clone()], 0.1);
+        w.sqr()?.sum_all()?.backward()?; // g = 2w = [2, -4]
+        opt.step()?;
+        assert_eq!(w.to_vec::<f32>()?, vec![0.8, -1.6]);
+        assert!(alias.same_storage(&w) && w.device() == device, "updated in place on {device}");
+        assert!(!w.grad().map(|g| g.requires_grad()).unwrap_or(true), "the update records nothing");
+        opt.zero_grad();
+        assert!(w.grad().is_none());
+        // No gradient: the step skips the parameter.
+        opt.step()?;
+        assert_eq!(w.to_vec::<f32>()?, vec![0.8, -1.6]);
+    }
+    // Momentum 0.9: v1 = g1, v2 = 0.9 v1 + g2, with a constant gradient 1.
+    let p = Tensor::new(&[0f32], &cpu())?.requires_grad_();
+    let mut opt = Sgd::new(vec![p.clone()], 0.5).momentum(0.9);
+    for _ in 0..2 {
+        opt.zero_grad();
+        p.sum_all()?.backward()?;
+        opt.step()?;
+    }
+    assert!((p.to_vec::<f32>()?[0] - (-0.5 - 0.5 * 1.9)).abs() < 1e-6);
+    // Weight decay 0.1 on p = 2 with g = 1: p ← 2 − 0.5·(1 + 0.2) = 1.4.
+    let p = Tensor::new(&[2f32], &cpu())?.requires_grad_();
+    let mut opt = Sgd::new(vec![p.clone()], 0.5).weight_decay(0.1);
+    p.sum_all()?.backward()?;
+    opt.step()?;
+    assert!((p.to_vec::<f32>()?[0] - 1.4).abs() < 1e-6);
+    assert!(Sgd::checked(vec![Tensor::new(&[1f32], &cpu())?], 0.1).is_err(), "a non-parameter is refused");
+    Ok(())
+}
+
+#[test]
+fn adam_first_step_is_lr_times_sign_and_converges() -> Result<()> {
+    let device = sims()[1];
+    let w = Tensor::new(&[3f32, -1.], &device)?.requires_grad_();
+    let mut opt = Adam::new(vec![w.clone()], 0.1);
+    w.sqr()?.sum_all()?.backward()?;
+    opt.step()?;
+    // m̂ = g, v̂ = g², so the first update is lr·g/|g| (up to ε).
+    let v = w.to_vec::<f32>()?;
+    assert!((v[0] - 2.9).abs() < 1e-5 && (v[1] + 0.9).abs() < 1e-5, "{v:?}");
+    for _ in 0..300 {
+        opt.zero_grad();
+        w.sqr()?.sum_all()?.backward()?;
+        opt.step()?;
+    }
+    assert!(w.to_vec::<f32>()?.iter().all(|x| x.abs() < 0.05));
+    assert_eq!(w.device(), device);
+    assert_eq!(opt.learning_rate(), 0.1);
+    opt.set_learning_rate(0.01);
+    assert_eq!(opt.learning_rate(), 0.01);
+    Ok(())
+}
+
+// ---- data -----------------------------------------------------------------
+
+#[test]
+fn data_loader_batches_shuffles_and_drops_last() -> Result<()> {
+    let x = Tensor::arange(0.0, 10.0, 1.0, &cpu())?.reshape((10, 1))?;
+    let y = Tensor::arange_dtype(0.0, 10.0, 1.0, DType::I64, &cpu())?;
+    let loader = DataLoader::new(vec![x.clone(), y.clone()], 4)?;
+    assert_eq!(loader.len(), 3);
+    let sizes: Vec<usize> = loader.iter()?.map(|b| b.unwrap()[0].dims()[0]).collect();
+    assert_eq!(sizes, [4, 4, 2]);
+    let first = loader.iter()?.next().unwrap()?;
+    assert!(first[0].same_storage(&x), "unshuffled batches are views");
+    assert_eq!(first[1].to_vec::<i64>()?, vec![0, 1, 2, 3]);
+    let dl = DataLoader::new(vec![x.clone(), y.clone()], 4)?.drop_last(true);
+    assert_eq!(dl.len(), 2);
+    assert_eq!(dl.iter()?.count(), 2);
+
+    let sh = DataLoader::new(vec![x.clone(), y.clone()], 3)?.shuffle(true);
+    kiln::manual_seed(5);
+    let epoch = |l: &DataLoader| -> Vec<i64> { l.iter().unwrap().flat_map(|b| b.unwrap()[1].to_vec::<i64>().unwrap()).collect() };
+    let e1 = epoch(&sh);
+    let e2 = epoch(&sh);
+    let mut sorted = e1.clone();
+    sorted.sort();
+    assert_eq!(sorted, (0..10).collect::<Vec<i64>>(), "every row exactly once");
+    assert_ne!(e1, e2, "a new order each epoch");
+    assert_ne!(e1, (0..10).collect::<Vec<i64>>());
+    // Features and labels stay paired.
+    for b in sh.iter()? {
+        let b = b?;
+        let xs: Vec<i64> = b[0].to_vec::<f32>()?.iter().map(|&v| v as i64).collect();
+        assert_eq!(xs, b[1].to_vec::<i64>()?);
+    }
+    kiln::manual_seed(5);
+    assert_eq!(epoch(&sh), e1, "the global seed makes shuffles reproducible");
+    kiln::manual_seed(9);
+    let p = permutation(1000);
+    assert_eq!(p.iter().collect::<std::collections::HashSet<_>>().len(), 1000);
+
+    assert!(DataLoader::new(vec![x.clone(), Tensor::zeros(9, DType::F32, &cpu())?], 4).is_err(), "row counts differ");
+    assert!(DataLoader::new(vec![x.clone()], 0).is_err());
+    assert!(DataLoader::new(vec![x, y.to(&sims()[0])?], 4).is_err(), "devices differ");
+    Ok(())
+}
+
+#[test]
+fn synthetic_data_follows_the_book() -> Result<()> {
+    kiln::manual_seed(0);
+    let (x, y) = make_regression(&[2.0, -3.4], 4.2, 0.01, 2000, &cpu())?;
+    assert_eq!((x.dims(), y.dims()), (&[2000usize, 2][..], &[2000usize, 1][..]));
+    let xs = x.to_vec2::<f32>()?;
+    let ys = y.to_vec::<f32>()?;
+    let max_resid = xs.iter().zip(&ys).map(|(r, t)| (t - (2.0 * r[0] - 3.4 * r[1] + 4.2)).abs()).fold(0f32, f32::max);
+    assert!(max_resid < 0.06, "noise is N(0, 0.01²): {max_resid}");
+    let data = synthetic_regression(1000, 500, 32)?;
+    assert_eq!(data.train.num_examples(), 1000);
+    assert_eq!(data.val.as_ref().unwrap().num_examples(), 500);
+    let cls = synthetic_classification(300, 100, 8, 4, 32)?;
+    assert_eq!(cls.train.tensors()[1].dtype(), DType::I64);
+    assert_eq!(cls.train.tensors()[0].dims(), &[300, 8]);
+    Ok(())
+}
+
+// ---- trainer --------------------------------------------------------------
+
+fn regression_model() -> Result<Learner<Linear>> {
+    let net = Linear::new(2, 1, &cpu())?;
+    init::normal_(&net.weight(), 0.0, 0.01)?;
+    init::zeros_(&net.bias().unwrap())?;
+    Ok(Learner::new(net, Loss::Mse, OptimizerConfig::sgd(0.03)))
+}
+
+fn assert_recovers(model: &Learner<Linear>) -> Result<()> {
+    let w = model.net.weight().to_vec::<f32>()?;
+    let b = model.net.bias().unwrap().to_vec::<f32>()?[0];
+    assert!((w[0] - 2.0).abs() < 0.01 && (w[1] + 3.4).abs() < 0.01 && (b - 4.2).abs() < 0.01, "w = {w:?}, b = {b}");
+    Ok(())
+}
+
+#[test]
+fn trainer_recovers_the_linear_model_on_the_cpu() -> Result<()> {
+    kiln::manual_seed(0);
+    let data = synthetic_regression(1000, 1000, 32)?;
+    let mut model = regression_model()?;
+    let mut trainer = Trainer::new(5, 0, 0.0).progress(Progress::Off);
+    assert!(trainer.gpus().is_empty() && trainer.device() == cpu());
+    let history = trainer.fit(&mut model, &data)?;
+    assert_eq!(history.epochs.len(), 5);
+    assert_eq!(history.device, cpu());
+    let losses = history.train_losses();
+    assert!(losses[4] < losses[0] && history.last().unwrap().val_loss.unwrap() < 1e-3, "{history:?}");
+    assert!(history.last().unwrap().val_metric.is_none() && history.seconds_per_epoch() > 0.0);
+    assert_recovers(&model)?;
+    assert_eq!(model.net.weight().device(), cpu());
+    Ok(())
+}
+
+#[test]
+fn trainer_recovers_the_linear_model_on_each_simulated_gpu_reading_once_per_epoch() -> Result<()> {
+    let gpus = sims();
+    for (i, &gpu) in gpus.iter().enumerate() {
+        kiln::manual_seed(0);
+        let data = synthetic_regression(1000, 1000, 32)?;
+        let mut model = regression_model()?;
+        let mut trainer = if i == 0 && kiln::num_gpus() == gpus.len() {
+            // Only simulated GPUs here: num_gpus = 1 picks gpu(0), as in the chapter.
+            Trainer::new(5, 1, 0.0)
+        } else {
+            Trainer::new(5, 1, 0.0).on_device(gpu)?
+        }
+        .progress(Progress::Off);
+        assert_eq!(trainer.device(), gpu);
+        let before = kiln::thread_transfer_stats();
+        let history = trainer.fit(&mut model, &data)?;
+        let moved = kiln::thread_transfer_stats().since(&before);
+        // Losses stay on the device: exactly one read per epoch.
+        assert_eq!(moved.direction(Direction::DeviceToHost).count, 5, "{}", moved.report(5));
+        assert_eq!(history.device, gpu);
+        assert!(model.net.parameters().iter().all(|p| p.device() == gpu));
+        assert_recovers(&model)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn trainer_prepares_batches_and_models_like_the_chapter() -> Result<()> {
+    let gpus = sims();
+    let t = Trainer::new(1, 100, 0.0);
+    assert_eq!(t.gpus().len(), kiln::num_gpus(), "gpus = first min(num_gpus, num_gpus())");
+    let batch = t.prepare_batch(vec![Tensor::ones((2, 2), DType::F32, &cpu())?])?;
+    assert_eq!(batch[0].device(), kiln::gpu(0));
+    let cpu_trainer = Trainer::new(1, 0, 0.0);
+    let x = Tensor::ones((2, 2), DType::F32, &cpu())?;
+    assert!(cpu_trainer.prepare_batch(vec![x.clone()])?[0].same_storage(&x), "no GPU: nothing moves");
+    let mut m = scratch()?;
+    Trainer::new(1, 1, 0.0).on_device(gpus[1])?.prepare_model(&mut m)?;
+    assert_eq!(m.w.device(), gpus[1]);
+    assert!(Trainer::new(1, 0, 0.0).on_device(kiln::gpu(999)).is_err());
+    Ok(())
+}
+
+#[test]
+fn trainer_trains_an_mlp_classifier_to_90_percent_on_a_simulated_gpu() -> Result<()> {
+    let gpu = sims()[0];
+    kiln::manual_seed(1);
+    let data = synthetic_classification(2000, 500, 8, 4, 64)?;
+    let net = Sequential::new().add(Linear::new(8, 32, &cpu())?).add(ReLU).add(Dropout::new(0.1)?).add(Linear::new(32, 4, &cpu())?);
+    let mut model = Learner::new(net, Loss::CrossEntropy, OptimizerConfig::adam(0.01));
+    let mut trainer = Trainer::new(8, 1, 1.0).on_device(gpu)?.progress(Progress::Off);
+    let history = trainer.fit(&mut model, &data)?;
+    let acc = history.last().unwrap().val_metric.unwrap();
+    assert_eq!(history.metric_name.as_deref(), Some("accuracy"));
+    assert!(acc >= 0.90, "validation accuracy {acc}: {history:?}");
+    assert!(history.train_losses()[7] < history.train_losses()[0]);
+    Ok(())
+}
+
+#[test]
+fn gradient_clipping_bounds_each_step() -> Result<()> {
+    kiln::manual_seed(0);
+    let data = synthetic_regression(320, 0, 32)?;
+    let mut model = regression_model()?;
+    let before = model.net.weight().to_vec::<f32>()?;
+    // Each step moves the parameters by at most lr · clip = 0.03 · 0.01.
+    let mut trainer = Trainer::new(1, 0, 0.01).progress(Progress::Off);
+    trainer.fit(&mut model, &data)?;
+    let after = model.net.weight().to_vec::<f32>()?;
+    let moved: f32 = before.iter().zip(&after).map(|(a, b)| (a - b).powi(2)).sum::<f32>().sqrt();
+    assert!(moved <= 10.0 * 0.03 * 0.01 + 1e-6 && moved > 0.0, "moved {moved}");
+    Ok(())
+}
+
+#[test]
+fn history_plots_to_png() -> Result<()> {
+    let dir = temp_dir("plot");
+    let path = dir.join("loss.png");
+    kiln::manual_seed(0);
+    let data = synthetic_regression(256, 64, 32)?;
+    let mut model = regression_model()?;
+    Trainer::new(2, 0, 0.0).progress(Progress::Off).plot_to(&path).fit(&mut model, &data)?;
+    let bytes = std::fs::read(&path).map_err(|e| Error::Io { path: path.display().to_string(), msg: e.to_string() })?;
+    assert!(bytes.starts_with(&[0x89, b'P', b'N', b'G']));
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+// ---- checkpoints ----------------------------------------------------------
+
+fn two_layer(device: &Device) -> Result<Sequential> {
+    Ok(Sequential::new().add(Linear::new(3, 4, device)?).add(Tanh).add(Linear::new(4, 2, device)?))
+}
+
+fn values(m: &dyn Module) -> Vec<Vec<f32>> {
+    m.parameters().iter().map(|p| p.to_vec::<f32>().unwrap()).collect()
+}
+
+#[test]
+fn checkpoints_round_trip_onto_a_chosen_device() -> Result<()> {
+    let gpus = sims();
+    let dir = temp_dir("ckpt");
+    let path = dir.join("net.safetensors");
+    // Saved from a GPU: parameters are read and written.
+    let net = two_layer(&gpus[0])?;
+    checkpoint::save(&net, &path)?;
+    assert!(!checkpoint::temp_path(&path).exists(), "the temporary file was renamed");
+    // Loaded into a CPU model, straight onto gpu(1).
+    let mut other = two_layer(&cpu())?;
+    checkpoint::load(&mut other, &path, &gpus[1])?;
+    assert_eq!(other.devices(), vec![gpus[1]]);
+    assert!(other.parameters().iter().all(|p| p.is_leaf()));
+    assert_eq!(values(&other), values(&net));
+    // Loading where the parameters already are writes in place (same tensors).
+    let mut same = two_layer(&cpu())?;
+    let kept = same.parameters();
+    checkpoint::load(&mut same, &path, &cpu())?;
+    assert!(same.parameters().iter().zip(&kept).all(|(a, b)| a.same_storage(b)));
+    assert_eq!(values(&same), values(&net));
+    let all = checkpoint::load_tensors(&path, &cpu())?;
+    let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.len(), 4);
+    assert!(names.contains(&"0.weight") && names.contains(&"2.bias"));
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[test]
+fn an_interrupted_save_leaves_the_old_checkpoint() -> Result<()> {
+    let dir = temp_dir("atomic");
+    let path = dir.join("net.safetensors");
+    let old = two_layer(&cpu())?;
+    checkpoint::save(&old, &path)?;
+    let old_bytes = std::fs::read(&path).unwrap();
+    // Block the temporary file with a directory: the save fails before the rename.
+    std::fs::create_dir_all(checkpoint::temp_path(&path)).unwrap();
+    let err = checkpoint::save(&two_layer(&cpu())?, &path).unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err:?}");
+    assert_eq!(std::fs::read(&path).unwrap(), old_bytes, "the previous checkpoint is intact");
+    let mut m = two_layer(&cpu())?;
+    checkpoint::load(&mut m, &path, &cpu())?;
+    assert_eq!(values(&m), values(&old));
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[test]
+fn bad_checkpoints_are_typed_errors_naming_the_tensor_and_change_nothing() -> Result<()> {
+    let dir = temp_dir("bad");
+    let good = dir.join("good.safetensors");
+    checkpoint::save(&two_layer(&cpu())?, &good)?;
+    let bytes = std::fs::read(&good).unwrap();
+    let write = |name: &str, data: &[u8]| {
+        let p = dir.join(name);
+        std::fs::File::create(&p).unwrap().write_all(data).unwrap();
+        p
+    };
+    let mut model = two_layer(&cpu())?;
+    let snapshot = values(&model);
+    let kept = model.parameters();
+    let expect_format = |err: Error, needle: &str| match &err {
+        Error::Format { msg, .. } => assert!(msg.contains(needle), "`{needle}` not in: {msg}"),
+        other => panic!("expected a Format error, got {other:?}"),
+    };
+    // Corrupt: garbage bytes.
+    let p = write("garbage.safetensors", b"this is not a checkpoint at all");
+    expect_format(checkpoint::load(&mut model, &p, &cpu()).unwrap_err(), "safetensors");
+    // Truncated: the header promises more data than the file has.
+    let p = write("truncated.safetensors", &bytes[..bytes.len() - 10]);
+    expect_format(checkpoint::load(&mut model, &p, &cpu()).unwrap_err(), "safetensors");
+    // Missing tensor: a model without the second layer's bias.
+    let partial: Vec<(String, Tensor)> = model.named_parameters().into_iter().filter(|(n, _)| n != "2.bias").collect();
+    let p = dir.join("missing.safetensors");
+    checkpoint::save_tensors(&partial, &p)?;
+    expect_format(checkpoint::load(&mut model, &p, &cpu()).unwrap_err(), "`2.bias` is missing");
+    // Wrong shape.
+    let p = dir.join("shape.safetensors");
+    checkpoint::save(&Sequential::new().add(Linear::new(3, 5, &cpu())?).add(Tanh).add(Linear::new(5, 2, &cpu())?), &p)?;
+    expect_format(checkpoint::load(&mut model, &p, &cpu()).unwrap_err(), "`0.weight` has shape [5, 3]");
+    // Wrong dtype.
+    let f64_model = Sequential::new().add(Linear::with_options(3, 4, true, DType::F64, &cpu())?).add(Tanh).add(Linear::with_options(
+        4,
+        2,
+        true,
+        DType::F64,
+        &cpu(),
+    )?);
+    let p = dir.join("dtype.safetensors");
+    checkpoint::save(&f64_model, &p)?;
+    expect_format(checkpoint::load(&mut model, &p, &cpu()).unwrap_err(), "`0.weight` has dtype F64");
+    // An extra tensor.
+    let mut extra = model.named_parameters();
+    extra.push(("3.weight".into(), Tensor::zeros((1, 1), DType::F32, &cpu())?));
+    let p = dir.join("extra.safetensors");
+    checkpoint::save_tensors(&extra, &p)?;
+    expect_format(checkpoint::load(&mut model, &p, &cpu()).unwrap_err(), "`3.weight`");
+    // A missing file is an I/O error naming it.
+    let err = checkpoint::load(&mut model, dir.join("nope.safetensors"), &cpu()).unwrap_err();
+    assert!(matches!(&err, Error::Io { path, .. } if path.ends_with("nope.safetensors")), "{err:?}");
+    // After all that, the model is untouched.
+    assert_eq!(values(&model), snapshot);
+    assert!(model.parameters().iter().zip(&kept).all(|(a, b)| a.same_storage(b)));
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+// ---- IDX files ------------------------------------------------------------
+
+fn idx_bytes(dims: &[u32], data: &[u8]) -> Vec<u8> {
+    let mut v = vec![0u8, 0, 0x08, dims.len() as u8];
+    for d in dims {
+        v.extend(d.to_be_bytes());
+    }
+    v.extend(data);
+    v
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+#[test]
+fn fashion_mnist_reads_idx_files_gzipped_or_not() -> Result<()> {
+    let dir = temp_dir("idx");
+    let (n, h, w) = (3u32, 4u32, 5u32);
+    let pixels: Vec<u8> = (0..n * h * w).map(|i| (i * 4 % 256) as u8).collect();
+    let labels = [7u8, 0, 9];
+    // Training files gzipped, test files raw.
+    std::fs::write(dir.join("train-images-idx3-ubyte.gz"), gzip(&idx_bytes(&[n, h, w], &pixels))).unwrap();
+    std::fs::write(dir.join("train-labels-idx1-ubyte.gz"), gzip(&idx_bytes(&[n], &labels))).unwrap();
+    std::fs::write(dir.join("t10k-images-idx3-ubyte"), idx_bytes(&[1, h, w], &pixels[..20])).unwrap();
+    std::fs::write(dir.join("t10k-labels-idx1-ubyte"), idx_bytes(&[1], &[4])).unwrap();
+
+    let (x, y) = kiln::data::load_fashion_mnist(&dir, true, &cpu())?;
+    assert_eq!(x.dims(), &[3, 1, 4, 5]);
+    let xv = x.to_vec::<f32>()?;
+    assert_eq!(xv[1], 4.0 / 255.0);
+    assert_eq!(xv[59], 236.0 / 255.0); // (59 * 4) mod 256
+    assert_eq!(y.to_vec::<i64>()?, vec![7, 0, 9]);
+    let gpu = sims()[0];
+    let (xt, yt) = kiln::data::load_fashion_mnist(&dir, false, &gpu)?;
+    assert_eq!((xt.dims(), xt.device()), (&[1usize, 1, 4, 5][..], gpu));
+    assert_eq!(yt.to_vec::<i64>()?, vec![4]);
+    let module: DataModule = kiln::data::fashion_mnist(&dir, 2)?;
+    assert_eq!((module.train.len(), module.val.as_ref().unwrap().len()), (2, 1));
+    assert_eq!(read_idx(dir.join("t10k-labels-idx1-ubyte"))?.dims, vec![1]);
+
+    // A missing file is named.
+    std::fs::remove_file(dir.join("t10k-labels-idx1-ubyte")).unwrap();
+    let err = kiln::data::load_fashion_mnist(&dir, false, &cpu()).unwrap_err();
+    assert!(matches!(&err, Error::Io { path, .. } if path.contains("t10k-labels-idx1-ubyte")), "{err:?}");
+    assert!(err.to_string().contains("downloads nothing"), "{err}");
+    // Truncated data, a bad magic number, and labels that do not match.
+    std::fs::write(dir.join("t10k-labels-idx1-ubyte"), idx_bytes(&[5], &[1, 2])).unwrap();
+    let err = kiln::data::load_fashion_mnist(&dir, false, &cpu()).unwrap_err();
+    assert!(matches!(&err, Error::Format { msg, .. } if msg.contains("truncated")), "{err:?}");
+    std::fs::write(dir.join("t10k-labels-idx1-ubyte"), b"\x01\x02\x08\x01").unwrap();
+    assert!(matches!(read_idx(dir.join("t10k-labels-idx1-ubyte")), Err(Error::Format { .. })));
+    std::fs::write(dir.join("t10k-labels-idx1-ubyte"), idx_bytes(&[2], &[1, 2])).unwrap();
+    let err = kiln::data::load_fashion_mnist(&dir, false, &cpu()).unwrap_err();
+    assert!(matches!(&err, Error::Format { msg, .. } if msg.contains("2 labels for 1 images")), "{err:?}");
+    std::fs::write(dir.join("bad.gz"), [0x1f, 0x8b, 1, 2, 3]).unwrap();
+    assert!(matches!(read_idx(dir.join("bad.gz")), Err(Error::Format { .. })));
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
