@@ -345,7 +345,7 @@ pub fn reset_peak_memory(device: &Device) -> Result<()> {
 
 /// Frees the buffers kiln keeps for reuse on a device.
 pub fn empty_cache(device: &Device) -> Result<()> {
-    backend(*device)?.pool().empty_cache();
+    backend(*device)?.empty_cache();
     Ok(())
 }
 

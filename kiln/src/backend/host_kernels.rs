@@ -777,12 +777,18 @@ convert_via_f64!(f32, f64, i64, u8, f16, bf16);
 
 fn copy_typed<T: WithDType + Convert<U>, U: WithDType>(s: &[T], ls: &Layout, d: &mut [U], ld: &Layout) {
     if T::DTYPE == U::DTYPE {
+        // Same dtype: copy the values bit for bit (through f64 an i64 above
+        // 2^53 would lose its low bits).
+        // SAFETY: same dtype, so T and U are the same type.
+        let s: &[U] = unsafe { std::slice::from_raw_parts(s.as_ptr() as *const U, s.len()) };
         if let (Some((a0, a1)), Some((b0, b1))) = (ls.contiguous_range(), ld.contiguous_range()) {
-            // SAFETY: same dtype, so T and U are the same type.
-            let s: &[U] = unsafe { std::slice::from_raw_parts(s[a0..a1].as_ptr() as *const U, a1 - a0) };
-            d[b0..b1].copy_from_slice(s);
-            return;
+            d[b0..b1].copy_from_slice(&s[a0..a1]);
+        } else {
+            for (i, j) in ls.offsets().zip(ld.offsets()) {
+                d[j] = s[i];
+            }
         }
+        return;
     }
     for (i, j) in ls.offsets().zip(ld.offsets()) {
         d[j] = s[i].convert();

@@ -58,6 +58,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn host_memory(&self) -> bool;
     /// Blocks until all submitted work has run.
     fn synchronize(&self) -> Result<()>;
+    /// Frees memory kept for reuse (the pool's host cache by default).
+    fn empty_cache(&self) {
+        self.pool().empty_cache();
+    }
 }
 
 /// Allocates a storage of `len` elements on `backend`.

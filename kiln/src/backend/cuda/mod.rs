@@ -793,6 +793,11 @@ impl Backend for CudaBackend {
     fn host_memory(&self) -> bool {
         false
     }
+    fn empty_cache(&self) {
+        if let Err(e) = self.free_cache() {
+            eprintln!("kiln: could not empty the cache of {}: {e}", self.device);
+        }
+    }
     fn synchronize(&self) -> Result<()> {
         self.guarded("cuStreamSynchronize", || {
             // SAFETY: the stream is alive.
