@@ -56,7 +56,11 @@ libcuda_dir="$(dirname "$venv")/kiln-libcuda1"
 if [ ! -e "$libcuda_dir/lib/libcuda.so.1" ] && command -v apt-get >/dev/null && command -v dpkg >/dev/null; then
     tmp="$(mktemp -d)"
     mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial"
-    echo "deb http://deb.debian.org/debian bookworm non-free" >"$tmp/sources.list"
+    # The machine's own Debian mirror and release, with the non-free component.
+    mirror="$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)"
+    [ -n "$mirror" ] || mirror="$(awk '/^deb / {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)"
+    codename="$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")"
+    echo "deb $mirror $codename non-free" >"$tmp/sources.list"
     apt_opts=(-o "Dir::Etc::SourceList=$tmp/sources.list" -o Dir::Etc::SourceParts=/dev/null
         -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o APT::Sandbox::User=root)
     if (cd "$tmp" && apt-get "${apt_opts[@]}" update -qq >/dev/null 2>&1 && apt-get "${apt_opts[@]}" download libcuda1 >/dev/null 2>&1); then
