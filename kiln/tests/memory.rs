@@ -218,3 +218,26 @@ fn a_million_tiny_ops_leak_nothing() {
     // Storage never piled up: at most the queue's worth of 4-byte results was alive.
     assert!(after.peak <= base.in_use + 4 * (READ_EVERY + 4), "peak {} during the soak", after.peak);
 }
+
+#[test]
+fn impossible_allocations_are_errors_not_aborts() {
+    let _lock = SHARED_DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    let d = own(6);
+    for dev in [cpu(), d] {
+        let before = memory_stats(&dev).unwrap();
+        for r in [
+            Tensor::zeros(1usize << 60, DType::F32, &dev),
+            Tensor::arange(0.0, 1e18, 1.0, &dev),
+            Tensor::ones((1usize << 40, 1usize << 40), DType::F64, &dev),
+            Tensor::rand(usize::MAX / 2, &dev),
+        ] {
+            match r {
+                Err(Error::OutOfMemory { device, .. }) => assert_eq!(device, dev),
+                Err(Error::InvalidArgument { .. }) => {}
+                other => panic!("an impossible allocation on {dev}: expected OutOfMemory, got {other:?}"),
+            }
+        }
+        let after = memory_stats(&dev).unwrap();
+        assert_eq!((after.in_use, after.live_tensors), (before.in_use, before.live_tensors));
+    }
+}
