@@ -39,8 +39,8 @@ mod memory;
 pub mod nn;
 mod op;
 mod operators;
-pub mod optim;
 mod ops;
+pub mod optim;
 mod rng;
 mod shape;
 mod shape_ops;
@@ -66,6 +66,11 @@ pub use rng::{manual_seed, philox4x32};
 pub use shape::{Layout, Shape};
 pub use storage::CpuBuffer;
 pub use tensor::{HostData, Tensor};
+
+/// The README's examples, run as doctests so that they stay true.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
 
 /// Finds real GPUs: CUDA devices through a driver library loaded at run
 /// time (none, with the reason, when there is no driver or no device).

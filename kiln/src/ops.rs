@@ -351,19 +351,23 @@ impl Tensor {
         if k != k2 {
             return Err(Error::shape("matmul", self.dims(), rhs.dims()));
         }
-        let batch = broadcast_shapes("matmul", &Shape::from(&a.dims()[..ra - 2]), &Shape::from(&b.dims()[..rb - 2]))
-            .map_err(|_| Error::shape("matmul", self.dims(), rhs.dims()))?;
-        let mut la = batch.dims().to_vec();
-        la.extend([m, k]);
-        let mut lb = batch.dims().to_vec();
-        lb.extend([k, n]);
-        let mut lo = batch.dims().to_vec();
-        lo.extend([m, n]);
-        let mut sa = a.src();
-        sa.layout = a.layout.broadcast_as(&Shape::from(la))?;
-        let mut sb = b.src();
-        sb.layout = b.layout.broadcast_as(&Shape::from(lb))?;
-        let out_shape = Shape::from(lo);
+        let (sa, sb, out_shape) = if ra == 2 && rb == 2 {
+            // The common case needs no batch broadcasting.
+            (a.src(), b.src(), Shape::from((m, n)))
+        } else {
+            let batch = broadcast_shapes("matmul", &Shape::from(&a.dims()[..ra - 2]), &Shape::from(&b.dims()[..rb - 2]))
+                .map_err(|_| Error::shape("matmul", self.dims(), rhs.dims()))?;
+            let with = |tail: [usize; 2]| {
+                let mut dims = batch.dims().to_vec();
+                dims.extend(tail);
+                Shape::from(dims)
+            };
+            let mut sa = a.src();
+            sa.layout = a.layout.broadcast_as(&with([m, k]))?;
+            let mut sb = b.src();
+            sb.layout = b.layout.broadcast_as(&with([k, n]))?;
+            (sa, sb, with([m, n]))
+        };
         let out = self.alloc_like(self.dtype(), &out_shape)?;
         self.launch(Kernel::Matmul { lhs: sa, rhs: sb, out: out.clone(), m, n, k })?;
         let mut t = Tensor::from_storage(out, out_shape);

@@ -217,7 +217,9 @@ impl Tensor {
         }
         if ids.device().is_cpu() {
             let size = self.dims()[dim];
-            if let Some(bad) = ids.to_vec_f64()?.into_iter().find(|&i| i < 0.0 || i as usize >= size) {
+            // Negative indices come back as usize::MAX, so one test covers both ends.
+            if let Some(pos) = crate::backend::host_kernels::index_list(&ids.src()).iter().position(|&i| i >= size) {
+                let bad = ids.to_vec_f64()?[pos];
                 return Err(Error::invalid(op, format!("index {bad} is out of range for dimension {dim} of size {size}")));
             }
         }

@@ -19,6 +19,9 @@ const CHUNK: usize = 1 << 15;
 /// Multiply-adds below which a matmul stays on one thread: on a 2-core
 /// machine two threads make a 100×100 product slower, not faster.
 const MATMUL_PAR_MIN: usize = 200 * 200 * 200;
+/// Multiply-adds up to which a plain loop beats gemm's dispatch (a linear
+/// regression's (32×2)@(2×1) takes 64).
+const MATMUL_TINY: usize = 512;
 
 /// Arithmetic every numeric dtype has.
 pub(crate) trait Num: WithDType + Default {
@@ -274,6 +277,12 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) {
             let (l, r) = (lhs.storage.read(), rhs.storage.read());
             let mut w = out.write();
             match (l.host(), r.host(), w.host()) {
+                (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) if m * n * k <= MATMUL_TINY => {
+                    matmul_naive(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k))
+                }
+                (CpuBuffer::F64(a), CpuBuffer::F64(b), CpuBuffer::F64(o)) if m * n * k <= MATMUL_TINY => {
+                    matmul_naive(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k))
+                }
                 (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) => {
                     matmul_gemm(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k), threads)
                 }
@@ -295,15 +304,22 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) {
         }
         Kernel::IndexSelect { src, ids, dim, out } => {
             let ids = index_list(ids);
-            let data = gather(src);
+            // A dense source is read in place; a strided one is gathered first.
+            let gathered = if src.layout.is_contiguous() { None } else { Some(gather(src)) };
+            let guard = src.storage.read();
+            let (data, start) = match &gathered {
+                Some(g) => (g, 0),
+                None => (guard.host(), src.layout.offset),
+            };
+            let (end, dims) = (start + src.layout.elem_count(), src.layout.dims());
             let mut w = out.write();
-            match (&data, w.host()) {
-                (CpuBuffer::F32(s), CpuBuffer::F32(o)) => index_select(s, src.layout.dims(), &ids, *dim, o),
-                (CpuBuffer::F64(s), CpuBuffer::F64(o)) => index_select(s, src.layout.dims(), &ids, *dim, o),
-                (CpuBuffer::I64(s), CpuBuffer::I64(o)) => index_select(s, src.layout.dims(), &ids, *dim, o),
-                (CpuBuffer::U8(s), CpuBuffer::U8(o)) => index_select(s, src.layout.dims(), &ids, *dim, o),
-                (CpuBuffer::F16(s), CpuBuffer::F16(o)) => index_select(s, src.layout.dims(), &ids, *dim, o),
-                (CpuBuffer::BF16(s), CpuBuffer::BF16(o)) => index_select(s, src.layout.dims(), &ids, *dim, o),
+            match (data, w.host()) {
+                (CpuBuffer::F32(s), CpuBuffer::F32(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
+                (CpuBuffer::F64(s), CpuBuffer::F64(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
+                (CpuBuffer::I64(s), CpuBuffer::I64(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
+                (CpuBuffer::U8(s), CpuBuffer::U8(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
+                (CpuBuffer::F16(s), CpuBuffer::F16(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
+                (CpuBuffer::BF16(s), CpuBuffer::BF16(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
                 _ => unreachable!(),
             }
         }
@@ -352,10 +368,20 @@ pub(crate) fn gather(src: &Src) -> CpuBuffer {
     map_buffer!(buf, v => WithDType::into_buffer(src.layout.offsets().map(|i| v[i]).collect()))
 }
 
-fn index_list(ids: &Src) -> Vec<usize> {
-    let data = gather(ids);
-    // A negative index (only possible on a GPU, see index_list_len) selects nothing, like one past the end.
-    (0..data.len()).map(|i| data.get_f64(i)).map(|v| if v < 0.0 { usize::MAX } else { v as usize }).collect()
+/// The indices of an i64 or u8 index view. A negative index (only possible
+/// on a GPU, see `index_list_len`) becomes usize::MAX: it selects nothing,
+/// like one past the end.
+pub(crate) fn index_list(ids: &Src) -> Vec<usize> {
+    let r = ids.storage.read();
+    let l = &ids.layout;
+    match r.host() {
+        CpuBuffer::I64(v) => match l.contiguous_range() {
+            Some((a, b)) => v[a..b].iter().map(|&i| usize::try_from(i).unwrap_or(usize::MAX)).collect(),
+            None => l.offsets().map(|o| usize::try_from(v[o]).unwrap_or(usize::MAX)).collect(),
+        },
+        CpuBuffer::U8(v) => l.offsets().map(|o| v[o] as usize).collect(),
+        other => (0..other.len()).map(|i| other.get_f64(i) as usize).collect(),
+    }
 }
 
 fn fill<T: WithDType>(v: &mut [T], value: f64, threads: usize) {
@@ -466,6 +492,36 @@ fn rows(layout: &Layout) -> (Layout, usize, usize) {
     (outer, dims[r], layout.strides[r])
 }
 
+/// Two views of one shape, with size-1 dimensions dropped and neighbouring
+/// dimensions merged wherever both views step through them evenly, so that
+/// e.g. a (32, 1) + (1,) broadcast becomes one row of 32 instead of 32 rows
+/// of one.
+fn simplify_pair(la: &Layout, lb: &Layout) -> (Layout, Layout) {
+    let dims = la.dims();
+    let mut d: SmallVec<[usize; 4]> = SmallVec::new();
+    let mut sa: SmallVec<[usize; 4]> = SmallVec::new();
+    let mut sb: SmallVec<[usize; 4]> = SmallVec::new();
+    for i in 0..dims.len() {
+        if dims[i] == 1 {
+            continue;
+        }
+        if let (Some(&pd), Some(&pa), Some(&pb)) = (d.last(), sa.last(), sb.last()) {
+            if pa == la.strides[i] * dims[i] && pb == lb.strides[i] * dims[i] {
+                let last = d.len() - 1;
+                d[last] = pd * dims[i];
+                sa[last] = la.strides[i];
+                sb[last] = lb.strides[i];
+                continue;
+            }
+        }
+        d.push(dims[i]);
+        sa.push(la.strides[i]);
+        sb.push(lb.strides[i]);
+    }
+    let shape = crate::Shape(d);
+    (Layout { shape: shape.clone(), strides: sa, offset: la.offset }, Layout { shape, strides: sb, offset: lb.offset })
+}
+
 /// Offset of row `row` of an outer layout (index decomposition).
 fn row_start(outer: &Layout, mut row: usize) -> usize {
     let mut off = outer.offset;
@@ -503,8 +559,9 @@ fn map_binary<T: Copy + Send + Sync, U: Copy + Send + Sync, F: Fn(T, T) -> U + S
         return;
     }
     // Broadcast or strided: walk rows of the last dimension.
-    let (oa, n, sa) = rows(la);
-    let (ob, _, sb) = rows(lb);
+    let (la, lb) = simplify_pair(la, lb);
+    let (oa, n, sa) = rows(&la);
+    let (ob, _, sb) = rows(&lb);
     let row = |r: usize, o: &mut [U]| {
         let (pa, pb) = (row_start(&oa, r), row_start(&ob, r));
         match (sa, sb) {
@@ -641,7 +698,8 @@ fn reduce<T: Num>(op: ReduceOp, s: &[T], l: &Layout, dims: &[usize], out: &mut [
     let out_strides = crate::Shape(out_dims).contiguous_strides();
     let bcast_strides: SmallVec<[usize; 4]> = (0..rank).map(|d| if dims.contains(&d) { 0 } else { out_strides[d] }).collect();
     let out_layout = Layout { shape: l.shape.clone(), strides: bcast_strides, offset: 0 };
-    let (so, n, ss) = rows(l);
+    let (l, out_layout) = simplify_pair(l, &out_layout);
+    let (so, n, ss) = rows(&l);
     let (oo, _, os) = rows(&out_layout);
     let rows_count = l.elem_count() / n.max(1);
     let sum_in_f64 = op == ReduceOp::Sum && T::DTYPE.is_float();
@@ -687,8 +745,11 @@ fn arg_reduce<T: Num>(s: &[T], l: &Layout, dim: usize, out: &mut [i64], max: boo
 }
 
 /// Offsets of each matrix of a batched operand.
-fn batch_offsets(l: &Layout) -> Vec<usize> {
+fn batch_offsets(l: &Layout) -> SmallVec<[usize; 4]> {
     let r = l.dims().len();
+    if r == 2 {
+        return smallvec::smallvec![l.offset];
+    }
     let batch =
         Layout { shape: crate::Shape::from(&l.dims()[..r - 2]), strides: SmallVec::from_slice(&l.strides[..r - 2]), offset: l.offset };
     batch.offsets().collect()
