@@ -501,20 +501,20 @@ fn simplify_pair(la: &Layout, lb: &Layout) -> (Layout, Layout) {
     let mut d: SmallVec<[usize; 4]> = SmallVec::new();
     let mut sa: SmallVec<[usize; 4]> = SmallVec::new();
     let mut sb: SmallVec<[usize; 4]> = SmallVec::new();
-    for i in 0..dims.len() {
-        if dims[i] == 1 {
+    for (i, &n) in dims.iter().enumerate() {
+        if n == 1 {
             continue;
         }
         if let (Some(&pd), Some(&pa), Some(&pb)) = (d.last(), sa.last(), sb.last()) {
-            if pa == la.strides[i] * dims[i] && pb == lb.strides[i] * dims[i] {
+            if pa == la.strides[i] * n && pb == lb.strides[i] * n {
                 let last = d.len() - 1;
-                d[last] = pd * dims[i];
+                d[last] = pd * n;
                 sa[last] = la.strides[i];
                 sb[last] = lb.strides[i];
                 continue;
             }
         }
-        d.push(dims[i]);
+        d.push(n);
         sa.push(la.strides[i]);
         sb.push(lb.strides[i]);
     }
