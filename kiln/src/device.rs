@@ -394,3 +394,18 @@ pub fn default_device_scope(device: Device) -> Result<DefaultDeviceGuard> {
     let previous = DEFAULT_DEVICE.with(|d| d.replace(device));
     Ok(DefaultDeviceGuard { previous })
 }
+
+/// Stops `device`'s queue after the work submitted so far until the hold is
+/// dropped, so that tests can observe asynchronous execution without timing:
+/// operations still return while the queue is held. `None` on a synchronous
+/// device (the CPU).
+///
+/// ```
+/// let hold = kiln::hold_queue(&kiln::cpu())?;
+/// assert!(hold.is_none());
+/// # Ok::<(), kiln::Error>(())
+/// ```
+#[doc(hidden)]
+pub fn hold_queue(device: &Device) -> Result<Option<crate::backend::QueueHold>> {
+    backend(*device)?.hold_queue()
+}

@@ -48,7 +48,10 @@ mod storage;
 mod tensor;
 pub mod trainer;
 
+pub use backend::QueueHold;
 pub use backprop::{is_grad_enabled, no_grad, NoGradGuard};
+#[doc(hidden)]
+pub use device::hold_queue;
 pub use device::{
     cpu, default_device, default_device_scope, devices, empty_cache, ensure_simulated_gpus, gpu, memory_stats, num_gpus, reset_peak_memory,
     synchronize, try_all_gpus, try_gpu, why_not_gpu, DefaultDeviceGuard, Device, DeviceInfo, DeviceKind, FallbackReason,

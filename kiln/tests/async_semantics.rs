@@ -9,7 +9,6 @@
 mod common;
 
 use kiln::{cpu, memory_stats, synchronize, DType, Device, Error, Tensor};
-use std::time::Instant;
 
 const SLOTS: usize = 12;
 const CAPACITY: usize = 128 << 20;
@@ -34,26 +33,26 @@ fn busy(d: Device, products: usize) -> Tensor {
 
 #[test]
 fn operations_return_before_the_work_runs() {
-    // Timing is only compared, with a margin of orders of magnitude, and the
-    // best of three attempts counts, so a loaded machine cannot fail this.
+    // gpu(0)'s queue is held, so nothing submitted to it can run: if any of
+    // these calls waited for its kernel, it would never return. They run on
+    // another thread so that such a bug fails the test instead of hanging it.
     let (g0, g1) = (own(0), own(1));
-    let mut seen = Vec::new();
-    for _ in 0..3 {
-        let start = Instant::now();
+    let hold = kiln::hold_queue(&g0).unwrap().expect("a simulated GPU has a queue to hold");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
         let c = busy(g0, 4);
-        let moved = c.to(&g1).unwrap(); // waits on an event, not on the host
+        let moved = c.to(&g1).unwrap(); // gpu(1) waits on an event, not the host
         let total = moved.sum_all().unwrap();
-        let enqueued = start.elapsed();
-        total.block_until_ready().unwrap();
-        synchronize(&g0).unwrap();
-        let waited = start.elapsed() - enqueued;
-        assert_eq!(total.to_scalar::<f32>().unwrap(), (N * N) as f32);
-        seen.push((enqueued, waited));
-        if enqueued * 4 < waited {
-            return;
-        }
-    }
-    panic!("enqueueing took about as long as running: (enqueue, wait) = {seen:?}");
+        tx.send(total).unwrap();
+    });
+    let total = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("operations on a held queue did not return: they waited for their kernels");
+    // Nothing on gpu(0) has run yet, so nothing downstream on gpu(1) can have either.
+    drop(hold);
+    total.block_until_ready().unwrap();
+    synchronize(&g0).unwrap();
+    assert_eq!(total.to_scalar::<f32>().unwrap(), (N * N) as f32);
 }
 
 #[test]

@@ -13,6 +13,18 @@ use crate::storage::{Buffer, CpuBuffer, Storage};
 use crate::{DType, Device, DeviceKind, Result};
 use std::sync::Arc;
 
+/// Keeps a device's queue stopped while alive (see [`crate::hold_queue`]).
+#[must_use = "the queue resumes when the hold is dropped"]
+pub struct QueueHold {
+    pub(crate) _release: crossbeam_channel::Sender<()>,
+}
+
+impl std::fmt::Debug for QueueHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("QueueHold")
+    }
+}
+
 /// A point in a device's queue: waiting on it waits for all work submitted
 /// before it was recorded.
 pub(crate) trait Event: Send + Sync {
@@ -58,6 +70,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn host_memory(&self) -> bool;
     /// Blocks until all submitted work has run.
     fn synchronize(&self) -> Result<()>;
+    /// Stops the device's queue after the work submitted so far, until the
+    /// returned hold is dropped. `None` for synchronous devices.
+    fn hold_queue(&self) -> Result<Option<QueueHold>> {
+        Ok(None)
+    }
     /// Frees memory kept for reuse (the pool's host cache by default).
     fn empty_cache(&self) {
         self.pool().empty_cache();

@@ -150,6 +150,12 @@ impl Backend for SimBackend {
         self.submit(Box::new(move || event.wait()))?;
         Ok(())
     }
+    fn hold_queue(&self) -> Result<Option<super::QueueHold>> {
+        let (tx, rx) = crossbeam_channel::bounded::<()>(0);
+        // The worker blocks here until every sender is gone.
+        self.submit(Box::new(move || while rx.recv().is_ok() {}))?;
+        Ok(Some(super::QueueHold { _release: tx }))
+    }
     fn host_memory(&self) -> bool {
         true
     }
