@@ -144,6 +144,21 @@ impl Row {
         self
     }
 
+    /// One JSON object, with the keys in a readable order (required ones first).
+    fn to_json_line(&self, threads: usize) -> String {
+        let Value::Object(m) = self.to_json(threads) else { return String::new() };
+        let mut keys: Vec<&String> = m.keys().collect();
+        let order = |k: &str| {
+            ["workload", "variant", "device", "threads", "median_ms", "min_ms", "max_ms", "runs", "rate", "unit"]
+                .iter()
+                .position(|o| *o == k)
+                .unwrap_or(usize::MAX)
+        };
+        keys.sort_by_key(|k| order(k));
+        let fields: Vec<String> = keys.iter().map(|k| format!("{}:{}", Value::String((*k).clone()), m[*k])).collect();
+        format!("{{{}}}", fields.join(","))
+    }
+
     fn to_json(&self, threads: usize) -> Value {
         let mut m = Map::new();
         m.insert("workload".into(), json!(self.workload));
@@ -202,7 +217,7 @@ impl Ctx {
 
     fn emit(&mut self, row: Row) {
         if self.json {
-            let line = row.to_json(self.threads).to_string();
+            let line = row.to_json_line(self.threads);
             self.progress.suspend(|| println!("{line}"));
         }
         self.rows.push(row);
@@ -720,6 +735,9 @@ fn ex3(ctx: &mut Ctx) -> Result<()> {
         "Ex3: logging every step made {} device-to-host transfers, the on-device log {}; {:.2}x faster on {dev}.",
         ta.count, tb.count, speedup
     ));
+    if kiln::devices().iter().any(|d| d.device == dev && d.kind == kiln::DeviceKind::Simulated) {
+        ctx.note("Ex3: a simulated GPU's reads cost no bus latency, only the wait for its queue; on a real GPU each read also stalls for a PCIe round trip.".into());
+    }
     Ok(())
 }
 
