@@ -756,7 +756,7 @@ fn ex4(ctx: &mut Ctx) -> Result<()> {
     let b1 = Tensor::rand((n, n), &d1)?;
     let a1_on0 = a1.to(&d0)?;
     let b1_on0 = b1.to(&d0)?;
-    let runs = ctx.runs(5);
+    let runs = ctx.runs(7);
     let seq = ctx.measure(&format!("both on {d0}"), 1, runs, || {
         let c0 = a0.matmul(&b0)?;
         let c1 = a1_on0.matmul(&b1_on0)?;
