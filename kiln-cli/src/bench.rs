@@ -736,7 +736,7 @@ fn ex3(ctx: &mut Ctx) -> Result<()> {
         ta.count, tb.count, speedup
     ));
     if kiln::devices().iter().any(|d| d.device == dev && d.kind == kiln::DeviceKind::Simulated) {
-        ctx.note("Ex3: a simulated GPU's reads cost no bus latency, only the wait for its queue; on a real GPU each read also stalls for a PCIe round trip.".into());
+        ctx.note("Ex3: on a simulated GPU each read waits for the queue and pays a simulated bus round trip (KILN_SIM_TRANSFER_LATENCY, 10 us by default); a real GPU's PCIe round trip is of that order.".into());
     }
     Ok(())
 }

@@ -43,6 +43,7 @@ impl Event for SimEvent {
 }
 
 pub(crate) struct SimBackend {
+    latency: std::time::Duration,
     device: Device,
     index: usize,
     pool: MemoryPool,
@@ -60,7 +61,27 @@ impl SimBackend {
             .spawn(move || worker(receiver, worker_progress))
             .map(|_| ())
             .unwrap_or_else(|e| eprintln!("kiln: cannot start the worker of simulated {device}: {e}"));
-        SimBackend { device, index, pool: MemoryPool::new(device, Some(capacity), 0), sender: Mutex::new(sender), progress }
+        SimBackend {
+            latency: transfer_latency(),
+            device,
+            index,
+            pool: MemoryPool::new(device, Some(capacity), 0),
+            sender: Mutex::new(sender),
+            progress,
+        }
+    }
+
+    /// A host<->device copy pays the bus's round-trip latency, as on a real
+    /// GPU: this is what makes per-step host reads slow (the chapter's
+    /// exercise 3). A spin, since sleeping cannot wait for 10 µs.
+    fn bus_latency(&self) {
+        if self.latency.is_zero() {
+            return;
+        }
+        let start = std::time::Instant::now();
+        while start.elapsed() < self.latency {
+            std::hint::spin_loop();
+        }
     }
 
     fn submit(&self, job: Job) -> Result<u64> {
@@ -73,6 +94,25 @@ impl SimBackend {
             .map_err(|_| Error::Backend { device: self.device, msg: "the simulated GPU's worker thread has stopped".into() })?;
         Ok(seq)
     }
+}
+
+/// Default latency of a host<->device copy on a simulated GPU, about a PCIe
+/// round trip.
+pub(crate) const DEFAULT_TRANSFER_LATENCY_US: u64 = 10;
+
+/// `KILN_SIM_TRANSFER_LATENCY` in microseconds (`0` turns it off).
+fn transfer_latency() -> std::time::Duration {
+    let us = std::env::var("KILN_SIM_TRANSFER_LATENCY")
+        .ok()
+        .and_then(|v| {
+            v.trim()
+                .trim_end_matches("us")
+                .parse::<u64>()
+                .map_err(|_| eprintln!("kiln: ignoring KILN_SIM_TRANSFER_LATENCY={v}: write microseconds, e.g. 10"))
+                .ok()
+        })
+        .unwrap_or(DEFAULT_TRANSFER_LATENCY_US);
+    std::time::Duration::from_micros(us)
 }
 
 fn worker(receiver: Receiver<Job>, progress: Arc<Progress>) {
@@ -95,6 +135,9 @@ impl Backend for SimBackend {
     }
     fn name(&self) -> String {
         format!("kiln simulated GPU {} ({} host RAM, 1 core)", self.index, human_bytes(self.pool.capacity().unwrap_or(0)))
+    }
+    fn details(&self) -> Vec<(String, String)> {
+        vec![("transfer latency".into(), format!("{} us", self.latency.as_micros()))]
     }
     fn pool(&self) -> &MemoryPool {
         &self.pool
@@ -132,6 +175,7 @@ impl Backend for SimBackend {
     }
     fn upload(&self, data: CpuBuffer) -> Result<Buffer> {
         self.pool.reserve(data.size_in_bytes())?;
+        self.bus_latency();
         Ok(Buffer::Host(data))
     }
     fn download(&self, src: &Src) -> Result<CpuBuffer> {
@@ -140,7 +184,10 @@ impl Backend for SimBackend {
         self.submit(Box::new(move || {
             let _ = tx.send(host_kernels::gather(&src));
         }))?;
-        rx.recv().map_err(|_| Error::Backend { device: self.device, msg: "a read from the simulated GPU did not complete".into() })
+        let data =
+            rx.recv().map_err(|_| Error::Backend { device: self.device, msg: "a read from the simulated GPU did not complete".into() })?;
+        self.bus_latency();
+        Ok(data)
     }
     fn record_event(&self) -> Option<Arc<dyn Event>> {
         let seq = self.progress.submitted.load(Ordering::Acquire);
