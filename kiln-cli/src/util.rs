@@ -154,11 +154,28 @@ pub fn check_writable(path: &std::path::Path, what: &str) -> Result<()> {
     if path.is_dir() {
         return Err(fail!("cannot write {what} to {}: it is a directory; give a file name", path.display()));
     }
+    if path.exists() {
+        // An existing file: opening it for writing (without truncating) proves it can be replaced.
+        return std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map(|_| ())
+            .map_err(|e| fail!("cannot write {what} to {}: {e}", path.display()));
+    }
+    // A new file: probe its directory with a temporary file, so that a run
+    // that fails later leaves no empty file behind.
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let probe = dir.join(format!(".kiln-write-check-{}", std::process::id()));
     std::fs::OpenOptions::new()
         .create(true)
-        .truncate(false)
+        .truncate(true)
         .write(true)
-        .open(path)
-        .map(|_| ())
+        .open(&probe)
+        .map(|_| {
+            let _ = std::fs::remove_file(&probe);
+        })
         .map_err(|e| fail!("cannot write {what} to {}: {e}", path.display()))
 }

@@ -311,7 +311,10 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Grads> {
                     g.mul(&s.mul(&s.unary(UnaryOp::RSubScalar(1.0))?)?)?
                 }
                 UnaryOp::Relu => g.mul(&mask_scalar(x, BinaryOp::Gt, 0.0)?)?,
-                UnaryOp::Powi(n) => g.mul(&x.powi(n - 1)?.mul_scalar(n as f64)?)?,
+                UnaryOp::Powi(n) => match n.checked_sub(1) {
+                    Some(m) => g.mul(&x.powi(m)?.mul_scalar(n as f64)?)?,
+                    None => g.mul(&x.powf(n as f64 - 1.0)?.mul_scalar(n as f64)?)?,
+                },
                 UnaryOp::Powf(p) => g.mul(&x.powf(p - 1.0)?.mul_scalar(p)?)?,
                 UnaryOp::AddScalar(_) | UnaryOp::SubScalar(_) => g.clone(),
                 UnaryOp::RSubScalar(_) => g.neg()?,
@@ -382,8 +385,11 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Grads> {
             let d = match op {
                 ReduceOp::Sum => g.broadcast_to(x.shape())?,
                 ReduceOp::Max | ReduceOp::Min => {
+                    // Ties share the gradient equally, as in PyTorch's amax.
                     let out = x.reduce(*op, dims, true)?;
-                    g.broadcast_to(x.shape())?.mul(&mask(x, BinaryOp::Eq, &out)?)?
+                    let hits = mask(x, BinaryOp::Eq, &out)?;
+                    let share = hits.div(&hits.sum_dims(dims, true)?)?;
+                    g.broadcast_to(x.shape())?.mul(&share)?
                 }
                 _ => return Ok(smallvec![]),
             };

@@ -123,6 +123,7 @@ pub fn temp_path(path: &Path) -> PathBuf {
 
 /// Saves named tensors (from any devices: GPU tensors are read to the host,
 /// one booked transfer each) to a safetensors file, atomically.
+#[track_caller]
 pub fn save_tensors(tensors: &[(String, Tensor)], path: impl AsRef<Path>) -> Result<()> {
     let path = path.as_ref();
     let mut host = Vec::with_capacity(tensors.len());
@@ -152,6 +153,7 @@ pub fn save_tensors(tensors: &[(String, Tensor)], path: impl AsRef<Path>) -> Res
 }
 
 /// Saves a model's parameters (by their [`Module::named_parameters`] names).
+#[track_caller]
 pub fn save(model: &dyn Module, path: impl AsRef<Path>) -> Result<()> {
     save_tensors(&model.named_parameters(), path)
 }
@@ -238,7 +240,7 @@ pub fn load(model: &mut dyn Module, path: impl AsRef<Path>, device: &Device) -> 
         if p.device() == new.device() {
             p.assign(&new)
         } else {
-            *p = new.requires_grad_();
+            *p = if p.requires_grad() { new.requires_grad_() } else { new };
             Ok(())
         }
     })

@@ -235,11 +235,3 @@ pub(crate) fn check(src: Device, dst: Device, bytes: usize, site: &'static Locat
     }
     Ok(Some(Ticket { direction, src, dst, bytes, location }))
 }
-
-/// Checks the guard and books a transfer at once.
-pub(crate) fn transfer(src: Device, dst: Device, bytes: usize, site: &'static Location<'static>) -> Result<()> {
-    if let Some(ticket) = check(src, dst, bytes, site)? {
-        ticket.book();
-    }
-    Ok(())
-}

@@ -50,7 +50,7 @@ pub(crate) fn normal(seed: u64, index: u64) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
-const DEFAULT_SEED: u64 = 0x6b69_6c6e; // "kiln"
+pub(crate) const DEFAULT_SEED: u64 = 0x6b69_6c6e; // "kiln"
 
 thread_local! {
     static STATE: Cell<(u64, u64)> = const { Cell::new((DEFAULT_SEED, 0)) };
@@ -58,6 +58,10 @@ thread_local! {
 
 /// Sets the seed of this thread's generator and rewinds it, so that the same
 /// sequence of random calls gives the same values, on every device.
+///
+/// The generator is per thread (each thread starts from the same default
+/// seed), so that tests and worker threads are reproducible without
+/// coordinating: seed the thread that creates the random tensors.
 ///
 /// ```
 /// use kiln::{Tensor, cpu};

@@ -47,7 +47,7 @@ impl Shape {
         let mut acc = 1;
         for i in (0..self.0.len()).rev() {
             strides[i] = acc;
-            acc *= self.0[i];
+            acc = acc.saturating_mul(self.0[i]);
         }
         strides
     }
@@ -169,7 +169,7 @@ impl Layout {
             if self.shape.0[i] != 1 && self.strides[i] != acc {
                 return false;
             }
-            acc *= self.shape.0[i];
+            acc = acc.saturating_mul(self.shape.0[i]);
         }
         true
     }

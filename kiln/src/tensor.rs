@@ -422,7 +422,7 @@ impl Tensor {
         let site = Location::caller();
         let dst = device_backend(*device)?;
         let src_device = self.device();
-        let bytes = self.elem_count() * self.dtype().size_in_bytes();
+        let bytes = self.elem_count().saturating_mul(self.dtype().size_in_bytes());
         let ticket = ledger::check(src_device, *device, bytes, site)?;
         let shape = self.shape().clone();
         let src_backend = self.backend();
@@ -535,9 +535,14 @@ impl Tensor {
     }
 
     pub(crate) fn read_host(&self, site: &'static Location<'static>) -> Result<CpuBuffer> {
-        let bytes = self.elem_count() * self.dtype().size_in_bytes();
-        ledger::transfer(self.device(), Device::Cpu, bytes, site)?;
-        self.backend().download(&self.src())
+        let bytes = self.elem_count().saturating_mul(self.dtype().size_in_bytes());
+        // Guard first, book once the read succeeded (as copy_to does).
+        let ticket = ledger::check(self.device(), Device::Cpu, bytes, site)?;
+        let data = self.backend().download(&self.src())?;
+        if let Some(ticket) = ticket {
+            ticket.book();
+        }
+        Ok(data)
     }
 
     /// Overwrites this tensor's elements in place with `src` (broadcast to

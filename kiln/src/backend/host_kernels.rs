@@ -11,6 +11,7 @@ use crate::{map_buffer, rng, WithDType};
 use half::{bf16, f16};
 use rayon::prelude::*;
 use smallvec::SmallVec;
+use std::sync::Arc;
 
 /// Elementwise work below this many elements stays on one thread.
 const PAR_MIN: usize = 1 << 16;
@@ -232,7 +233,14 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) {
             }
         }
         Kernel::Binary { op, lhs, rhs, out } => {
-            let (l, r) = (lhs.storage.read(), rhs.storage.read());
+            let l = lhs.storage.read();
+            let r_own;
+            let r = if Arc::ptr_eq(&lhs.storage, &rhs.storage) {
+                &l
+            } else {
+                r_own = rhs.storage.read();
+                &r_own
+            };
             let mut w = out.write();
             macro_rules! go {
                 ($a:expr, $b:expr) => {
@@ -274,7 +282,14 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) {
             }
         }
         Kernel::Matmul { lhs, rhs, out, m, n, k } => {
-            let (l, r) = (lhs.storage.read(), rhs.storage.read());
+            let l = lhs.storage.read();
+            let r_own;
+            let r = if Arc::ptr_eq(&lhs.storage, &rhs.storage) {
+                &l
+            } else {
+                r_own = rhs.storage.read();
+                &r_own
+            };
             let mut w = out.write();
             match (l.host(), r.host(), w.host()) {
                 (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) if m * n * k <= MATMUL_TINY => {
@@ -338,7 +353,14 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) {
         Kernel::Where { cond, on_true, on_false, out } => {
             let c = gather(cond);
             let mask: Vec<bool> = (0..c.len()).map(|i| c.get_f64(i) != 0.0).collect();
-            let (t, f) = (on_true.storage.read(), on_false.storage.read());
+            let t = on_true.storage.read();
+            let f_own;
+            let f = if Arc::ptr_eq(&on_true.storage, &on_false.storage) {
+                &t
+            } else {
+                f_own = on_false.storage.read();
+                &f_own
+            };
             let mut w = out.write();
             macro_rules! go {
                 ($a:expr, $b:expr, $o:expr) => {
@@ -403,11 +425,19 @@ fn random<T: WithDType>(v: &mut [T], seed: u64, offset: u64, dist: Distribution,
     let fill_chunk = |start: usize, chunk: &mut [T]| {
         for (j, x) in chunk.iter_mut().enumerate() {
             let i = offset + (start + j) as u64;
-            let value = match dist {
-                Distribution::Uniform { lo, hi } => lo + (hi - lo) * rng::uniform(seed, i),
-                Distribution::Normal { mean, std } => mean + std * rng::normal(seed, i),
+            *x = match dist {
+                Distribution::Uniform { lo, hi } => {
+                    let v = T::from_f64(lo + (hi - lo) * rng::uniform(seed, i));
+                    // Rounding to f32 (or narrower) can reach the excluded
+                    // upper bound; a uniform draw never returns it.
+                    if v.to_f64() >= hi {
+                        T::from_f64(lo)
+                    } else {
+                        v
+                    }
+                }
+                Distribution::Normal { mean, std } => T::from_f64(mean + std * rng::normal(seed, i)),
             };
-            *x = T::from_f64(value);
         }
     };
     if threads > 1 && v.len() >= PAR_MIN {
@@ -704,7 +734,9 @@ fn reduce<T: Num>(op: ReduceOp, s: &[T], l: &Layout, dims: &[usize], out: &mut [
     if out.len() == 1 {
         if let Some((a, b)) = l.contiguous_range() {
             let s = &s[a..b];
-            out[0] = if op == ReduceOp::Sum {
+            // Integer sums wrap like every other integer op: through f64 a
+            // u8 sum would saturate and an i64 one lose bits above 2^53.
+            out[0] = if op == ReduceOp::Sum && T::DTYPE.is_float() {
                 let total = if threads > 1 && s.len() >= PAR_MIN { s.par_chunks(CHUNK).map(dense_sum).sum::<f64>() } else { dense_sum(s) };
                 T::from_f64(total)
             } else if threads > 1 && s.len() >= PAR_MIN {
@@ -911,7 +943,7 @@ fn split_at_dim(dims: &[usize], dim: usize) -> (usize, usize, usize) {
     (dims[..dim].iter().product(), dims[dim], dims[dim + 1..].iter().product())
 }
 
-fn index_select<T: Copy>(s: &[T], dims: &[usize], ids: &[usize], dim: usize, out: &mut [T]) {
+fn index_select<T: Copy + Default>(s: &[T], dims: &[usize], ids: &[usize], dim: usize, out: &mut [T]) {
     let (outer, d, inner) = split_at_dim(dims, dim);
     let mut o = 0;
     for i in 0..outer {
@@ -921,6 +953,8 @@ fn index_select<T: Copy>(s: &[T], dims: &[usize], ids: &[usize], dim: usize, out
             if id < d {
                 let start = (i * d + id) * inner;
                 out[o..o + inner].copy_from_slice(&s[start..start + inner]);
+            } else {
+                out[o..o + inner].fill(T::default());
             }
             o += inner;
         }
@@ -947,5 +981,21 @@ fn index_add<T: Num>(s: &[T], dims: &[usize], ids: &[usize], dim: usize, out: &m
 fn select<T: Copy>(mask: &[bool], a: &[T], la: &Layout, b: &[T], lb: &Layout, out: &mut [T]) {
     for (((o, &m), i), j) in out.iter_mut().zip(mask).zip(la.offsets()).zip(lb.offsets()) {
         *o = if m { a[i] } else { b[j] };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uniform_f32_never_returns_the_upper_bound() {
+        // With the default seed, counter 28,064,142 draws u >= 1 - 2^-25,
+        // which rounds to 1.0 in f32.
+        let (seed, index) = (rng::DEFAULT_SEED, 28_064_142);
+        assert!((rng::uniform(seed, index) as f32) >= 1.0, "the chosen counter must be a rounding case");
+        let mut v = [0f32; 1];
+        random(&mut v, seed, index, Distribution::Uniform { lo: 0.0, hi: 1.0 }, 1);
+        assert!(v[0] < 1.0, "got {}", v[0]);
     }
 }

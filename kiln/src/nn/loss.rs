@@ -76,7 +76,15 @@ fn check_labels(op: &str, logits: &Tensor, labels: &Tensor) -> Result<usize> {
     if labels.device() != logits.device() {
         return Err(Error::DeviceMismatch { op: op.into(), lhs: logits.device(), rhs: labels.device() });
     }
-    Ok(logits.dims()[1])
+    let classes = logits.dims()[1];
+    // Labels on the host are checked (a GPU's are not read back: that would
+    // be a hidden transfer; there an out-of-range label matches no class).
+    if labels.device().is_cpu() {
+        if let Some(bad) = labels.to_vec::<i64>()?.into_iter().find(|&l| l < 0 || l as usize >= classes) {
+            return Err(Error::invalid(op, format!("label {bad} is out of range for {classes} classes")));
+        }
+    }
+    Ok(classes)
 }
 
 /// One-hot rows (n, classes) of `labels`, as `dtype`, on the labels' device.

@@ -113,7 +113,9 @@ pub trait Module {
                 None
             } else {
                 let _g = crate::no_grad();
-                Some(p.to(&device)?.detach().requires_grad_())
+                // A frozen parameter stays frozen on its new device.
+                let moved = p.to(&device)?.detach();
+                Some(if p.requires_grad() { moved.requires_grad_() } else { moved })
             });
             Ok(())
         })?;
