@@ -443,21 +443,6 @@ fn w4(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-/// A permutation of 0..n from a small splitmix64 stream (host side, like `torch.randperm`).
-fn permutation(n: usize, state: &mut u64) -> Vec<i64> {
-    let mut p: Vec<i64> = (0..n as i64).collect();
-    for i in (1..n).rev() {
-        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = *state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        let j = (z % (i as u64 + 1)) as usize;
-        p.swap(i, j);
-    }
-    p
-}
-
 /// Linear regression from scratch with autograd (the chapter's book, section 3.4):
 /// returns (w, b) after `epochs` epochs of minibatch SGD.
 pub fn linreg_scratch(
@@ -470,11 +455,11 @@ pub fn linreg_scratch(
 ) -> kiln::Result<(Tensor, Tensor)> {
     let dev = features.device();
     let n = features.dims()[0];
+    kiln::manual_seed(seed);
     let w = Tensor::randn_with(0.0, 0.01, (2, 1), DType::F32, &dev)?.requires_grad_();
     let b = Tensor::zeros(1, DType::F32, &dev)?.requires_grad_();
-    let mut state = seed;
     for _ in 0..epochs {
-        let perm = Tensor::from_vec(permutation(n, &mut state), n, &dev)?;
+        let perm = Tensor::from_vec(kiln::data::permutation(n), n, &dev)?;
         let mut start = 0;
         while start < n {
             let len = batch.min(n - start);

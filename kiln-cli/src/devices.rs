@@ -1,13 +1,13 @@
 //! `kiln devices`: every device kiln can use, with its memory, like `nvidia-smi`.
 
-use crate::util::{host_memory_available, table, Align, Result};
+use crate::util::{table, Align, Result};
 use kiln::{human_bytes, Device, DeviceInfo, DeviceKind};
 use serde_json::{json, Value};
 
 /// The free memory to show: the driver's figure, or the OS's for the CPU.
 fn free_memory(info: &DeviceInfo) -> Option<usize> {
     match info.kind {
-        DeviceKind::Cpu => info.memory_free.or_else(host_memory_available),
+        DeviceKind::Cpu => info.memory_free,
         _ => info.memory_free,
     }
 }

@@ -138,13 +138,6 @@ pub fn fmt_rate(v: f64) -> String {
     }
 }
 
-/// Available host memory from /proc/meminfo, where the OS reports it.
-pub fn host_memory_available() -> Option<usize> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    line.split_whitespace().nth(1)?.parse::<usize>().ok().map(|kb| kb * 1024)
-}
-
 /// Checks that `path` can be written (creating it), so that a long run does
 /// not fail at its end because of a bad output path.
 pub fn check_writable(path: &std::path::Path, what: &str) -> Result<()> {

@@ -54,10 +54,7 @@ impl Backend for CpuBackend {
         false
     }
     fn driver_free_memory(&self) -> Option<usize> {
-        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-        let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-        let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kb * 1024)
+        crate::device::host_memory_available()
     }
     fn alloc_buffer(&self, dtype: DType, len: usize) -> Result<Buffer> {
         let bytes = len.saturating_mul(dtype.size_in_bytes());
