@@ -6,7 +6,7 @@
 
 use crate::op::{BinaryOp, Distribution, Kernel, ReduceOp, Src, UnaryOp};
 use crate::shape::Layout;
-use crate::storage::CpuBuffer;
+use crate::storage::{BufferRead, CpuBuffer};
 use crate::{map_buffer, rng, WithDType};
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -205,6 +205,27 @@ pub(crate) fn powi<T: Num>(x: T, n: i32) -> T {
     }
 }
 
+/// Read guards of two operands: one guard when they share a storage, since
+/// a second read lock on one RwLock can deadlock behind a waiting writer.
+struct ReadPair<'a> {
+    first: BufferRead<'a>,
+    second: Option<BufferRead<'a>>,
+}
+
+impl<'a> ReadPair<'a> {
+    fn new(a: &'a Src, b: &'a Src) -> Self {
+        let first = a.storage.read();
+        let second = (!Arc::ptr_eq(&a.storage, &b.storage)).then(|| b.storage.read());
+        ReadPair { first, second }
+    }
+    fn first(&self) -> &CpuBuffer {
+        self.first.host()
+    }
+    fn second(&self) -> &CpuBuffer {
+        self.second.as_ref().unwrap_or(&self.first).host()
+    }
+}
+
 /// Runs one kernel to completion on this thread (and the rayon pool when
 /// `threads > 1`).
 pub(crate) fn run(kernel: &Kernel, threads: usize) {
@@ -233,14 +254,8 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) {
             }
         }
         Kernel::Binary { op, lhs, rhs, out } => {
-            let l = lhs.storage.read();
-            let r_own;
-            let r = if Arc::ptr_eq(&lhs.storage, &rhs.storage) {
-                &l
-            } else {
-                r_own = rhs.storage.read();
-                &r_own
-            };
+            let pair = ReadPair::new(lhs, rhs);
+            let (l, r) = (pair.first(), pair.second());
             let mut w = out.write();
             macro_rules! go {
                 ($a:expr, $b:expr) => {
@@ -252,7 +267,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) {
                     }
                 };
             }
-            match (l.host(), r.host()) {
+            match (l, r) {
                 (CpuBuffer::F32(a), CpuBuffer::F32(b)) => go!(a, b),
                 (CpuBuffer::F64(a), CpuBuffer::F64(b)) => go!(a, b),
                 (CpuBuffer::I64(a), CpuBuffer::I64(b)) => go!(a, b),
@@ -282,16 +297,10 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) {
             }
         }
         Kernel::Matmul { lhs, rhs, out, m, n, k } => {
-            let l = lhs.storage.read();
-            let r_own;
-            let r = if Arc::ptr_eq(&lhs.storage, &rhs.storage) {
-                &l
-            } else {
-                r_own = rhs.storage.read();
-                &r_own
-            };
+            let pair = ReadPair::new(lhs, rhs);
+            let (l, r) = (pair.first(), pair.second());
             let mut w = out.write();
-            match (l.host(), r.host(), w.host()) {
+            match (l, r, w.host()) {
                 (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) if m * n * k <= MATMUL_TINY => {
                     matmul_naive(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k))
                 }
@@ -353,21 +362,15 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) {
         Kernel::Where { cond, on_true, on_false, out } => {
             let c = gather(cond);
             let mask: Vec<bool> = (0..c.len()).map(|i| c.get_f64(i) != 0.0).collect();
-            let t = on_true.storage.read();
-            let f_own;
-            let f = if Arc::ptr_eq(&on_true.storage, &on_false.storage) {
-                &t
-            } else {
-                f_own = on_false.storage.read();
-                &f_own
-            };
+            let pair = ReadPair::new(on_true, on_false);
+            let (t, f) = (pair.first(), pair.second());
             let mut w = out.write();
             macro_rules! go {
                 ($a:expr, $b:expr, $o:expr) => {
                     select(&mask, $a, &on_true.layout, $b, &on_false.layout, $o)
                 };
             }
-            match (t.host(), f.host(), w.host()) {
+            match (t, f, w.host()) {
                 (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) => go!(a, b, o),
                 (CpuBuffer::F64(a), CpuBuffer::F64(b), CpuBuffer::F64(o)) => go!(a, b, o),
                 (CpuBuffer::I64(a), CpuBuffer::I64(b), CpuBuffer::I64(o)) => go!(a, b, o),
