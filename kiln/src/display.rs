@@ -1,7 +1,7 @@
 //! Printing like PyTorch: `tensor([[1., 1., 1.],\n        [1., 1., 1.]], device=gpu(0))`.
-//! Printing a GPU tensor reads it to the host, which the ledger books as a
+//! Printing a GPU tensor reads it to the host, which the ledger books as one
 //! device-to-host transfer; large tensors are elided (first and last three
-//! entries of each dimension).
+//! entries of each dimension), and only those entries are read.
 
 use crate::{DType, Tensor};
 use std::fmt::{self, Write};
@@ -44,7 +44,9 @@ impl Formatter {
     }
 }
 
-fn write_nested(out: &mut String, values: &[f64], dims: &[usize], f: &Formatter, elide: bool, indent: usize) {
+/// Writes nested brackets. `elided[d]` says that dimension d holds only its
+/// first and last EDGE entries, with "..." printed between them.
+fn write_nested(out: &mut String, values: &[f64], dims: &[usize], elided: &[bool], f: &Formatter, indent: usize) {
     if dims.is_empty() {
         let _ = write!(out, "{:>w$}", f.text(values[0]), w = f.width);
         return;
@@ -52,8 +54,8 @@ fn write_nested(out: &mut String, values: &[f64], dims: &[usize], f: &Formatter,
     let n = dims[0];
     let inner: usize = dims[1..].iter().product();
     out.push('[');
-    let shown: Vec<Option<usize>> = if elide && n > 2 * EDGE {
-        (0..EDGE).map(Some).chain(std::iter::once(None)).chain((n - EDGE..n).map(Some)).collect()
+    let shown: Vec<Option<usize>> = if elided[0] {
+        (0..EDGE).map(Some).chain(std::iter::once(None)).chain((EDGE..2 * EDGE).map(Some)).collect()
     } else {
         (0..n).map(Some).collect()
     };
@@ -68,23 +70,45 @@ fn write_nested(out: &mut String, values: &[f64], dims: &[usize], f: &Formatter,
             }
         }
         match i {
-            Some(i) => write_nested(out, &values[i * inner..(i + 1) * inner], &dims[1..], f, elide, indent + 1),
+            Some(i) => write_nested(out, &values[i * inner..(i + 1) * inner], &dims[1..], &elided[1..], f, indent + 1),
             None => out.push_str("..."),
         }
     }
     out.push(']');
 }
 
+/// The part of a large tensor that is printed: the first and last EDGE
+/// entries of every long dimension, gathered on the tensor's own device so
+/// that printing a huge GPU tensor reads a few numbers, not all of them.
+fn printed_part(t: &Tensor) -> crate::Result<(Tensor, Vec<bool>)> {
+    let _g = crate::no_grad();
+    let mut part = t.detach();
+    let mut elided = vec![false; t.rank()];
+    if t.elem_count() <= THRESHOLD {
+        return Ok((part, elided));
+    }
+    for (d, flag) in elided.iter_mut().enumerate() {
+        let n = part.dims()[d];
+        if n > 2 * EDGE {
+            let (head, tail) = (part.narrow(d, 0, EDGE)?, part.narrow(d, n - EDGE, EDGE)?);
+            part = Tensor::cat(&[&head, &tail], d)?;
+            *flag = true;
+        }
+    }
+    Ok((part, elided))
+}
+
 impl fmt::Display for Tensor {
     fn fmt(&self, out: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let values = match self.read_host(std::panic::Location::caller()) {
-            Ok(buf) => (0..buf.len()).map(|i| buf.get_f64(i)).collect::<Vec<_>>(),
+        let read = printed_part(self).and_then(|(part, elided)| Ok((part.read_host(std::panic::Location::caller())?, part, elided)));
+        let (buf, part, elided) = match read {
+            Ok(r) => r,
             Err(e) => return write!(out, "tensor(<not readable: {e}>, shape={:?}, device={})", self.dims(), self.device()),
         };
-        let elide = values.len() > THRESHOLD;
+        let values: Vec<f64> = (0..buf.len()).map(|i| buf.get_f64(i)).collect();
         let f = Formatter::new(&values, self.dtype());
         let mut s = String::from("tensor(");
-        write_nested(&mut s, &values, self.dims(), &f, elide, 7);
+        write_nested(&mut s, &values, part.dims(), &elided, &f, 7);
         if !self.device().is_cpu() {
             let _ = write!(s, ", device={}", self.device());
         }

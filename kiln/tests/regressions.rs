@@ -95,3 +95,17 @@ fn absurd_sizes_are_errors_not_panics() {
     let huge = Tensor::ones((1,), DType::F32, &cpu()).unwrap().broadcast_to((1usize << 62, 4)).unwrap();
     assert!(matches!(huge.copy_to(&cpu()), Err(Error::OutOfMemory { .. })));
 }
+
+#[test]
+fn printing_a_large_gpu_tensor_reads_only_what_is_shown() {
+    let gpus = kiln::ensure_simulated_gpus(1, 64 << 20);
+    let x = Tensor::arange(0.0, 10_000.0, 1.0, &gpus[0]).unwrap().reshape((100, 100)).unwrap();
+    let before = kiln::thread_transfer_stats();
+    let text = x.to_string();
+    let moved = kiln::thread_transfer_stats().since(&before).total();
+    // The 6 x 6 corner entries, one read.
+    assert_eq!((moved.count, moved.bytes), (1, 6 * 6 * 4), "{text}");
+    assert!(text.starts_with("tensor([[   0.,    1.,    2., ...,   97.,   98.,   99.],"), "{text}");
+    assert!(text.contains("..."), "{text}");
+    assert!(text.ends_with("9997., 9998., 9999.]], device=gpu(0))"), "{text}");
+}
