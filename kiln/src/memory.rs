@@ -153,6 +153,21 @@ impl MemoryPool {
         })
     }
 
+    /// Books and allocates a host buffer for `len` elements, booking nothing
+    /// when the allocation fails. The CPU and the simulated GPUs allocate
+    /// through this.
+    pub(crate) fn alloc_host(&self, dtype: DType, len: usize) -> Result<CpuBuffer> {
+        let bytes = len.saturating_mul(dtype.size_in_bytes());
+        self.reserve(bytes)?;
+        self.host_buffer(dtype, len).inspect_err(|_| self.unreserve(bytes))
+    }
+
+    /// Unbooks a dropped host buffer and keeps it for reuse when it is worth it.
+    pub(crate) fn release_host(&self, buf: CpuBuffer, bytes: usize) {
+        self.unreserve(bytes);
+        self.recycle(buf);
+    }
+
     /// Takes back a host buffer whose storage was dropped.
     pub(crate) fn recycle(&self, buf: CpuBuffer) {
         let bytes = buf.size_in_bytes();

@@ -57,20 +57,12 @@ impl Backend for CpuBackend {
         crate::device::host_memory_available()
     }
     fn alloc_buffer(&self, dtype: DType, len: usize) -> Result<Buffer> {
-        let bytes = len.saturating_mul(dtype.size_in_bytes());
-        self.pool.reserve(bytes)?;
-        match self.pool.host_buffer(dtype, len) {
-            Ok(buf) => Ok(Buffer::Host(buf)),
-            Err(e) => {
-                self.pool.unreserve(bytes);
-                Err(e)
-            }
-        }
+        Ok(Buffer::Host(self.pool.alloc_host(dtype, len)?))
     }
     fn release(&self, buffer: Buffer, bytes: usize) {
-        self.pool.unreserve(bytes);
-        if let Buffer::Host(b) = buffer {
-            self.pool.recycle(b);
+        match buffer {
+            Buffer::Host(b) => self.pool.release_host(b, bytes),
+            Buffer::Device(_) => self.pool.unreserve(bytes),
         }
     }
     fn launch(&self, kernel: Kernel) -> Result<()> {

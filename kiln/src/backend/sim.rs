@@ -150,24 +150,13 @@ impl Backend for SimBackend {
         stats.capacity.map(|c| c.saturating_sub(stats.in_use))
     }
     fn alloc_buffer(&self, dtype: DType, len: usize) -> Result<Buffer> {
-        let bytes = len.saturating_mul(dtype.size_in_bytes());
-        self.pool.reserve(bytes)?;
-        match CpuBuffer::try_zeros(dtype, len) {
-            Some(buf) => Ok(Buffer::Host(buf)),
-            None => {
-                let stats = self.pool.stats();
-                self.pool.unreserve(bytes);
-                Err(Error::OutOfMemory {
-                    device: self.device,
-                    requested: bytes,
-                    in_use: stats.in_use - bytes,
-                    capacity: stats.capacity.unwrap_or(0),
-                })
-            }
-        }
+        Ok(Buffer::Host(self.pool.alloc_host(dtype, len)?))
     }
-    fn release(&self, _buffer: Buffer, bytes: usize) {
-        self.pool.unreserve(bytes);
+    fn release(&self, buffer: Buffer, bytes: usize) {
+        match buffer {
+            Buffer::Host(b) => self.pool.release_host(b, bytes),
+            Buffer::Device(_) => self.pool.unreserve(bytes),
+        }
     }
     fn launch(&self, kernel: Kernel) -> Result<()> {
         self.submit(Box::new(move || host_kernels::run(&kernel, 1)))?;
