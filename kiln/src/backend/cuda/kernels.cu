@@ -44,6 +44,11 @@ __device__ __forceinline__ i64 lay_off(const Lay& l, u64 i) {
 
 // ---- conversions: to/from f64, as the CPU's WithDType -------------------
 
+#ifdef KILN_CUDASIM
+// The CUDA simulator (cudasim/) compiles this file for the host.
+__device__ __forceinline__ float h2f(unsigned short h) { return kiln_sim_h2f(h); }
+__device__ __forceinline__ unsigned short f2h(float f) { return kiln_sim_f2h(f); }
+#else
 __device__ __forceinline__ float h2f(unsigned short h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -54,6 +59,7 @@ __device__ __forceinline__ unsigned short f2h(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
+#endif
 
 // The `half` crate's f64 -> bf16 (it rounds on the upper 32 bits of the f64).
 __device__ __forceinline__ unsigned short d2bf(double value) {
