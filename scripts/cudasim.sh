@@ -15,6 +15,7 @@
 # Environment (defaults): KILN_CUDASIM_DEVICES=2, KILN_CUDASIM_MEMORY=1GiB per
 # device, KILN_CUDASIM_SMS=2, KILN_CUDASIM_PINNED (no limit),
 # KILN_CUDASIM_QUIET=1 silences the simulator's diagnostics,
+# KILN_CUDASIM_NO_NVRTC=1 leaves NVRTC off the library path,
 # KILN_CUDA_VENV (~/.cache/kiln-cuda-venv).
 set -euo pipefail
 
@@ -54,5 +55,10 @@ done
 
 export KILN_CUDASIM=1
 export KILN_CUDASIM_DEVICES="${KILN_CUDASIM_DEVICES:-2}"
-export LD_LIBRARY_PATH="$libdir:$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ "${KILN_CUDASIM_NO_NVRTC:-0}" = 1 ]; then
+    # For the check that a device without NVRTC is not listed.
+    export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+    export LD_LIBRARY_PATH="$libdir:$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 exec "$@"
