@@ -36,6 +36,13 @@ pub(crate) enum BackOp {
 pub(crate) struct Node {
     op: BackOp,
     grad: Mutex<Option<Tensor>>,
+    /// For a parameter (leaf) that `Module::to` moved: its data now, without
+    /// a node (a handle taken before the move finds it here).
+    moved: Mutex<Option<Tensor>>,
+}
+
+fn leaf_node() -> Arc<Node> {
+    Arc::new(Node { op: BackOp::Leaf, grad: Mutex::new(None), moved: Mutex::new(None) })
 }
 
 thread_local! {
@@ -80,7 +87,7 @@ pub fn no_grad() -> NoGradGuard {
 /// Attaches a node to `t` when recording and some input requires grad.
 pub(crate) fn record(mut t: Tensor, op: impl FnOnce() -> BackOp, inputs: &[&Tensor]) -> Tensor {
     if inputs.iter().any(|i| i.node.is_some()) && is_grad_enabled() {
-        t.node = Some(Arc::new(Node { op: op(), grad: Mutex::new(None) }));
+        t.node = Some(Arc::new(Node { op: op(), grad: Mutex::new(None), moved: Mutex::new(None) }));
     }
     t
 }
@@ -98,10 +105,56 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn requires_grad_(&self) -> Tensor {
-        Tensor {
-            storage: self.storage.clone(),
-            layout: self.layout.clone(),
-            node: Some(Arc::new(Node { op: BackOp::Leaf, grad: Mutex::new(None) })),
+        Tensor { storage: self.storage.clone(), layout: self.layout.clone(), node: Some(leaf_node()) }
+    }
+
+    /// The parameter as it is now. `Module::to` keeps each parameter's
+    /// identity (its autograd leaf and gradient) and moves its data, as
+    /// PyTorch's `.to()` does; a handle taken before the move (an optimizer's)
+    /// still names the same parameter, and `latest()` gives its data on the
+    /// new device. For any other tensor this is a clone.
+    ///
+    /// ```
+    /// use kiln::nn::{Linear, Module};
+    /// use kiln::try_gpu;
+    /// let mut net = Linear::new(2, 1, &kiln::cpu())?;
+    /// let before = net.weight();
+    /// net.to(&try_gpu(0))?;
+    /// assert!(before.latest().same_parameter(&net.weight()));
+    /// assert_eq!(before.latest().device(), try_gpu(0));
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn latest(&self) -> Tensor {
+        let Some(node) = &self.node else { return self.clone() };
+        match &*node.moved.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(data) => Tensor { storage: data.storage.clone(), layout: data.layout.clone(), node: self.node.clone() },
+            None => self.clone(),
+        }
+    }
+
+    /// True when both are handles of one parameter (one autograd leaf),
+    /// wherever its data lives now.
+    pub fn same_parameter(&self, other: &Tensor) -> bool {
+        match (&self.node, &other.node) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b) && self.is_leaf(),
+            _ => false,
+        }
+    }
+
+    /// This parameter with `data` (already on its new device) as its
+    /// contents: same leaf, so the gradient slot and every earlier handle
+    /// follow. `grad` is the gradient moved alongside, if there was one.
+    pub(crate) fn relocated(&self, data: Tensor, grad: Option<Tensor>) -> Tensor {
+        let data = data.detach();
+        match &self.node {
+            Some(node) if self.is_leaf() => {
+                *node.moved.lock().unwrap_or_else(|e| e.into_inner()) = Some(data.clone());
+                if let Some(g) = grad {
+                    *node.grad.lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
+                }
+                Tensor { storage: data.storage, layout: data.layout, node: self.node.clone() }
+            }
+            _ => data,
         }
     }
     /// True when this tensor is recorded for autograd.
@@ -138,8 +191,11 @@ impl Tensor {
     }
 
     /// Backpropagates from this one-element tensor, adding d(self)/d(leaf)
-    /// into every leaf's `grad()`.
+    /// into every leaf's `grad()`. Gradients that cross devices (through a
+    /// `to`) are booked in the transfer ledger at the caller's line.
+    #[track_caller]
     pub fn backward(&self) -> Result<()> {
+        let _site = crate::ledger::site_scope(std::panic::Location::caller());
         if self.elem_count() != 1 {
             return Err(Error::invalid(
                 "backward",
@@ -157,7 +213,9 @@ impl Tensor {
     }
 
     /// Backpropagates with an explicit output gradient of `self`'s shape.
+    #[track_caller]
     pub fn backward_with(&self, seed: &Tensor) -> Result<()> {
+        let _site = crate::ledger::site_scope(std::panic::Location::caller());
         let root =
             self.node.as_ref().ok_or_else(|| Error::invalid("backward", "this tensor does not depend on any tensor that requires grad"))?;
         if seed.dims() != self.dims() {
