@@ -26,6 +26,8 @@ pub(crate) enum BackOp {
     Narrow(Tensor, usize, usize),
     Broadcast(Tensor),
     IndexSelect(Tensor, Tensor, usize),
+    /// dst, ids, src, dim
+    IndexAdd(Tensor, Tensor, Tensor, usize),
     Cat(Vec<Tensor>, usize),
     Cast(Tensor),
     Where(Tensor, Tensor, Tensor),
@@ -292,6 +294,7 @@ fn inputs(op: &BackOp) -> SmallVec<[&Tensor; 3]> {
         | BackOp::ToDevice(x) => smallvec![x],
         BackOp::Binary(_, a, b) | BackOp::Matmul(a, b) => smallvec![a, b],
         BackOp::Where(_, a, b) => smallvec![a, b],
+        BackOp::IndexAdd(d, _, s, _) => smallvec![d, s],
         BackOp::Cat(xs, _) => xs.iter().collect(),
     }
 }
@@ -330,8 +333,15 @@ fn mask_scalar(x: &Tensor, op: BinaryOp, s: f64) -> Result<Tensor> {
     x.binary(&s, op)?.to_dtype(x.dtype())
 }
 
-fn mask(a: &Tensor, op: BinaryOp, b: &Tensor) -> Result<Tensor> {
-    a.binary(b, op)?.to_dtype(a.dtype())
+/// A 0-d tensor of `x`'s dtype and device.
+fn scalar_like(x: &Tensor, v: f64) -> Result<Tensor> {
+    Tensor::full(v, (), x.dtype(), &x.device())
+}
+
+/// `g` with zeros where the u8 `cond` is set (PyTorch's `masked_fill(cond,
+/// 0)`: an infinite or NaN gradient there becomes 0, not NaN as `g · 0`).
+fn zero_where(cond: &Tensor, g: &Tensor) -> Result<Tensor> {
+    cond.where_cond(&scalar_like(g, 0.0)?, g)
 }
 
 /// Sums a broadcast gradient back down to `shape`.
@@ -368,7 +378,12 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Grads> {
                     let s = x.sigmoid()?;
                     g.mul(&s.mul(&s.unary(UnaryOp::RSubScalar(1.0))?)?)?
                 }
-                UnaryOp::Relu => g.mul(&mask_scalar(x, BinaryOp::Gt, 0.0)?)?,
+                // PyTorch's threshold_backward: zero where x <= 0, else g (a
+                // NaN input passes the gradient through).
+                UnaryOp::Relu => zero_where(&x.binary(&scalar_like(x, 0.0)?, BinaryOp::Le)?, g)?,
+                // d/dx x^0 = 0 everywhere, 0 included (not 0 · x^-1 = NaN).
+                UnaryOp::Powi(0) => g.zeros_like()?,
+                UnaryOp::Powf(0.0) => g.zeros_like()?,
                 UnaryOp::Powi(n) => match n.checked_sub(1) {
                     Some(m) => g.mul(&x.powi(m)?.mul_scalar(n as f64)?)?,
                     None => g.mul(&x.powf(n as f64 - 1.0)?.mul_scalar(n as f64)?)?,
@@ -427,12 +442,18 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Grads> {
                     }
                 }
                 BinaryOp::Maximum | BinaryOp::Minimum => {
-                    let (to_a, to_b) = if *op == BinaryOp::Maximum { (BinaryOp::Ge, BinaryOp::Lt) } else { (BinaryOp::Le, BinaryOp::Gt) };
+                    // PyTorch: a tie splits the gradient 0.5/0.5; the operand
+                    // that lost gets 0; where a NaN is involved neither lost,
+                    // so both get the whole gradient.
+                    let (a_lost, b_lost) =
+                        if *op == BinaryOp::Maximum { (BinaryOp::Lt, BinaryOp::Gt) } else { (BinaryOp::Gt, BinaryOp::Lt) };
+                    let tie = a.binary(b, BinaryOp::Eq)?;
+                    let shared = tie.where_cond(&g.mul_scalar(0.5)?, g)?;
                     if na {
-                        out.push((a.clone(), sum_to(&g.mul(&mask(a, to_a, b)?)?, a.dims())?));
+                        out.push((a.clone(), sum_to(&zero_where(&a.binary(b, a_lost)?, &shared)?, a.dims())?));
                     }
                     if nb {
-                        out.push((b.clone(), sum_to(&g.mul(&mask(a, to_b, b)?)?, b.dims())?));
+                        out.push((b.clone(), sum_to(&zero_where(&a.binary(b, b_lost)?, &shared)?, b.dims())?));
                     }
                 }
                 _ => {}
@@ -445,7 +466,11 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Grads> {
                 ReduceOp::Max | ReduceOp::Min => {
                     // Ties share the gradient equally, as in PyTorch's amax.
                     let out = x.reduce(*op, dims, true)?;
-                    let hits = mask(x, BinaryOp::Eq, &out)?;
+                    // A NaN result is shared by the NaNs (PyTorch's evenly
+                    // distributed backward): x != x only for NaN.
+                    let x_nan = x.binary(x, BinaryOp::Ne)?;
+                    let out_nan = out.binary(&out, BinaryOp::Ne)?;
+                    let hits = out_nan.where_cond(&x_nan, &x.binary(&out, BinaryOp::Eq)?)?.to_dtype(x.dtype())?;
                     let share = hits.div(&hits.sum_dims(dims, true)?)?;
                     g.broadcast_to(x.shape())?.mul(&share)?
                 }
@@ -497,6 +522,16 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Grads> {
         BackOp::IndexSelect(x, ids, dim) => {
             let zeros = x.zeros_like()?;
             smallvec![(x.clone(), zeros.index_add(ids, &g.contiguous()?, *dim)?)]
+        }
+        BackOp::IndexAdd(dst, ids, src, dim) => {
+            let mut out = Grads::new();
+            if dst.node.is_some() {
+                out.push((dst.clone(), g.clone()));
+            }
+            if src.node.is_some() {
+                out.push((src.clone(), g.index_select(ids, *dim)?));
+            }
+            out
         }
         BackOp::Cat(xs, dim) => {
             let mut start = 0;

@@ -70,7 +70,7 @@ pub use op::{BinaryOp, ReduceOp, UnaryOp};
 pub use rng::{manual_seed, philox4x32};
 pub use shape::{Layout, Shape};
 pub use storage::CpuBuffer;
-pub use tensor::{HostData, Tensor};
+pub use tensor::{Dim, HostData, Tensor};
 
 /// `std::println!` whose tensor reads are booked in the transfer ledger at
 /// the line of the macro call (plain `println!("{t}")` books them inside

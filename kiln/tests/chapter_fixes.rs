@@ -147,3 +147,11 @@ fn transfers_inside_kiln_are_booked_at_the_users_line() -> Result<()> {
     assert_eq!(lines(&thread_transfer_stats().since(&before)), vec![line_f]);
     Ok(())
 }
+#[test]
+fn rust_integer_literals_make_i32_tensors() -> Result<()> {
+    let x = Tensor::new(&[1, 2, 3], &cpu())?;
+    assert_eq!(x.dtype(), DType::I32);
+    assert_eq!(x.to_vec::<i32>()?, vec![1, 2, 3]);
+    assert_eq!((&x * 2.0)?.to_vec::<i32>()?, vec![2, 4, 6]);
+    Ok(())
+}

@@ -33,6 +33,8 @@ fn steps_under_pressure<O: Optimizer, S: PartialEq + std::fmt::Debug>(
 ) -> usize {
     let mut failures = 0;
     for free in (0..max_kib).rev().map(|k| k * 1024) {
+        // Pending kernels hold their temporaries: let them finish first.
+        kiln::synchronize(&dev).unwrap();
         let stats = kiln::memory_stats(&dev).unwrap();
         let fill = stats.capacity.unwrap_or(0).saturating_sub(stats.in_use).saturating_sub(free);
         let Ok(ballast) = Tensor::zeros(fill, DType::U8, &dev) else { continue };
