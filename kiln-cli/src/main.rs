@@ -23,8 +23,8 @@ use util::{CliError, Result};
 struct Cli {
     /// Add simulated GPUs (after any real ones) so that this many exist, e.g. `--sim-gpus 2`
     /// (the same as KILN_SIM_GPUS=2).
-    #[arg(long, global = true, value_name = "N")]
-    sim_gpus: Option<usize>,
+    #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u64).range(0..=kiln::MAX_SIM_GPUS as u64))]
+    sim_gpus: Option<u64>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -69,10 +69,11 @@ fn clap_line(e: &clap::Error) -> String {
 
 fn run(cli: Cli) -> Result<()> {
     if let Some(n) = cli.sim_gpus {
+        let n = n as usize;
         let have = kiln::num_gpus();
         if n > have {
             let sims = kiln::devices().iter().filter(|d| d.kind == kiln::DeviceKind::Simulated).count();
-            kiln::ensure_simulated_gpus(sims + (n - have), kiln::DEFAULT_SIM_GPU_MEMORY);
+            kiln::try_ensure_simulated_gpus(sims + (n - have), kiln::DEFAULT_SIM_GPU_MEMORY)?;
         }
     }
     match cli.command.unwrap_or(Command::Tour) {

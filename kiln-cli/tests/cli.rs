@@ -330,3 +330,32 @@ fn train_reads_fashion_mnist_idx_files() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn simulated_gpu_settings_are_bounded_and_malformed_ones_warn_alike() {
+    // Too many on the command line: a usage error, nothing started.
+    let o = kiln(&["--sim-gpus", "100000", "devices"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("0..=64"), "{}", stderr(&o));
+    assert!(stdout(&o).is_empty());
+
+    // Too many, or malformed, in the environment: one warning line of one
+    // form, and no simulated GPU.
+    for (var, value) in
+        [("KILN_SIM_GPUS", "1000000"), ("KILN_SIM_GPUS", "two"), ("KILN_SIM_GPU_MEMORY", "lots"), ("KILN_SIM_QUEUE_DEPTH", "0")]
+    {
+        let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["devices", "--json"])
+            .env_remove("KILN_SIM_GPUS")
+            .env("KILN_SIM_GPUS", "1")
+            .env(var, value)
+            .output()
+            .expect("the kiln binary runs");
+        assert!(o.status.success(), "{var}={value}: {}", stderr(&o));
+        let err = stderr(&o);
+        let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("kiln: ignoring ")).collect();
+        assert_eq!(warnings.len(), 1, "{var}={value}: {err}");
+        assert!(warnings[0].starts_with(&format!("kiln: ignoring {var}=\"{value}\": expected ")), "{}", warnings[0]);
+        assert!(stdout(&o).lines().count() <= 3, "{var}={value} printed too much");
+    }
+}

@@ -3,8 +3,12 @@
 //! writing parameters that live on a GPU).
 //!
 //! Saving is atomic: the file is written to `<path>.<pid>.tmp` in the same
-//! directory, flushed to disk, then renamed over `path`, so an interrupted
-//! save leaves the previous checkpoint intact. Loading checks every tensor
+//! directory, flushed to disk, then renamed over `path`, and the directory is
+//! flushed too, so an interrupted save leaves the previous checkpoint intact
+//! and a finished one survives a power cut. The temporary files of earlier
+//! saves that were killed (their process is gone) are removed by the next
+//! save to the same path. A file whose header names one tensor twice is
+//! refused. Loading checks every tensor
 //! (present, same shape, same dtype, nothing extra) and copies them to the
 //! device before touching the model: on any error the model is unchanged.
 //!
@@ -140,6 +144,7 @@ pub fn save_tensors(tensors: &[(String, Tensor)], path: impl AsRef<Path>) -> Res
     }
     let bytes = safetensors::serialize(host.iter().map(|(n, h)| (n.as_str(), h)), None)
         .map_err(|e| format_err(path, format!("cannot encode the checkpoint: {e}")))?;
+    remove_stale_temp_files(path);
     let tmp = temp_path(path);
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
@@ -153,7 +158,96 @@ pub fn save_tensors(tensors: &[(String, Tensor)], path: impl AsRef<Path>) -> Res
     std::fs::rename(&tmp, path).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         io_err(path, "cannot move the new checkpoint into place (the previous one, if any, is untouched)", e)
-    })
+    })?;
+    sync_parent_dir(path)
+}
+
+/// Flushes the directory holding `path`, so that the rename that put the new
+/// checkpoint in place is itself on disk.
+fn sync_parent_dir(path: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_err(dir, "the checkpoint was written but its directory could not be flushed to disk", e))?;
+    }
+    Ok(())
+}
+
+/// Removes `<path>.<pid>.tmp` files left by saves whose process was killed:
+/// those whose pid is no running process. A save in progress in another
+/// live process keeps its file. Best effort: a file that cannot be removed
+/// stays, and the save goes on.
+fn remove_stale_temp_files(path: &Path) {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else { return };
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let prefix = format!("{name}.");
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let Some(file) = file.to_str() else { continue };
+        let Some(pid) = file.strip_prefix(&prefix).and_then(|rest| rest.strip_suffix(".tmp")) else { continue };
+        let Ok(pid) = pid.parse::<u32>() else { continue };
+        if pid != std::process::id() && !process_alive(pid) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+fn process_alive(pid: u32) -> bool {
+    #[cfg(unix)]
+    {
+        let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+        // SAFETY: signal 0 only checks that the process exists; nothing is sent.
+        let r = unsafe { libc::kill(pid, 0) };
+        r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        true
+    }
+}
+
+/// Refuses a header that names one tensor twice (the JSON map would
+/// otherwise keep the last one silently).
+fn check_unique_names(path: &Path, bytes: &[u8]) -> Result<()> {
+    use serde::de::{Deserializer as _, IgnoredAny, MapAccess, Visitor};
+    struct Keys;
+    impl<'de> Visitor<'de> for Keys {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Option<String>, A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            let mut twice = None;
+            while let Some(key) = map.next_key::<String>()? {
+                map.next_value::<IgnoredAny>()?;
+                if !seen.insert(key.clone()) && twice.is_none() {
+                    twice = Some(key);
+                }
+            }
+            Ok(twice)
+        }
+    }
+    let Some(len) = bytes.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))) else { return Ok(()) };
+    let Some(header) = usize::try_from(len).ok().and_then(|n| bytes.get(8..8usize.checked_add(n)?)) else { return Ok(()) };
+    // A header that is not JSON is reported by safetensors' own parser.
+    if let Ok(Some(name)) = serde_json::Deserializer::from_slice(header).deserialize_map(Keys) {
+        return Err(format_err(
+            path,
+            format!("the header names tensor `{name}` twice; the file is corrupt or was not written by a safetensors writer"),
+        ));
+    }
+    Ok(())
 }
 
 /// Saves a model's parameters (by their [`Module::named_parameters`] names).
@@ -167,6 +261,7 @@ fn read_file(path: &Path) -> Result<Vec<u8>> {
 }
 
 fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
+    check_unique_names(path, bytes)?;
     SafeTensors::deserialize(bytes).map_err(|e| format_err(path, format!("not a valid safetensors file (corrupt or truncated?): {e}")))
 }
 

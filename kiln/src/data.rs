@@ -274,20 +274,53 @@ pub struct IdxArray {
     pub data: Vec<u8>,
 }
 
+/// Decompresses a gzipped IDX file, reading no more than its header says
+/// it holds (plus one byte, to tell a longer stream): a small file that
+/// inflates without end (a "gzip bomb") is an error, not an exhausted host.
+fn gunzip_idx(path: &Path, raw: &[u8]) -> Result<Vec<u8>> {
+    let gz_err = |e: std::io::Error| format_err(path, format!("not a valid gzip stream: {e}"));
+    let mut reader = flate2::read::GzDecoder::new(raw);
+    let mut head = [0u8; 4];
+    reader.read_exact(&mut head).map_err(gz_err)?;
+    let rank = head[3] as usize;
+    let mut dims = vec![0u8; 4 * rank];
+    reader.read_exact(&mut dims).map_err(gz_err)?;
+    let count = dims
+        .chunks(4)
+        .try_fold(1usize, |a, b| a.checked_mul(u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize))
+        .ok_or_else(|| format_err(path, "the header's dimensions overflow"))?;
+    let header = 4 + dims.len();
+    let limit = count.checked_add(header + 1).ok_or_else(|| format_err(path, "the header's dimensions overflow"))?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(header.saturating_add(count.min(1 << 30)))
+        .map_err(|_| format_err(path, format!("the header announces {count} bytes, more than this machine can hold")))?;
+    out.extend_from_slice(&head);
+    out.extend_from_slice(&dims);
+    let mut chunk = vec![0u8; 1 << 16];
+    while out.len() < limit {
+        let want = chunk.len().min(limit - out.len());
+        let n = reader.read(&mut chunk[..want]).map_err(gz_err)?;
+        if n == 0 {
+            break;
+        }
+        out.try_reserve(n).map_err(|_| format_err(path, format!("the header announces {count} bytes, more than this machine can hold")))?;
+        out.extend_from_slice(&chunk[..n]);
+    }
+    if out.len() > header + count {
+        return Err(format_err(
+            path,
+            format!("the gzip stream inflates past the {count} bytes of data its header announces; the file is corrupt"),
+        ));
+    }
+    Ok(out)
+}
+
 /// Reads an IDX file of unsigned bytes (the MNIST format), gzipped or not
 /// (recognised by its first bytes, not its name).
 pub fn read_idx(path: impl AsRef<Path>) -> Result<IdxArray> {
     let path = path.as_ref();
     let raw = std::fs::read(path).map_err(|e| io_err(path, e))?;
-    let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::GzDecoder::new(&raw[..])
-            .read_to_end(&mut out)
-            .map_err(|e| format_err(path, format!("not a valid gzip stream: {e}")))?;
-        out
-    } else {
-        raw
-    };
+    let bytes = if raw.starts_with(&[0x1f, 0x8b]) { gunzip_idx(path, &raw)? } else { raw };
     if bytes.len() < 4 || bytes[0] != 0 || bytes[1] != 0 {
         return Err(format_err(path, "not an IDX file: it must start with two zero bytes, a type byte and a rank byte"));
     }

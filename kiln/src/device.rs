@@ -168,6 +168,29 @@ impl std::fmt::Display for FallbackReason {
     }
 }
 
+/// The most simulated GPUs a process can have (`KILN_SIM_GPUS`,
+/// `--sim-gpus`, [`ensure_simulated_gpus`]): each has a worker thread, and a
+/// multi-GPU program on more than this many simulated devices tests nothing
+/// that 64 do not.
+pub const MAX_SIM_GPUS: usize = 64;
+
+/// Reads a setting from the environment. A malformed value is ignored with
+/// one line on stderr that names the variable, the value and what was
+/// expected, the same way for every kiln setting; unset or blank is `None`.
+pub(crate) fn env_setting<T>(name: &str, expected: &str, parse: impl Fn(&str) -> Option<T>) -> Option<T> {
+    let raw = std::env::var_os(name)?;
+    let text = raw.to_string_lossy();
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return None;
+    }
+    let parsed = parse(trimmed);
+    if parsed.is_none() {
+        eprintln!("kiln: ignoring {name}={text:?}: expected {expected}");
+    }
+    parsed
+}
+
 /// Default capacity of a simulated GPU.
 pub const DEFAULT_SIM_GPU_MEMORY: usize = 2 << 30;
 
@@ -189,10 +212,11 @@ fn registry() -> &'static Registry {
     REGISTRY.get_or_init(|| {
         let real = crate::cuda_probe();
         let mut gpus = real.backends.clone();
-        let count = std::env::var("KILN_SIM_GPUS").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0);
-        let capacity = std::env::var("KILN_SIM_GPU_MEMORY")
-            .ok()
-            .and_then(|v| parse_bytes(&v).map_err(|e| eprintln!("kiln: ignoring KILN_SIM_GPU_MEMORY: {e}")).ok())
+        let count = env_setting("KILN_SIM_GPUS", &format!("a number of simulated GPUs from 0 to {MAX_SIM_GPUS}, e.g. 2"), |v| {
+            v.parse::<usize>().ok().filter(|&n| n <= MAX_SIM_GPUS)
+        })
+        .unwrap_or(0);
+        let capacity = env_setting("KILN_SIM_GPU_MEMORY", "a size such as 2GiB, 512MiB or 1000000", |v| parse_bytes(v).ok())
             .unwrap_or(DEFAULT_SIM_GPU_MEMORY);
         for s in 0..count {
             let index = gpus.len();
@@ -205,6 +229,8 @@ fn registry() -> &'static Registry {
 /// Makes sure at least `n` simulated GPUs exist, adding them with `capacity`
 /// bytes each when fewer do, and returns their devices. Independent of the
 /// environment, so tests can call it; adding is permanent for the process.
+/// At most [`MAX_SIM_GPUS`] simulated GPUs exist: a larger `n` gives that many
+/// (see [`try_ensure_simulated_gpus`] for an error instead).
 ///
 /// ```
 /// let sims = kiln::ensure_simulated_gpus(2, 256 << 20);
@@ -212,6 +238,28 @@ fn registry() -> &'static Registry {
 /// assert!(kiln::num_gpus() >= 2);
 /// ```
 pub fn ensure_simulated_gpus(n: usize, capacity: usize) -> Vec<Device> {
+    add_simulated_gpus(n.min(MAX_SIM_GPUS), capacity)
+}
+
+/// Like [`ensure_simulated_gpus`], but asking for more than [`MAX_SIM_GPUS`]
+/// is an error rather than capped.
+///
+/// ```
+/// assert!(kiln::try_ensure_simulated_gpus(100_000, 1 << 20).is_err());
+/// assert_eq!(kiln::try_ensure_simulated_gpus(1, 256 << 20)?.len(), 1);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn try_ensure_simulated_gpus(n: usize, capacity: usize) -> Result<Vec<Device>> {
+    if n > MAX_SIM_GPUS {
+        return Err(Error::invalid(
+            "simulated GPUs",
+            format!("{n} simulated GPUs asked for, at most {MAX_SIM_GPUS} are supported; e.g. `kiln::ensure_simulated_gpus(2, kiln::DEFAULT_SIM_GPU_MEMORY)`"),
+        ));
+    }
+    Ok(add_simulated_gpus(n, capacity))
+}
+
+fn add_simulated_gpus(n: usize, capacity: usize) -> Vec<Device> {
     let reg = registry();
     let mut gpus = reg.gpus.write().unwrap_or_else(|e| e.into_inner());
     let mut sims: Vec<Device> = gpus.iter().filter(|b| b.kind() == DeviceKind::Simulated).map(|b| b.device()).collect();
@@ -418,4 +466,39 @@ pub fn default_device_scope(device: Device) -> Result<DefaultDeviceGuard> {
 #[doc(hidden)]
 pub fn hold_queue(device: &Device) -> Result<Option<crate::backend::QueueHold>> {
     backend(*device)?.hold_queue()
+}
+
+/// Devices whose next kernel fails on purpose: bit 63 the CPU, bit i gpu(i).
+static INJECTED_FAILURES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn failure_bit(device: Device) -> u64 {
+    match device {
+        Device::Cpu => 1 << 63,
+        Device::Gpu(i) => 1 << i.min(62),
+    }
+}
+
+/// Makes the next kernel that runs on `device` (the CPU or a simulated GPU)
+/// fail, for tests of how failures are reported: at once on the CPU, at the
+/// next synchronising call on an asynchronous device.
+///
+/// ```
+/// use kiln::{cpu, Tensor, DType};
+/// let x = Tensor::ones(3, DType::F32, &cpu())?;
+/// kiln::inject_kernel_failure(&cpu());
+/// assert!(matches!(x.exp(), Err(kiln::Error::KernelFailed { .. })));
+/// assert!(x.exp().is_ok());
+/// # Ok::<(), kiln::Error>(())
+/// ```
+#[doc(hidden)]
+pub fn inject_kernel_failure(device: &Device) {
+    INJECTED_FAILURES.fetch_or(failure_bit(*device), std::sync::atomic::Ordering::AcqRel);
+}
+
+/// True (once) when a failure was injected for `device`.
+pub(crate) fn take_injected_failure(device: Device) -> bool {
+    use std::sync::atomic::Ordering;
+    let bit = failure_bit(device);
+    // One relaxed load on the hot path; the swap only when injected.
+    INJECTED_FAILURES.load(Ordering::Relaxed) & bit != 0 && INJECTED_FAILURES.fetch_and(!bit, Ordering::AcqRel) & bit != 0
 }

@@ -100,6 +100,23 @@ fn printed_part(t: &Tensor) -> crate::Result<(Tensor, Vec<bool>)> {
 
 impl fmt::Display for Tensor {
     fn fmt(&self, out: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.elem_count() == 0 {
+            // PyTorch's form; nothing to read, and nothing to walk however
+            // large the other dimensions are.
+            let mut s = String::from("tensor([]");
+            if self.rank() != 1 {
+                let dims: Vec<String> = self.dims().iter().map(|d| d.to_string()).collect();
+                let _ = write!(s, ", size=({}{})", dims.join(", "), if dims.len() == 1 { "," } else { "" });
+            }
+            if !self.device().is_cpu() {
+                let _ = write!(s, ", device={}", self.device());
+            }
+            if !matches!(self.dtype(), DType::F32 | DType::I64) {
+                let _ = write!(s, ", dtype={}", self.dtype());
+            }
+            s.push(')');
+            return out.write_str(&s);
+        }
         let read = printed_part(self).and_then(|(part, elided)| Ok((part.read_host(std::panic::Location::caller())?, part, elided)));
         let (buf, part, elided) = match read {
             Ok(r) => r,

@@ -103,7 +103,7 @@ pub enum Error {
         dtype: DType,
     },
     /// A device's memory is full.
-    #[error("out of memory on {device}: asked for {}, {} in use of {}; drop tensors you no longer need (memory returns at once), or use a smaller batch", human_bytes(*.requested), human_bytes(*.in_use), human_bytes(*.capacity))]
+    #[error("out of memory on {device}: asked for {}, {} in use of {}; drop tensors you no longer need (on a GPU their memory returns once the work queued on them has run, which kiln waits for before failing), call `kiln::empty_cache()`, or use a smaller batch", human_bytes(*.requested), human_bytes(*.in_use), human_bytes(*.capacity))]
     OutOfMemory {
         /// The device whose memory is full.
         device: Device,
@@ -140,6 +140,19 @@ pub enum Error {
         /// The device whose backend failed.
         device: Device,
         /// The backend's message.
+        msg: String,
+    },
+    /// A kernel that failed after it was accepted. On an asynchronous device
+    /// this is reported by the next synchronising call (`synchronize`,
+    /// `block_until_ready`, a read), like CUDA's sticky errors; the device's
+    /// queue skips the work queued after the failure until then.
+    #[error("{device}: kernel `{op}` failed: {msg}; the results of this kernel and of the work queued after it on {device} are unspecified; recompute them (e.g. `let y = f(&x)?;` again)")]
+    KernelFailed {
+        /// The device that ran the kernel.
+        device: Device,
+        /// The kernel's name.
+        op: String,
+        /// What went wrong.
         msg: String,
     },
     /// An I/O failure, with the path it concerned.
@@ -184,6 +197,7 @@ fn hint(op: &str) -> &'static str {
     match op {
         "matmul" => "; the inner dimensions must agree: (.., m, k) @ (.., k, n)",
         "reshape" => "; the element counts must be equal",
+        "from_vec" => "; the data's length must equal the shape's element count (the product of its dimensions)",
         _ => "; broadcasting needs each trailing dimension to be equal or 1",
     }
 }

@@ -83,22 +83,18 @@ impl MemoryPool {
 
     /// Books `bytes`, or fails with OutOfMemory leaving nothing booked.
     pub(crate) fn reserve(&self, bytes: usize) -> Result<()> {
-        if bytes == usize::MAX {
-            // A saturated size: no device has that much memory.
-            let stats = self.stats();
-            return Err(Error::OutOfMemory {
-                device: self.device,
-                requested: bytes,
-                in_use: stats.in_use,
-                capacity: stats.capacity.or_else(crate::device::host_memory_total).unwrap_or(0),
-            });
-        }
         let mut current = self.in_use.load(Ordering::Relaxed);
         loop {
-            let next = current.saturating_add(bytes);
+            // No allocation can exceed isize::MAX bytes, and a sum that does
+            // not fit is refused before anything is booked: a saturated
+            // booking would leave the count wrong once the failure unbooks.
+            let next = match current.checked_add(bytes) {
+                Some(next) if bytes <= isize::MAX as usize => next,
+                _ => return Err(self.out_of_memory(bytes, current)),
+            };
             if let Some(cap) = self.capacity {
                 // Cached buffers occupy the device too: give them back first.
-                if next + self.cached.load(Ordering::Relaxed) > cap {
+                if next.saturating_add(self.cached.load(Ordering::Relaxed)) > cap {
                     self.empty_cache();
                 }
                 if next > cap {
@@ -119,8 +115,19 @@ impl MemoryPool {
         Ok(())
     }
 
+    fn out_of_memory(&self, requested: usize, in_use: usize) -> Error {
+        Error::OutOfMemory {
+            device: self.device,
+            requested,
+            in_use,
+            capacity: self.capacity.or_else(crate::device::host_memory_total).unwrap_or(0),
+        }
+    }
+
+    /// Unbooks what one successful [`reserve`](Self::reserve) booked.
     pub(crate) fn unreserve(&self, bytes: usize) {
-        self.in_use.fetch_sub(bytes, Ordering::AcqRel);
+        let before = self.in_use.fetch_sub(bytes, Ordering::AcqRel);
+        debug_assert!(before >= bytes, "{}: unbooking {bytes} B with {before} B booked", self.device);
         self.live.fetch_sub(1, Ordering::Relaxed);
     }
 

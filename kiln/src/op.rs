@@ -217,3 +217,47 @@ pub(crate) enum Kernel {
     /// out = cond ? on_true : on_false (layouts broadcast to the output shape).
     Where { cond: Src, on_true: Src, on_false: Src, out: Arc<Storage> },
 }
+
+impl Kernel {
+    /// The kernel's name, for errors reported after it ran.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Kernel::Fill { .. } => "fill",
+            Kernel::Arange { .. } => "arange",
+            Kernel::Random { .. } => "random",
+            Kernel::Unary { op, .. } => op.name(),
+            Kernel::Binary { op, .. } => op.name(),
+            Kernel::Reduce { op, .. } => match op {
+                ReduceOp::Sum => "sum",
+                ReduceOp::Max => "max",
+                ReduceOp::Min => "min",
+                ReduceOp::ArgMax => "argmax",
+                ReduceOp::ArgMin => "argmin",
+            },
+            Kernel::Matmul { .. } => "matmul",
+            Kernel::Copy { .. } => "copy",
+            Kernel::IndexSelect { .. } => "index_select",
+            Kernel::IndexAdd { .. } => "index_add",
+            Kernel::Where { .. } => "where_cond",
+        }
+    }
+
+    /// True when the kernel writes no element: its output is empty, or it
+    /// writes in place from an empty source. Such kernels are skipped, so no
+    /// backend walks the dimensions of an empty tensor.
+    pub(crate) fn is_empty(&self) -> bool {
+        match self {
+            Kernel::Fill { out, .. }
+            | Kernel::Arange { out, .. }
+            | Kernel::Random { out, .. }
+            | Kernel::Unary { out, .. }
+            | Kernel::Binary { out, .. }
+            | Kernel::Reduce { out, .. }
+            | Kernel::Matmul { out, .. }
+            | Kernel::IndexSelect { out, .. }
+            | Kernel::Where { out, .. } => out.len == 0,
+            Kernel::Copy { src, dst, dst_layout } => dst.len == 0 || src.layout.elem_count() == 0 || dst_layout.elem_count() == 0,
+            Kernel::IndexAdd { src, dst, .. } => dst.len == 0 || src.layout.elem_count() == 0,
+        }
+    }
+}

@@ -41,6 +41,12 @@ impl Shape {
         // fails as out-of-memory instead of wrapping to a small buffer.
         self.0.iter().fold(1usize, |acc, &d| acc.saturating_mul(d))
     }
+    /// The number of elements, or `InvalidArgument` naming the shape when it
+    /// does not fit in a `usize`. An empty shape (a zero anywhere) has 0
+    /// elements however large its other dimensions are.
+    pub(crate) fn checked_elem_count(&self, op: &str) -> Result<usize> {
+        checked_product(op, self.dims())
+    }
     /// Row-major strides of a contiguous tensor of this shape.
     pub fn contiguous_strides(&self) -> Dims {
         let mut strides: Dims = SmallVec::from_elem(0, self.0.len());
@@ -173,6 +179,11 @@ impl Layout {
         }
         true
     }
+    /// True when two elements of the view are one memory location (a
+    /// broadcast dimension: stride 0 and size above 1).
+    pub(crate) fn has_internal_overlap(&self) -> bool {
+        self.elem_count() > 1 && self.shape.0.iter().zip(&self.strides).any(|(&d, &s)| d > 1 && s == 0)
+    }
     /// Offsets of the first and one-past-last element when contiguous.
     pub fn contiguous_range(&self) -> Option<(usize, usize)> {
         self.is_contiguous().then(|| (self.offset, self.offset + self.elem_count()))
@@ -190,11 +201,18 @@ impl Layout {
         let strides = perm.iter().map(|&p| self.strides[p]).collect();
         Layout { shape: Shape(shape), strides, offset: self.offset }
     }
-    /// Restricts dimension `dim` to `start..start+len` (a view).
+    /// Restricts dimension `dim` to `start..start+len` (a view). The caller
+    /// checked `start + len <= dims[dim]`. An empty result keeps the offset:
+    /// the strides of an empty tensor may be meaningless (saturated), and no
+    /// element is ever read through them.
     pub(crate) fn narrow(&self, dim: usize, start: usize, len: usize) -> Layout {
         let mut l = self.clone();
-        l.offset += start * self.strides[dim];
         l.shape.0[dim] = len;
+        if l.shape.elem_count() > 0 {
+            // A non-empty view of a non-empty tensor: every offset it reaches
+            // lies in the storage, so this cannot overflow.
+            l.offset += start * self.strides[dim];
+        }
         l
     }
     /// Broadcasts to `target` with stride 0 on the new or stretched dims.
@@ -219,6 +237,7 @@ impl Layout {
                 return Err(Error::shape("broadcast_to", src, dst));
             }
         }
+        target.checked_elem_count("broadcast_to")?;
         Ok(Layout { shape: target.clone(), strides, offset: self.offset })
     }
     /// Iterates the storage offsets of all elements in row-major order.
@@ -273,6 +292,31 @@ impl Iterator for StridedOffsets<'_> {
     }
 }
 
+/// The product of `dims` (an element count, or the size of merged
+/// dimensions), or `InvalidArgument` naming them when it does not fit in a
+/// `usize`. A zero anywhere makes it 0, whatever the other factors.
+///
+/// All size arithmetic on user-given dimensions goes through this and
+/// [`checked_sum`], so that no size wraps around to a small number.
+pub(crate) fn checked_product(op: &str, dims: &[usize]) -> Result<usize> {
+    if dims.contains(&0) {
+        return Ok(0);
+    }
+    dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| too_large(op, dims))
+}
+
+/// `a + b` for sizes, or `InvalidArgument` naming `dims` when it overflows.
+pub(crate) fn checked_sum(op: &str, a: usize, b: usize, dims: &[usize]) -> Result<usize> {
+    a.checked_add(b).ok_or_else(|| too_large(op, dims))
+}
+
+fn too_large(op: &str, dims: &[usize]) -> Error {
+    Error::invalid(
+        op,
+        format!("the shape {dims:?} has more elements than a usize can count; no device can hold it, so use smaller dimensions"),
+    )
+}
+
 /// The numpy broadcast of two shapes.
 pub(crate) fn broadcast_shapes(op: &str, a: &Shape, b: &Shape) -> Result<Shape> {
     let (a, b) = (a.dims(), b.dims());
@@ -289,6 +333,7 @@ pub(crate) fn broadcast_shapes(op: &str, a: &Shape, b: &Shape) -> Result<Shape> 
             return Err(Error::shape(op, a, b));
         };
     }
+    checked_product(op, &out)?;
     Ok(Shape(out))
 }
 

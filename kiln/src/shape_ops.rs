@@ -26,7 +26,7 @@ impl Tensor {
     /// ```
     pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
         let shape = shape.into();
-        if shape.elem_count() != self.elem_count() {
+        if shape.checked_elem_count("reshape")? != self.elem_count() {
             return Err(Error::shape("reshape", self.dims(), shape.dims()));
         }
         let base = if self.is_contiguous() { self.clone() } else { self.contiguous()? };
@@ -136,7 +136,8 @@ impl Tensor {
             return Err(Error::invalid("unsqueeze", format!("position {dim} is past the {} dimensions", self.rank())));
         }
         let mut l = self.layout.clone();
-        let stride = if dim < self.rank() { l.strides[dim] * l.shape.0[dim] } else { 1 };
+        // Saturating: the strides of an empty tensor are never used to read.
+        let stride = if dim < self.rank() { l.strides[dim].saturating_mul(l.shape.0[dim]) } else { 1 };
         l.shape.0.insert(dim, 1);
         l.strides.insert(dim, stride);
         Ok(self.view(l, || BackOp::Reshape(self.clone())))
@@ -154,7 +155,7 @@ impl Tensor {
             return Ok(self.clone());
         }
         let mut dims = self.dims()[..from].to_vec();
-        dims.push(self.dims()[from..].iter().product());
+        dims.push(crate::shape::checked_product("flatten_from", &self.dims()[from..])?);
         self.reshape(dims)
     }
 
@@ -227,7 +228,7 @@ impl Tensor {
         if ids.device().is_cpu() {
             let size = self.dims()[dim];
             // Negative indices come back as usize::MAX, so one test covers both ends.
-            if let Some(pos) = crate::backend::host_kernels::index_list(&ids.src()).iter().position(|&i| i >= size) {
+            if let Some(pos) = crate::backend::host_kernels::index_list(&ids.src())?.iter().position(|&i| i >= size) {
                 let bad = ids.to_vec_f64()?[pos];
                 return Err(Error::invalid(op, format!("index {bad} is out of range for dimension {dim} of size {size}")));
             }
@@ -257,11 +258,12 @@ impl Tensor {
             if !same_rest {
                 return Err(Error::shape("cat", first.dims(), t.dims()));
             }
-            total += t.dims()[dim];
+            total = crate::shape::checked_sum("cat", total, t.dims()[dim], t.dims())?;
         }
         let mut dims = first.dims().to_vec();
         dims[dim] = total;
         let shape = Shape::from(dims);
+        shape.checked_elem_count("cat")?;
         let out = first.alloc_like(first.dtype(), &shape)?;
         let full = Layout::contiguous(shape.clone());
         let mut start = 0;

@@ -9,6 +9,7 @@
 use crate::backend::Backend;
 use crate::{DType, Device, WithDType};
 use half::{bf16, f16};
+use smallvec::SmallVec;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Elements in host memory, one variant per dtype.
@@ -192,20 +193,20 @@ impl Storage {
     pub(crate) fn read(&self) -> BufferRead<'_> {
         BufferRead(self.buffer.read().unwrap_or_else(|e| e.into_inner()))
     }
-    pub(crate) fn write(&self) -> BufferWrite<'_> {
-        BufferWrite(self.buffer.write().unwrap_or_else(|e| e.into_inner()))
-    }
 }
 
 pub(crate) struct BufferRead<'a>(RwLockReadGuard<'a, Option<Buffer>>);
-pub(crate) struct BufferWrite<'a>(RwLockWriteGuard<'a, Option<Buffer>>);
+
+fn host_of(buffer: &Option<Buffer>) -> &CpuBuffer {
+    match buffer.as_ref() {
+        Some(Buffer::Host(b)) => b,
+        _ => unreachable!("host kernel given a storage of another backend"),
+    }
+}
 
 impl BufferRead<'_> {
     pub(crate) fn host(&self) -> &CpuBuffer {
-        match self.0.as_ref() {
-            Some(Buffer::Host(b)) => b,
-            _ => unreachable!("host kernel given a storage of another backend"),
-        }
+        host_of(&self.0)
     }
     #[allow(dead_code)]
     pub(crate) fn buffer(&self) -> &Buffer {
@@ -213,16 +214,81 @@ impl BufferRead<'_> {
     }
 }
 
-impl BufferWrite<'_> {
-    pub(crate) fn host(&mut self) -> &mut CpuBuffer {
-        match self.0.as_mut() {
-            Some(Buffer::Host(b)) => b,
-            _ => unreachable!("host kernel given a storage of another backend"),
+/// The locks of one kernel's operands: read locks on its inputs, a write lock
+/// on its output.
+///
+/// Why one type for this: a kernel that holds one storage's lock while it
+/// waits for another's can deadlock against a kernel on another thread that
+/// takes the same two the other way round (`a.assign(&b)` beside
+/// `b.assign(&a)`). Every kernel therefore takes all its locks here, in one
+/// global order (the storages' addresses), and holds no other lock while
+/// waiting: a cycle of waits is then impossible. An input that appears twice
+/// is locked once (a second read lock can queue behind a waiting writer).
+/// The output must not also be an input; callers that write in place copy a
+/// source sharing the output's storage first.
+pub(crate) struct OperandLocks<'a> {
+    inputs: SmallVec<[RwLockReadGuard<'a, Option<Buffer>>; 3]>,
+    /// For each input as given, which guard of `inputs` holds it.
+    slots: SmallVec<[u8; 4]>,
+    output: RwLockWriteGuard<'a, Option<Buffer>>,
+}
+
+impl<'a> OperandLocks<'a> {
+    /// Locks `inputs` for reading and `output` for writing, in address order.
+    pub(crate) fn new(inputs: &[&'a Storage], output: &'a Storage) -> Self {
+        let mut distinct: SmallVec<[&'a Storage; 3]> = SmallVec::new();
+        let mut slots: SmallVec<[u8; 4]> = SmallVec::new();
+        for &s in inputs {
+            debug_assert!(!std::ptr::eq(s, output), "a kernel's output is also its input");
+            match distinct.iter().position(|d| std::ptr::eq(*d, s)) {
+                Some(p) => slots.push(p as u8),
+                None => {
+                    slots.push(distinct.len() as u8);
+                    distinct.push(s);
+                }
+            }
+        }
+        let addr = |s: &Storage| s as *const Storage as usize;
+        // The output is taken at its place in the order too.
+        let mut order: SmallVec<[(usize, usize); 4]> = distinct.iter().enumerate().map(|(i, s)| (addr(s), i)).collect();
+        order.push((addr(output), usize::MAX));
+        order.sort_unstable();
+        let mut taken: SmallVec<[Option<RwLockReadGuard<'a, Option<Buffer>>>; 3]> = distinct.iter().map(|_| None).collect();
+        let mut out = None;
+        for (_, i) in order {
+            if i == usize::MAX {
+                out = Some(output.buffer.write().unwrap_or_else(|e| e.into_inner()));
+            } else {
+                taken[i] = Some(distinct[i].buffer.read().unwrap_or_else(|e| e.into_inner()));
+            }
+        }
+        OperandLocks {
+            inputs: taken.into_iter().map(|g| g.expect("every input locked above")).collect(),
+            slots,
+            output: out.expect("the output locked above"),
         }
     }
-    #[allow(dead_code)]
-    pub(crate) fn buffer(&mut self) -> &mut Buffer {
-        self.0.as_mut().expect("storage buffer present until drop")
+
+    /// The inputs (by their position in `new`) and the output, borrowed together.
+    pub(crate) fn split(&mut self) -> (LockedInputs<'_, 'a>, &mut CpuBuffer) {
+        let out = match self.output.as_mut() {
+            Some(Buffer::Host(b)) => b,
+            _ => unreachable!("host kernel given a storage of another backend"),
+        };
+        (LockedInputs { inputs: &self.inputs, slots: &self.slots }, out)
+    }
+}
+
+/// The read-locked inputs of an [`OperandLocks`].
+pub(crate) struct LockedInputs<'g, 'a> {
+    inputs: &'g [RwLockReadGuard<'a, Option<Buffer>>],
+    slots: &'g [u8],
+}
+
+impl<'g> LockedInputs<'g, '_> {
+    /// Input `i`'s host elements.
+    pub(crate) fn host(&self, i: usize) -> &'g CpuBuffer {
+        host_of(&self.inputs[self.slots[i] as usize])
     }
 }
 

@@ -171,7 +171,7 @@ impl Tensor {
 
     /// A contiguous output of `shape` on the same device as `self`.
     pub(crate) fn alloc_like(&self, dtype: DType, shape: &Shape) -> Result<Arc<Storage>> {
-        backend::alloc(&self.storage.backend, dtype, shape.elem_count())
+        backend::alloc(&self.storage.backend, dtype, shape.checked_elem_count("allocation")?)
     }
 
     pub(crate) fn src(&self) -> Src {
@@ -190,7 +190,7 @@ impl Tensor {
     /// when the device is a GPU.
     #[track_caller]
     pub(crate) fn from_host_buffer(data: CpuBuffer, shape: Shape, device: &Device) -> Result<Tensor> {
-        if data.len() != shape.elem_count() {
+        if data.len() != shape.checked_elem_count("from_vec")? {
             return Err(Error::shape("from_vec", &[data.len()], shape.dims()));
         }
         let b = device_backend(*device)?;
@@ -238,8 +238,9 @@ impl Tensor {
     }
 
     fn filled(kernel: impl FnOnce(Arc<Storage>) -> Kernel, shape: Shape, dtype: DType, device: &Device) -> Result<Tensor> {
+        let len = shape.checked_elem_count("tensor creation")?;
         let b = device_backend(*device)?;
-        let out = backend::alloc(&b, dtype, shape.elem_count())?;
+        let out = backend::alloc(&b, dtype, len)?;
         b.launch(kernel(out.clone()))?;
         Ok(Tensor::from_storage(out, shape))
     }
@@ -369,9 +370,10 @@ impl Tensor {
         if !dtype.is_float() {
             return Err(Error::UnsupportedDType { op: "rand".into(), dtype });
         }
+        let len = shape.checked_elem_count("rand")?;
         let b = device_backend(*device)?;
-        let out = backend::alloc(&b, dtype, shape.elem_count())?;
-        let (seed, offset) = rng::reserve(shape.elem_count());
+        let out = backend::alloc(&b, dtype, len)?;
+        let (seed, offset) = rng::reserve(len);
         b.launch(Kernel::Random { out: out.clone(), seed, offset, dist })?;
         Ok(Tensor::from_storage(out, shape))
     }
@@ -537,9 +539,15 @@ impl Tensor {
         if self.rank() != 2 {
             return Err(Error::invalid("to_vec2", format!("needs a 2-D tensor, this one has shape {}", self.shape())));
         }
-        let cols = self.dims()[1];
+        let (rows, cols) = (self.dims()[0], self.dims()[1]);
         let flat = self.to_vec::<T>()?;
-        Ok(if cols == 0 { vec![Vec::new(); self.dims()[0]] } else { flat.chunks(cols).map(|c| c.to_vec()).collect() })
+        let mut out = crate::backend::host_kernels::try_vec(rows)?;
+        if cols == 0 {
+            out.resize(rows, Vec::new());
+        } else {
+            out.extend(flat.chunks(cols).map(|c| c.to_vec()));
+        }
+        Ok(out)
     }
 
     /// Reads a one-element tensor as a Rust value of its dtype.
@@ -599,6 +607,17 @@ impl Tensor {
     pub fn assign(&self, src: &Tensor) -> Result<()> {
         check_same_device("assign", self, src)?;
         check_same_dtype("assign", self, src)?;
+        if self.layout.has_internal_overlap() {
+            // Several elements of a broadcast view are one memory location:
+            // which written value wins would be arbitrary (PyTorch refuses too).
+            return Err(Error::invalid(
+                "assign",
+                format!(
+                    "the destination of shape {} is a broadcast view whose elements share memory; assign to the tensor it was broadcast from, or to `dst.contiguous()?`",
+                    self.shape()
+                ),
+            ));
+        }
         let layout = src.layout.broadcast_as(self.shape()).map_err(|_| Error::shape("assign", src.dims(), self.dims()))?;
         let src = if src.same_storage(self) { src.force_copy()?.broadcast_to(self.shape())? } else { src.with_layout(layout) };
         self.launch(Kernel::Copy { src: src.src(), dst: self.storage.clone(), dst_layout: self.layout.clone() })

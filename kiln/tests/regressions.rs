@@ -92,7 +92,7 @@ fn a_frozen_parameter_stays_frozen_when_the_model_moves() {
 fn absurd_sizes_are_errors_not_panics() {
     // Zero elements, but strides that would overflow.
     assert!(Tensor::zeros((0, 1 << 40, 1 << 40), DType::F32, &cpu()).is_ok());
-    let huge = Tensor::ones((1,), DType::F32, &cpu()).unwrap().broadcast_to((1usize << 62, 4)).unwrap();
+    let huge = Tensor::ones((1,), DType::F32, &cpu()).unwrap().broadcast_to((1usize << 60, 4)).unwrap();
     assert!(matches!(huge.copy_to(&cpu()), Err(Error::OutOfMemory { .. })));
 }
 

@@ -66,15 +66,14 @@ impl Backend for CpuBackend {
         }
     }
     fn launch(&self, kernel: Kernel) -> Result<()> {
-        host_kernels::run(&kernel, threads());
-        Ok(())
+        host_kernels::run_caught(&kernel, threads(), Device::Cpu)
     }
     fn upload(&self, data: CpuBuffer) -> Result<Buffer> {
         self.pool.reserve(data.size_in_bytes())?;
         Ok(Buffer::Host(data))
     }
     fn download(&self, src: &Src) -> Result<CpuBuffer> {
-        Ok(host_kernels::gather(src))
+        host_kernels::gather_caught(src, Device::Cpu)
     }
     fn record_event(&self) -> Option<Arc<dyn Event>> {
         None

@@ -6,8 +6,8 @@
 
 use crate::op::{BinaryOp, Distribution, Kernel, ReduceOp, Src, UnaryOp};
 use crate::shape::Layout;
-use crate::storage::{BufferRead, CpuBuffer};
-use crate::{map_buffer, rng, WithDType};
+use crate::storage::{CpuBuffer, OperandLocks};
+use crate::{map_buffer, rng, Device, Error, Result, WithDType};
 use half::{bf16, f16};
 use rayon::prelude::*;
 use smallvec::SmallVec;
@@ -215,82 +215,68 @@ pub(crate) fn powi<T: Num>(x: T, n: i32) -> T {
     }
 }
 
-/// Read guards of two operands: one guard when they share a storage, since
-/// a second read lock on one RwLock can deadlock behind a waiting writer.
-struct ReadPair<'a> {
-    first: BufferRead<'a>,
-    second: Option<BufferRead<'a>>,
-}
-
-impl<'a> ReadPair<'a> {
-    fn new(a: &'a Src, b: &'a Src) -> Self {
-        let first = a.storage.read();
-        let second = (!Arc::ptr_eq(&a.storage, &b.storage)).then(|| b.storage.read());
-        ReadPair { first, second }
-    }
-    fn first(&self) -> &CpuBuffer {
-        self.first.host()
-    }
-    fn second(&self) -> &CpuBuffer {
-        self.second.as_ref().unwrap_or(&self.first).host()
-    }
-}
-
 /// Runs one kernel to completion on this thread (and the rayon pool when
-/// `threads > 1`).
-pub(crate) fn run(kernel: &Kernel, threads: usize) {
+/// `threads > 1`). Every lock the kernel needs is taken at once, in the
+/// global order of [`OperandLocks`], so kernels on different threads cannot
+/// deadlock. A kernel whose output (or in-place source) has no elements does
+/// nothing: it never walks the dimensions of an empty tensor, however large
+/// the others are. Temporaries are allocated fallibly: host exhaustion is
+/// `OutOfMemory`, never an abort.
+pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
+    if kernel.is_empty() {
+        return Ok(());
+    }
     match kernel {
         Kernel::Fill { out, value } => {
-            let mut w = out.write();
-            map_buffer!(w.host(), v => fill(v, *value, threads))
+            let mut locks = OperandLocks::new(&[], out);
+            map_buffer!(locks.split().1, v => fill(v, *value, threads))
         }
         Kernel::Arange { out, start, step } => {
-            let mut w = out.write();
-            map_buffer!(w.host(), v => arange(v, *start, *step))
+            let mut locks = OperandLocks::new(&[], out);
+            map_buffer!(locks.split().1, v => arange(v, *start, *step))
         }
         Kernel::Random { out, seed, offset, dist } => {
-            let mut w = out.write();
-            map_buffer!(w.host(), v => random(v, *seed, *offset, *dist, threads))
+            let mut locks = OperandLocks::new(&[], out);
+            map_buffer!(locks.split().1, v => random(v, *seed, *offset, *dist, threads))
         }
         Kernel::Unary { op, src, out } => {
-            let r = src.storage.read();
-            let mut w = out.write();
-            match (r.host(), w.host()) {
+            let mut locks = OperandLocks::new(&[&src.storage], out);
+            let (inputs, w) = locks.split();
+            match (inputs.host(0), w) {
                 (CpuBuffer::F32(s), CpuBuffer::F32(o)) => unary_float(*op, s, &src.layout, o, threads),
                 (CpuBuffer::F64(s), CpuBuffer::F64(o)) => unary_float(*op, s, &src.layout, o, threads),
                 (CpuBuffer::I64(s), CpuBuffer::I64(o)) => unary_num(*op, s, &src.layout, o, threads),
                 (CpuBuffer::I32(s), CpuBuffer::I32(o)) => unary_num(*op, s, &src.layout, o, threads),
                 (CpuBuffer::U8(s), CpuBuffer::U8(o)) => unary_num(*op, s, &src.layout, o, threads),
-                _ => unreachable!("unary dtypes are validated by the front end"),
+                _ => return Err(unsupported(kernel)),
             }
         }
         Kernel::Binary { op, lhs, rhs, out } => {
-            let pair = ReadPair::new(lhs, rhs);
-            let (l, r) = (pair.first(), pair.second());
-            let mut w = out.write();
+            let mut locks = OperandLocks::new(&[&lhs.storage, &rhs.storage], out);
+            let (inputs, w) = locks.split();
             macro_rules! go {
                 ($a:expr, $b:expr) => {
                     if op.is_comparison() {
-                        let CpuBuffer::U8(o) = w.host() else { unreachable!() };
+                        let CpuBuffer::U8(o) = w else { return Err(unsupported(kernel)) };
                         compare(*op, $a, &lhs.layout, $b, &rhs.layout, o, threads)
                     } else {
-                        binary_arith(*op, $a, &lhs.layout, $b, &rhs.layout, w.host(), threads)
+                        binary_arith(*op, $a, &lhs.layout, $b, &rhs.layout, w, threads)
                     }
                 };
             }
-            match (l, r) {
+            match (inputs.host(0), inputs.host(1)) {
                 (CpuBuffer::F32(a), CpuBuffer::F32(b)) => go!(a, b),
                 (CpuBuffer::F64(a), CpuBuffer::F64(b)) => go!(a, b),
                 (CpuBuffer::I64(a), CpuBuffer::I64(b)) => go!(a, b),
                 (CpuBuffer::I32(a), CpuBuffer::I32(b)) => go!(a, b),
                 (CpuBuffer::U8(a), CpuBuffer::U8(b)) => go!(a, b),
-                _ => unreachable!("binary dtypes are validated by the front end"),
+                _ => return Err(unsupported(kernel)),
             }
         }
         Kernel::Reduce { op, src, dims, out } => {
-            let r = src.storage.read();
-            let mut w = out.write();
-            match (*op, r.host(), w.host()) {
+            let mut locks = OperandLocks::new(&[&src.storage], out);
+            let (inputs, w) = locks.split();
+            match (*op, inputs.host(0), w) {
                 (ReduceOp::ArgMax | ReduceOp::ArgMin, s, CpuBuffer::I64(o)) => {
                     let max = *op == ReduceOp::ArgMax;
                     match s {
@@ -299,7 +285,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) {
                         CpuBuffer::I64(s) => arg_reduce(s, &src.layout, dims[0], o, max),
                         CpuBuffer::I32(s) => arg_reduce(s, &src.layout, dims[0], o, max),
                         CpuBuffer::U8(s) => arg_reduce(s, &src.layout, dims[0], o, max),
-                        _ => unreachable!(),
+                        _ => return Err(unsupported(kernel)),
                     }
                 }
                 (op, CpuBuffer::F32(s), CpuBuffer::F32(o)) => reduce(op, s, &src.layout, dims, o, threads),
@@ -307,18 +293,18 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) {
                 (op, CpuBuffer::I64(s), CpuBuffer::I64(o)) => reduce(op, s, &src.layout, dims, o, threads),
                 (op, CpuBuffer::I32(s), CpuBuffer::I32(o)) => reduce(op, s, &src.layout, dims, o, threads),
                 (op, CpuBuffer::U8(s), CpuBuffer::U8(o)) => reduce(op, s, &src.layout, dims, o, threads),
-                _ => unreachable!("reduce dtypes are validated by the front end"),
+                _ => return Err(unsupported(kernel)),
             }
         }
         Kernel::Matmul { lhs, rhs, out, m, n, k } => {
-            let pair = ReadPair::new(lhs, rhs);
-            let (l, r) = (pair.first(), pair.second());
-            let mut w = out.write();
-            match (l, r, w.host()) {
-                (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) if m * n * k <= MATMUL_TINY => {
+            let mut locks = OperandLocks::new(&[&lhs.storage, &rhs.storage], out);
+            let (inputs, w) = locks.split();
+            let tiny = m.saturating_mul(*n).saturating_mul(*k) <= MATMUL_TINY;
+            match (inputs.host(0), inputs.host(1), w) {
+                (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) if tiny => {
                     matmul_naive(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k))
                 }
-                (CpuBuffer::F64(a), CpuBuffer::F64(b), CpuBuffer::F64(o)) if m * n * k <= MATMUL_TINY => {
+                (CpuBuffer::F64(a), CpuBuffer::F64(b), CpuBuffer::F64(o)) if tiny => {
                     matmul_naive(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k))
                 }
                 (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) => {
@@ -333,26 +319,35 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) {
                 (CpuBuffer::I64(a), CpuBuffer::I64(b), CpuBuffer::I64(o)) => matmul_naive(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k)),
                 (CpuBuffer::I32(a), CpuBuffer::I32(b), CpuBuffer::I32(o)) => matmul_naive(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k)),
                 (CpuBuffer::U8(a), CpuBuffer::U8(b), CpuBuffer::U8(o)) => matmul_naive(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k)),
-                _ => unreachable!("matmul dtypes are validated by the front end"),
+                _ => return Err(unsupported(kernel)),
             }
         }
         Kernel::Copy { src, dst, dst_layout } => {
-            let r = src.storage.read();
-            let mut w = dst.write();
-            copy_cast(r.host(), &src.layout, w.host(), dst_layout);
+            if Arc::ptr_eq(&src.storage, dst) {
+                // In place within one storage: read the source out first, so
+                // that no lock is held twice and overlapping views copy the
+                // values they had before the call.
+                let data = try_gather(src)?;
+                let mut locks = OperandLocks::new(&[], dst);
+                copy_cast(&data, &Layout::contiguous(src.layout.shape.clone()), locks.split().1, dst_layout);
+            } else {
+                let mut locks = OperandLocks::new(&[&src.storage], dst);
+                let (inputs, w) = locks.split();
+                copy_cast(inputs.host(0), &src.layout, w, dst_layout);
+            }
         }
         Kernel::IndexSelect { src, ids, dim, out } => {
-            let ids = index_list(ids);
+            let ids = index_list(ids)?;
             // A dense source is read in place; a strided one is gathered first.
-            let gathered = if src.layout.is_contiguous() { None } else { Some(gather(src)) };
-            let guard = src.storage.read();
+            let gathered = if src.layout.is_contiguous() { None } else { Some(try_gather(src)?) };
+            let mut locks = OperandLocks::new(&[&src.storage], out);
+            let (inputs, w) = locks.split();
             let (data, start) = match &gathered {
                 Some(g) => (g, 0),
-                None => (guard.host(), src.layout.offset),
+                None => (inputs.host(0), src.layout.offset),
             };
             let (end, dims) = (start + src.layout.elem_count(), src.layout.dims());
-            let mut w = out.write();
-            match (data, w.host()) {
+            match (data, w) {
                 (CpuBuffer::F32(s), CpuBuffer::F32(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
                 (CpuBuffer::F64(s), CpuBuffer::F64(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
                 (CpuBuffer::I64(s), CpuBuffer::I64(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
@@ -360,34 +355,39 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) {
                 (CpuBuffer::U8(s), CpuBuffer::U8(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
                 (CpuBuffer::F16(s), CpuBuffer::F16(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
                 (CpuBuffer::BF16(s), CpuBuffer::BF16(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
-                _ => unreachable!(),
+                _ => return Err(unsupported(kernel)),
             }
         }
         Kernel::IndexAdd { src, ids, dim, dst } => {
-            let ids = index_list(ids);
-            let data = gather(src);
-            let mut w = dst.write();
-            match (&data, w.host()) {
+            let ids = index_list(ids)?;
+            let data = try_gather(src)?;
+            let mut locks = OperandLocks::new(&[], dst);
+            match (&data, locks.split().1) {
                 (CpuBuffer::F32(s), CpuBuffer::F32(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
                 (CpuBuffer::F64(s), CpuBuffer::F64(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
                 (CpuBuffer::I64(s), CpuBuffer::I64(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
                 (CpuBuffer::I32(s), CpuBuffer::I32(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
                 (CpuBuffer::U8(s), CpuBuffer::U8(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
-                _ => unreachable!(),
+                // Half precision accumulates in f32 and rounds once per element.
+                (CpuBuffer::F16(s), CpuBuffer::F16(o)) => index_add_half(s, src.layout.dims(), &ids, *dim, o),
+                (CpuBuffer::BF16(s), CpuBuffer::BF16(o)) => index_add_half(s, src.layout.dims(), &ids, *dim, o),
+                _ => return Err(unsupported(kernel)),
             }
         }
         Kernel::Where { cond, on_true, on_false, out } => {
-            let c = gather(cond);
-            let mask: Vec<bool> = (0..c.len()).map(|i| c.get_f64(i) != 0.0).collect();
-            let pair = ReadPair::new(on_true, on_false);
-            let (t, f) = (pair.first(), pair.second());
-            let mut w = out.write();
+            let c = try_gather(cond)?;
+            let mut mask: Vec<bool> = Vec::new();
+            mask.try_reserve_exact(c.len()).map_err(|_| host_oom(c.len()))?;
+            mask.extend((0..c.len()).map(|i| c.get_f64(i) != 0.0));
+            drop(c);
+            let mut locks = OperandLocks::new(&[&on_true.storage, &on_false.storage], out);
+            let (inputs, w) = locks.split();
             macro_rules! go {
                 ($a:expr, $b:expr, $o:expr) => {
                     select(&mask, $a, &on_true.layout, $b, &on_false.layout, $o)
                 };
             }
-            match (t, f, w.host()) {
+            match (inputs.host(0), inputs.host(1), w) {
                 (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) => go!(a, b, o),
                 (CpuBuffer::F64(a), CpuBuffer::F64(b), CpuBuffer::F64(o)) => go!(a, b, o),
                 (CpuBuffer::I64(a), CpuBuffer::I64(b), CpuBuffer::I64(o)) => go!(a, b, o),
@@ -395,37 +395,108 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) {
                 (CpuBuffer::U8(a), CpuBuffer::U8(b), CpuBuffer::U8(o)) => go!(a, b, o),
                 (CpuBuffer::F16(a), CpuBuffer::F16(b), CpuBuffer::F16(o)) => go!(a, b, o),
                 (CpuBuffer::BF16(a), CpuBuffer::BF16(b), CpuBuffer::BF16(o)) => go!(a, b, o),
-                _ => unreachable!(),
+                _ => return Err(unsupported(kernel)),
             }
+        }
+    }
+    Ok(())
+}
+
+/// [`run`], with any failure (an error, or a panic: a kiln bug) reported as
+/// an error naming the kernel and `device`, so no panic crosses the API or
+/// kills a device's worker.
+pub(crate) fn run_caught(kernel: &Kernel, threads: usize, device: Device) -> Result<()> {
+    if crate::device::take_injected_failure(device) {
+        return Err(Error::KernelFailed { device, op: kernel.name().to_string(), msg: "a failure injected by a test".into() });
+    }
+    caught(kernel.name(), device, || run(kernel, threads))
+}
+
+/// [`try_gather`], with failures reported as [`run_caught`] does.
+pub(crate) fn gather_caught(src: &Src, device: Device) -> Result<CpuBuffer> {
+    caught("read", device, || try_gather(src))
+}
+
+fn caught<T>(op: &str, device: Device, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(Error::KernelFailed { msg, .. })) => Err(Error::KernelFailed { device, op: op.to_string(), msg }),
+        Ok(Err(err)) => Err(err),
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(Error::KernelFailed { device, op: op.to_string(), msg: format!("panicked: {msg} (a kiln bug: please report it)") })
         }
     }
 }
 
-/// The view's elements, contiguous, in a new host buffer.
-pub(crate) fn gather(src: &Src) -> CpuBuffer {
+/// A kernel given dtypes the front end should have refused: a kiln bug,
+/// reported as an error rather than a panic on a device's queue.
+fn unsupported(kernel: &Kernel) -> Error {
+    Error::KernelFailed {
+        device: Device::Cpu,
+        op: kernel.name().to_string(),
+        msg: "the host kernel has no implementation for these dtypes (a kiln bug: please report it)".into(),
+    }
+}
+
+/// Host memory refused for a kernel's temporary of `bytes`.
+fn host_oom(bytes: usize) -> Error {
+    let in_use = crate::memory_stats(&Device::Cpu).map(|s| s.in_use).unwrap_or(0);
+    Error::OutOfMemory { device: Device::Cpu, requested: bytes, in_use, capacity: crate::device::host_memory_total().unwrap_or(0) }
+}
+
+/// `len` elements in a new vector, or `OutOfMemory` when the host refuses
+/// (a `Vec` that grows infallibly would abort the process instead).
+pub(crate) fn try_vec<T>(len: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| host_oom(len.saturating_mul(std::mem::size_of::<T>())))?;
+    Ok(v)
+}
+
+/// The view's elements, contiguous, in a new host buffer; `OutOfMemory`
+/// when the host cannot hold them.
+pub(crate) fn try_gather(src: &Src) -> Result<CpuBuffer> {
     let r = src.storage.read();
     let buf = r.host();
-    if let Some((a, b)) = src.layout.contiguous_range() {
-        return map_buffer!(buf, v => WithDType::into_buffer(v[a..b].to_vec()));
+    let len = src.layout.elem_count();
+    if len == 0 {
+        return Ok(CpuBuffer::zeros(src.storage.dtype, 0));
     }
-    map_buffer!(buf, v => WithDType::into_buffer(src.layout.offsets().map(|i| v[i]).collect()))
+    if let Some((a, b)) = src.layout.contiguous_range() {
+        return Ok(map_buffer!(buf, v => {
+            let mut out = try_vec(b - a)?;
+            out.extend_from_slice(&v[a..b]);
+            WithDType::into_buffer(out)
+        }));
+    }
+    Ok(map_buffer!(buf, v => {
+        let mut out = try_vec(len)?;
+        out.extend(src.layout.offsets().map(|i| v[i]));
+        WithDType::into_buffer(out)
+    }))
 }
 
 /// The indices of an i64 or u8 index view. A negative index (only possible
 /// on a GPU, see `index_list_len`) becomes usize::MAX: it selects nothing,
 /// like one past the end.
-pub(crate) fn index_list(ids: &Src) -> Vec<usize> {
+pub(crate) fn index_list(ids: &Src) -> Result<Vec<usize>> {
     let r = ids.storage.read();
     let l = &ids.layout;
+    let mut out = try_vec(l.elem_count())?;
     match r.host() {
         CpuBuffer::I64(v) => match l.contiguous_range() {
-            Some((a, b)) => v[a..b].iter().map(|&i| usize::try_from(i).unwrap_or(usize::MAX)).collect(),
-            None => l.offsets().map(|o| usize::try_from(v[o]).unwrap_or(usize::MAX)).collect(),
+            Some((a, b)) => out.extend(v[a..b].iter().map(|&i| usize::try_from(i).unwrap_or(usize::MAX))),
+            None => out.extend(l.offsets().map(|o| usize::try_from(v[o]).unwrap_or(usize::MAX))),
         },
-        CpuBuffer::I32(v) => l.offsets().map(|o| usize::try_from(v[o]).unwrap_or(usize::MAX)).collect(),
-        CpuBuffer::U8(v) => l.offsets().map(|o| v[o] as usize).collect(),
-        other => (0..other.len()).map(|i| other.get_f64(i) as usize).collect(),
+        CpuBuffer::I32(v) => out.extend(l.offsets().map(|o| usize::try_from(v[o]).unwrap_or(usize::MAX))),
+        CpuBuffer::U8(v) => out.extend(l.offsets().map(|o| v[o] as usize)),
+        other => out.extend(l.offsets().map(|o| other.get_f64(o) as usize)),
     }
+    Ok(out)
 }
 
 fn fill<T: WithDType>(v: &mut [T], value: f64, threads: usize) {
@@ -1030,6 +1101,23 @@ fn index_add<T: Num>(s: &[T], dims: &[usize], ids: &[usize], dim: usize, out: &m
             let dst = (i * d + id) * inner;
             for q in 0..inner {
                 out[dst + q] = out[dst + q].add(s[src + q]);
+            }
+        }
+    }
+}
+
+fn index_add_half<T: WithDType>(s: &[T], dims: &[usize], ids: &[usize], dim: usize, out: &mut [T]) {
+    let (outer, n, inner) = split_at_dim(dims, dim);
+    let d = out.len() / (outer * inner).max(1);
+    for i in 0..outer {
+        for (j, &id) in ids.iter().enumerate().take(n) {
+            if id >= d {
+                continue;
+            }
+            let src = (i * n + j) * inner;
+            let dst = (i * d + id) * inner;
+            for q in 0..inner {
+                out[dst + q] = T::from_f64((out[dst + q].to_f64() as f32 + s[src + q].to_f64() as f32) as f64);
             }
         }
     }

@@ -10,16 +10,33 @@ use crate::op::{Kernel, Src};
 use crate::storage::{Buffer, CpuBuffer};
 use crate::{human_bytes, DType, Device, DeviceKind, Error, Result};
 use crossbeam_channel::{Receiver, Sender};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-type Job = Box<dyn FnOnce() + Send>;
+/// One entry of a simulated GPU's queue.
+enum Job {
+    /// A kernel: skipped while the queue is poisoned by an earlier failure.
+    Kernel(Box<Kernel>),
+    /// A read to the host; answers with the elements, or with the failure
+    /// that poisoned the queue (a read synchronises, so it reports it).
+    Read(Src, Sender<Result<CpuBuffer>>),
+    /// Queue bookkeeping that always runs (event waits, holds).
+    Control(Box<dyn FnOnce() + Send>),
+}
 
-/// How far a queue has got: jobs submitted and jobs completed.
+/// How far a queue has got: jobs submitted and jobs completed, and the
+/// first failure of a kernel since the last synchronising call.
 struct Progress {
     submitted: AtomicU64,
     completed: Mutex<u64>,
     done: Condvar,
+    /// Set by the worker when a kernel fails (CUDA's sticky error); taken,
+    /// and so cleared, by the next synchronising call.
+    failure: Mutex<Option<Error>>,
+    /// Fast check of `failure` on the launch path.
+    poisoned: AtomicBool,
+    /// Live `hold_queue` holds: an allocation does not wait for a held queue.
+    holds: AtomicUsize,
 }
 
 impl Progress {
@@ -28,6 +45,29 @@ impl Progress {
         while *completed < seq {
             completed = self.done.wait(completed).unwrap_or_else(|e| e.into_inner());
         }
+    }
+    fn fail(&self, err: Error) {
+        let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        if failure.is_none() {
+            *failure = Some(err);
+        }
+        self.poisoned.store(true, Ordering::Release);
+    }
+    /// The pending failure, cleared: the caller reports it.
+    fn take_failure(&self) -> Option<Error> {
+        if !self.poisoned.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        self.poisoned.store(false, Ordering::Release);
+        failure.take()
+    }
+    /// The pending failure, left in place (launches fail fast until it is reported).
+    fn peek_failure(&self) -> Option<Error> {
+        if !self.poisoned.load(Ordering::Acquire) {
+            return None;
+        }
+        self.failure.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -42,6 +82,10 @@ impl Event for SimEvent {
     }
 }
 
+/// Kernels a simulated GPU's queue holds at most before the host blocks in
+/// `launch`, like a real GPU's launch queue (`KILN_SIM_QUEUE_DEPTH`).
+pub(crate) const DEFAULT_QUEUE_DEPTH: usize = 1024;
+
 pub(crate) struct SimBackend {
     latency: std::time::Duration,
     device: Device,
@@ -49,16 +93,25 @@ pub(crate) struct SimBackend {
     pool: MemoryPool,
     sender: Mutex<Sender<Job>>,
     progress: Arc<Progress>,
+    depth: usize,
 }
 
 impl SimBackend {
     pub(crate) fn new(device: Device, index: usize, capacity: usize) -> Self {
-        let (sender, receiver) = crossbeam_channel::unbounded::<Job>();
-        let progress = Arc::new(Progress { submitted: AtomicU64::new(0), completed: Mutex::new(0), done: Condvar::new() });
+        let depth = queue_depth();
+        let (sender, receiver) = crossbeam_channel::bounded::<Job>(depth);
+        let progress = Arc::new(Progress {
+            submitted: AtomicU64::new(0),
+            completed: Mutex::new(0),
+            done: Condvar::new(),
+            failure: Mutex::new(None),
+            poisoned: AtomicBool::new(false),
+            holds: AtomicUsize::new(0),
+        });
         let worker_progress = progress.clone();
         std::thread::Builder::new()
             .name(format!("kiln-sim-gpu{index}"))
-            .spawn(move || worker(receiver, worker_progress))
+            .spawn(move || worker(device, receiver, worker_progress))
             .map(|_| ())
             .unwrap_or_else(|e| eprintln!("kiln: cannot start the worker of simulated {device}: {e}"));
         SimBackend {
@@ -68,6 +121,7 @@ impl SimBackend {
             pool: MemoryPool::new(device, Some(capacity), 0),
             sender: Mutex::new(sender),
             progress,
+            depth,
         }
     }
 
@@ -84,16 +138,51 @@ impl SimBackend {
         }
     }
 
+    /// Enqueues a job; blocks while the queue holds `depth` jobs.
     fn submit(&self, job: Job) -> Result<u64> {
         // Numbering and sending under one lock keeps sequence numbers in
         // queue order when several threads submit at once.
         let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
         let seq = self.progress.submitted.fetch_add(1, Ordering::AcqRel) + 1;
-        sender
-            .send(job)
-            .map_err(|_| Error::Backend { device: self.device, msg: "the simulated GPU's worker thread has stopped".into() })?;
+        if sender.send(job).is_err() {
+            // Nothing was queued: take the number back, or synchronize would
+            // wait for it forever.
+            self.progress.submitted.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::Backend { device: self.device, msg: "the simulated GPU's worker thread has stopped".into() });
+        }
         Ok(seq)
     }
+
+    /// Waits for all submitted work unless the queue is held (then waiting
+    /// could never end).
+    fn drain(&self) -> bool {
+        if self.progress.holds.load(Ordering::Acquire) > 0 {
+            return false;
+        }
+        self.progress.wait_for(self.progress.submitted.load(Ordering::Acquire));
+        true
+    }
+
+    /// Books `bytes`; when they do not fit, waits for the queue's pending
+    /// work (whose kernels hold the storages of dropped tensors) to finish
+    /// and free them, and tries once more: stream-ordered memory.
+    fn reserve(&self, bytes: usize) -> Result<()> {
+        match self.pool.reserve(bytes) {
+            Err(Error::OutOfMemory { .. }) if self.drain() => self.pool.reserve(bytes),
+            other => other,
+        }
+    }
+}
+
+/// `KILN_SIM_QUEUE_DEPTH`: kernels queued per simulated GPU before the host waits.
+fn queue_depth() -> usize {
+    static DEPTH: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *DEPTH.get_or_init(|| {
+        crate::device::env_setting("KILN_SIM_QUEUE_DEPTH", "a number of kernels from 1 to 1048576, e.g. 1024", |v| {
+            v.parse::<usize>().ok().filter(|&d| (1..=1 << 20).contains(&d))
+        })
+        .unwrap_or(DEFAULT_QUEUE_DEPTH)
+    })
 }
 
 /// Default latency of a host<->device copy on a simulated GPU, about a PCIe
@@ -102,24 +191,49 @@ pub(crate) const DEFAULT_TRANSFER_LATENCY_US: u64 = 10;
 
 /// `KILN_SIM_TRANSFER_LATENCY` in microseconds (`0` turns it off).
 fn transfer_latency() -> std::time::Duration {
-    let us = std::env::var("KILN_SIM_TRANSFER_LATENCY")
-        .ok()
-        .and_then(|v| {
-            v.trim()
-                .trim_end_matches("us")
-                .parse::<u64>()
-                .map_err(|_| eprintln!("kiln: ignoring KILN_SIM_TRANSFER_LATENCY={v}: write microseconds, e.g. 10"))
-                .ok()
+    static US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let us = *US.get_or_init(|| {
+        crate::device::env_setting("KILN_SIM_TRANSFER_LATENCY", "microseconds from 0 to 1000000, e.g. 10", |v| {
+            v.trim_end_matches("us").trim().parse::<u64>().ok().filter(|&us| us <= 1_000_000)
         })
-        .unwrap_or(DEFAULT_TRANSFER_LATENCY_US);
+        .unwrap_or(DEFAULT_TRANSFER_LATENCY_US)
+    });
     std::time::Duration::from_micros(us)
 }
 
-fn worker(receiver: Receiver<Job>, progress: Arc<Progress>) {
+fn worker(device: Device, receiver: Receiver<Job>, progress: Arc<Progress>) {
     while let Ok(job) = receiver.recv() {
-        // A panicking kernel would be a kiln bug; keep the queue alive and
-        // the waiters woken whatever happens.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+        match job {
+            Job::Kernel(kernel) => {
+                // After a failure the queue skips kernels until the failure
+                // is reported: their inputs may be unwritten.
+                if !progress.poisoned.load(Ordering::Acquire) {
+                    if let Err(err) = host_kernels::run_caught(&kernel, 1, device) {
+                        progress.fail(err);
+                    }
+                }
+                // The kernel's storages are released here, before the job
+                // counts as done: a waiting allocation then finds them free.
+                drop(kernel);
+            }
+            Job::Read(src, reply) => {
+                let result = match progress.take_failure() {
+                    Some(err) => Err(err),
+                    None => host_kernels::gather_caught(&src, device),
+                };
+                drop(src);
+                let _ = reply.send(result);
+            }
+            Job::Control(f) => {
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+                    progress.fail(Error::KernelFailed {
+                        device,
+                        op: "queue control".into(),
+                        msg: "an internal queue operation panicked (a kiln bug: please report it)".into(),
+                    });
+                }
+            }
+        }
         let mut completed = progress.completed.lock().unwrap_or_else(|e| e.into_inner());
         *completed += 1;
         progress.done.notify_all();
@@ -137,7 +251,10 @@ impl Backend for SimBackend {
         format!("kiln simulated GPU {} ({} host RAM, 1 core)", self.index, human_bytes(self.pool.capacity().unwrap_or(0)))
     }
     fn details(&self) -> Vec<(String, String)> {
-        vec![("transfer latency".into(), format!("{} us", self.latency.as_micros()))]
+        vec![
+            ("transfer latency".into(), format!("{} us", self.latency.as_micros())),
+            ("queue depth".into(), format!("{} kernels", self.depth)),
+        ]
     }
     fn pool(&self) -> &MemoryPool {
         &self.pool
@@ -150,7 +267,10 @@ impl Backend for SimBackend {
         stats.capacity.map(|c| c.saturating_sub(stats.in_use))
     }
     fn alloc_buffer(&self, dtype: DType, len: usize) -> Result<Buffer> {
-        Ok(Buffer::Host(self.pool.alloc_host(dtype, len)?))
+        match self.pool.alloc_host(dtype, len) {
+            Err(Error::OutOfMemory { .. }) if self.drain() => Ok(Buffer::Host(self.pool.alloc_host(dtype, len)?)),
+            other => Ok(Buffer::Host(other?)),
+        }
     }
     fn release(&self, buffer: Buffer, bytes: usize) {
         match buffer {
@@ -159,22 +279,25 @@ impl Backend for SimBackend {
         }
     }
     fn launch(&self, kernel: Kernel) -> Result<()> {
-        self.submit(Box::new(move || host_kernels::run(&kernel, 1)))?;
+        // A failed kernel poisons the queue until a synchronising call
+        // reports it; launching meanwhile fails fast with that failure.
+        if let Some(err) = self.progress.peek_failure() {
+            return Err(err);
+        }
+        self.submit(Job::Kernel(Box::new(kernel)))?;
         Ok(())
     }
     fn upload(&self, data: CpuBuffer) -> Result<Buffer> {
-        self.pool.reserve(data.size_in_bytes())?;
+        self.reserve(data.size_in_bytes())?;
         self.bus_latency();
         Ok(Buffer::Host(data))
     }
     fn download(&self, src: &Src) -> Result<CpuBuffer> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        let src = src.clone();
-        self.submit(Box::new(move || {
-            let _ = tx.send(host_kernels::gather(&src));
-        }))?;
-        let data =
-            rx.recv().map_err(|_| Error::Backend { device: self.device, msg: "a read from the simulated GPU did not complete".into() })?;
+        self.submit(Job::Read(src.clone(), tx))?;
+        let data = rx
+            .recv()
+            .map_err(|_| Error::Backend { device: self.device, msg: "a read from the simulated GPU did not complete".into() })??;
         self.bus_latency();
         Ok(data)
     }
@@ -183,13 +306,22 @@ impl Backend for SimBackend {
         Some(Arc::new(SimEvent { progress: self.progress.clone(), seq }))
     }
     fn wait_event(&self, event: Arc<dyn Event>) -> Result<()> {
-        self.submit(Box::new(move || event.wait()))?;
+        self.submit(Job::Control(Box::new(move || event.wait())))?;
         Ok(())
     }
     fn hold_queue(&self) -> Result<Option<super::QueueHold>> {
         let (tx, rx) = crossbeam_channel::bounded::<()>(0);
+        let progress = self.progress.clone();
+        progress.holds.fetch_add(1, Ordering::AcqRel);
         // The worker blocks here until every sender is gone.
-        self.submit(Box::new(move || while rx.recv().is_ok() {}))?;
+        let job = Job::Control(Box::new(move || {
+            while rx.recv().is_ok() {}
+            progress.holds.fetch_sub(1, Ordering::AcqRel);
+        }));
+        if let Err(err) = self.submit(job) {
+            self.progress.holds.fetch_sub(1, Ordering::AcqRel);
+            return Err(err);
+        }
         Ok(Some(super::QueueHold { _release: tx }))
     }
     fn host_memory(&self) -> bool {
@@ -198,6 +330,9 @@ impl Backend for SimBackend {
     fn synchronize(&self) -> Result<()> {
         let seq = self.progress.submitted.load(Ordering::Acquire);
         self.progress.wait_for(seq);
-        Ok(())
+        match self.progress.take_failure() {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
     }
 }
