@@ -35,11 +35,13 @@ pub fn run() -> Result<()> {
     step(4, "Storage on the GPU");
     if gpus < 2 {
         let sims = kiln::ensure_simulated_gpus(2 - gpus + count_sims(), kiln::DEFAULT_SIM_GPU_MEMORY);
-        let names: Vec<String> = sims.iter().map(|d| d.to_string()).collect();
+        // Only the GPUs added now: with KILN_SIM_GPUS=1 that is gpu(1) alone.
+        let added: Vec<String> = sims.iter().filter(|d| matches!(d, kiln::Device::Gpu(i) if *i >= gpus)).map(|d| d.to_string()).collect();
+        let what =
+            if added.len() == 1 { format!("a simulated GPU ({})", added[0]) } else { format!("simulated GPUs ({})", added.join(", ")) };
         println!(
-            "This machine has {gpus} GPU(s); the tour adds simulated GPUs ({}) with kiln::ensure_simulated_gpus(2, ...), \
-             so that X can live on gpu(0) and Y on gpu(1). Each has its own memory and its own queue.",
-            names.join(", ")
+            "This machine has {gpus} GPU(s); the tour adds {what} with kiln::ensure_simulated_gpus(2, ...), \
+             so that X can live on gpu(0) and Y on gpu(1). Each has its own memory and its own queue."
         );
         println!("num_gpus() = {}", num_gpus());
     }

@@ -26,6 +26,8 @@ pub(crate) enum BackOp {
     Narrow(Tensor, usize, usize),
     Broadcast(Tensor),
     IndexSelect(Tensor, Tensor, usize),
+    /// dst, ids, src, dim
+    IndexAdd(Tensor, Tensor, Tensor, usize),
     Cat(Vec<Tensor>, usize),
     Cast(Tensor),
     Where(Tensor, Tensor, Tensor),
@@ -36,6 +38,13 @@ pub(crate) enum BackOp {
 pub(crate) struct Node {
     op: BackOp,
     grad: Mutex<Option<Tensor>>,
+    /// For a parameter (leaf) that `Module::to` moved: its data now, without
+    /// a node (a handle taken before the move finds it here).
+    moved: Mutex<Option<Tensor>>,
+}
+
+fn leaf_node() -> Arc<Node> {
+    Arc::new(Node { op: BackOp::Leaf, grad: Mutex::new(None), moved: Mutex::new(None) })
 }
 
 thread_local! {
@@ -80,7 +89,7 @@ pub fn no_grad() -> NoGradGuard {
 /// Attaches a node to `t` when recording and some input requires grad.
 pub(crate) fn record(mut t: Tensor, op: impl FnOnce() -> BackOp, inputs: &[&Tensor]) -> Tensor {
     if inputs.iter().any(|i| i.node.is_some()) && is_grad_enabled() {
-        t.node = Some(Arc::new(Node { op: op(), grad: Mutex::new(None) }));
+        t.node = Some(Arc::new(Node { op: op(), grad: Mutex::new(None), moved: Mutex::new(None) }));
     }
     t
 }
@@ -98,10 +107,56 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn requires_grad_(&self) -> Tensor {
-        Tensor {
-            storage: self.storage.clone(),
-            layout: self.layout.clone(),
-            node: Some(Arc::new(Node { op: BackOp::Leaf, grad: Mutex::new(None) })),
+        Tensor { storage: self.storage.clone(), layout: self.layout.clone(), node: Some(leaf_node()) }
+    }
+
+    /// The parameter as it is now. `Module::to` keeps each parameter's
+    /// identity (its autograd leaf and gradient) and moves its data, as
+    /// PyTorch's `.to()` does; a handle taken before the move (an optimizer's)
+    /// still names the same parameter, and `latest()` gives its data on the
+    /// new device. For any other tensor this is a clone.
+    ///
+    /// ```
+    /// use kiln::nn::{Linear, Module};
+    /// use kiln::try_gpu;
+    /// let mut net = Linear::new(2, 1, &kiln::cpu())?;
+    /// let before = net.weight();
+    /// net.to(&try_gpu(0))?;
+    /// assert!(before.latest().same_parameter(&net.weight()));
+    /// assert_eq!(before.latest().device(), try_gpu(0));
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn latest(&self) -> Tensor {
+        let Some(node) = &self.node else { return self.clone() };
+        match &*node.moved.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(data) => Tensor { storage: data.storage.clone(), layout: data.layout.clone(), node: self.node.clone() },
+            None => self.clone(),
+        }
+    }
+
+    /// True when both are handles of one parameter (one autograd leaf),
+    /// wherever its data lives now.
+    pub fn same_parameter(&self, other: &Tensor) -> bool {
+        match (&self.node, &other.node) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b) && self.is_leaf(),
+            _ => false,
+        }
+    }
+
+    /// This parameter with `data` (already on its new device) as its
+    /// contents: same leaf, so the gradient slot and every earlier handle
+    /// follow. `grad` is the gradient moved alongside, if there was one.
+    pub(crate) fn relocated(&self, data: Tensor, grad: Option<Tensor>) -> Tensor {
+        let data = data.detach();
+        match &self.node {
+            Some(node) if self.is_leaf() => {
+                *node.moved.lock().unwrap_or_else(|e| e.into_inner()) = Some(data.clone());
+                if let Some(g) = grad {
+                    *node.grad.lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
+                }
+                Tensor { storage: data.storage, layout: data.layout, node: self.node.clone() }
+            }
+            _ => data,
         }
     }
     /// True when this tensor is recorded for autograd.
@@ -138,8 +193,11 @@ impl Tensor {
     }
 
     /// Backpropagates from this one-element tensor, adding d(self)/d(leaf)
-    /// into every leaf's `grad()`.
+    /// into every leaf's `grad()`. Gradients that cross devices (through a
+    /// `to`) are booked in the transfer ledger at the caller's line.
+    #[track_caller]
     pub fn backward(&self) -> Result<()> {
+        let _site = crate::ledger::site_scope(std::panic::Location::caller());
         if self.elem_count() != 1 {
             return Err(Error::invalid(
                 "backward",
@@ -157,7 +215,9 @@ impl Tensor {
     }
 
     /// Backpropagates with an explicit output gradient of `self`'s shape.
+    #[track_caller]
     pub fn backward_with(&self, seed: &Tensor) -> Result<()> {
+        let _site = crate::ledger::site_scope(std::panic::Location::caller());
         let root =
             self.node.as_ref().ok_or_else(|| Error::invalid("backward", "this tensor does not depend on any tensor that requires grad"))?;
         if seed.dims() != self.dims() {
@@ -234,6 +294,7 @@ fn inputs(op: &BackOp) -> SmallVec<[&Tensor; 3]> {
         | BackOp::ToDevice(x) => smallvec![x],
         BackOp::Binary(_, a, b) | BackOp::Matmul(a, b) => smallvec![a, b],
         BackOp::Where(_, a, b) => smallvec![a, b],
+        BackOp::IndexAdd(d, _, s, _) => smallvec![d, s],
         BackOp::Cat(xs, _) => xs.iter().collect(),
     }
 }
@@ -272,8 +333,15 @@ fn mask_scalar(x: &Tensor, op: BinaryOp, s: f64) -> Result<Tensor> {
     x.binary(&s, op)?.to_dtype(x.dtype())
 }
 
-fn mask(a: &Tensor, op: BinaryOp, b: &Tensor) -> Result<Tensor> {
-    a.binary(b, op)?.to_dtype(a.dtype())
+/// A 0-d tensor of `x`'s dtype and device.
+fn scalar_like(x: &Tensor, v: f64) -> Result<Tensor> {
+    Tensor::full(v, (), x.dtype(), &x.device())
+}
+
+/// `g` with zeros where the u8 `cond` is set (PyTorch's `masked_fill(cond,
+/// 0)`: an infinite or NaN gradient there becomes 0, not NaN as `g · 0`).
+fn zero_where(cond: &Tensor, g: &Tensor) -> Result<Tensor> {
+    cond.where_cond(&scalar_like(g, 0.0)?, g)
 }
 
 /// Sums a broadcast gradient back down to `shape`.
@@ -310,7 +378,12 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Grads> {
                     let s = x.sigmoid()?;
                     g.mul(&s.mul(&s.unary(UnaryOp::RSubScalar(1.0))?)?)?
                 }
-                UnaryOp::Relu => g.mul(&mask_scalar(x, BinaryOp::Gt, 0.0)?)?,
+                // PyTorch's threshold_backward: zero where x <= 0, else g (a
+                // NaN input passes the gradient through).
+                UnaryOp::Relu => zero_where(&x.binary(&scalar_like(x, 0.0)?, BinaryOp::Le)?, g)?,
+                // d/dx x^0 = 0 everywhere, 0 included (not 0 · x^-1 = NaN).
+                UnaryOp::Powi(0) => g.zeros_like()?,
+                UnaryOp::Powf(0.0) => g.zeros_like()?,
                 UnaryOp::Powi(n) => match n.checked_sub(1) {
                     Some(m) => g.mul(&x.powi(m)?.mul_scalar(n as f64)?)?,
                     None => g.mul(&x.powf(n as f64 - 1.0)?.mul_scalar(n as f64)?)?,
@@ -369,12 +442,18 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Grads> {
                     }
                 }
                 BinaryOp::Maximum | BinaryOp::Minimum => {
-                    let (to_a, to_b) = if *op == BinaryOp::Maximum { (BinaryOp::Ge, BinaryOp::Lt) } else { (BinaryOp::Le, BinaryOp::Gt) };
+                    // PyTorch: a tie splits the gradient 0.5/0.5; the operand
+                    // that lost gets 0; where a NaN is involved neither lost,
+                    // so both get the whole gradient.
+                    let (a_lost, b_lost) =
+                        if *op == BinaryOp::Maximum { (BinaryOp::Lt, BinaryOp::Gt) } else { (BinaryOp::Gt, BinaryOp::Lt) };
+                    let tie = a.binary(b, BinaryOp::Eq)?;
+                    let shared = tie.where_cond(&g.mul_scalar(0.5)?, g)?;
                     if na {
-                        out.push((a.clone(), sum_to(&g.mul(&mask(a, to_a, b)?)?, a.dims())?));
+                        out.push((a.clone(), sum_to(&zero_where(&a.binary(b, a_lost)?, &shared)?, a.dims())?));
                     }
                     if nb {
-                        out.push((b.clone(), sum_to(&g.mul(&mask(a, to_b, b)?)?, b.dims())?));
+                        out.push((b.clone(), sum_to(&zero_where(&a.binary(b, b_lost)?, &shared)?, b.dims())?));
                     }
                 }
                 _ => {}
@@ -387,7 +466,11 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Grads> {
                 ReduceOp::Max | ReduceOp::Min => {
                     // Ties share the gradient equally, as in PyTorch's amax.
                     let out = x.reduce(*op, dims, true)?;
-                    let hits = mask(x, BinaryOp::Eq, &out)?;
+                    // A NaN result is shared by the NaNs (PyTorch's evenly
+                    // distributed backward): x != x only for NaN.
+                    let x_nan = x.binary(x, BinaryOp::Ne)?;
+                    let out_nan = out.binary(&out, BinaryOp::Ne)?;
+                    let hits = out_nan.where_cond(&x_nan, &x.binary(&out, BinaryOp::Eq)?)?.to_dtype(x.dtype())?;
                     let share = hits.div(&hits.sum_dims(dims, true)?)?;
                     g.broadcast_to(x.shape())?.mul(&share)?
                 }
@@ -439,6 +522,16 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Grads> {
         BackOp::IndexSelect(x, ids, dim) => {
             let zeros = x.zeros_like()?;
             smallvec![(x.clone(), zeros.index_add(ids, &g.contiguous()?, *dim)?)]
+        }
+        BackOp::IndexAdd(dst, ids, src, dim) => {
+            let mut out = Grads::new();
+            if dst.node.is_some() {
+                out.push((dst.clone(), g.clone()));
+            }
+            if src.node.is_some() {
+                out.push((src.clone(), g.index_select(ids, *dim)?));
+            }
+            out
         }
         BackOp::Cat(xs, dim) => {
             let mut start = 0;

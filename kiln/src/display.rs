@@ -139,3 +139,19 @@ impl fmt::Display for Tensor {
         out.write_str(&s)
     }
 }
+
+impl Tensor {
+    /// Prints the tensor and a newline to stdout, booking the read (a
+    /// device-to-host transfer on a GPU) at the caller's line.
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// Tensor::new(&[1, 2, 3], &cpu())?.show();
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn show(&self) {
+        let _site = crate::ledger::site_scope(std::panic::Location::caller());
+        std::println!("{self}");
+    }
+}

@@ -18,6 +18,9 @@ pub enum DType {
     F64,
     /// 64-bit signed integer (indices, labels).
     I64,
+    /// 32-bit signed integer: Rust's default integer literal, so
+    /// `Tensor::new(&[1, 2, 3], &cpu())` is an i32 tensor.
+    I32,
     /// Unsigned byte; also the result of comparisons (0 or 1).
     U8,
     /// IEEE half precision (storage and conversion).
@@ -30,7 +33,7 @@ impl DType {
     /// Bytes per element.
     pub fn size_in_bytes(self) -> usize {
         match self {
-            DType::F32 => 4,
+            DType::F32 | DType::I32 => 4,
             DType::F64 | DType::I64 => 8,
             DType::U8 => 1,
             DType::F16 | DType::BF16 => 2,
@@ -38,7 +41,7 @@ impl DType {
     }
     /// True for f16, bf16, f32, f64.
     pub fn is_float(self) -> bool {
-        !matches!(self, DType::I64 | DType::U8)
+        !matches!(self, DType::I64 | DType::I32 | DType::U8)
     }
     /// The dtype arithmetic runs in: half types compute in f32.
     pub fn compute(self) -> DType {
@@ -53,6 +56,7 @@ impl DType {
             DType::F32 => "F32",
             DType::F64 => "F64",
             DType::I64 => "I64",
+            DType::I32 => "I32",
             DType::U8 => "U8",
             DType::F16 => "F16",
             DType::BF16 => "BF16",
@@ -66,6 +70,7 @@ impl std::fmt::Display for DType {
             DType::F32 => "f32",
             DType::F64 => "f64",
             DType::I64 => "i64",
+            DType::I32 => "i32",
             DType::U8 => "u8",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
@@ -77,8 +82,12 @@ impl std::fmt::Display for DType {
 pub trait WithDType: Copy + Send + Sync + 'static + std::fmt::Debug + PartialOrd {
     /// The matching [`DType`].
     const DTYPE: DType;
-    /// Lossy conversion from f64 (saturating for integers).
+    /// Lossy conversion from f64 (saturating for integers, NaN to 0).
     fn from_f64(v: f64) -> Self;
+    /// Conversion from i64 as numpy and PyTorch cast: one rounding to a
+    /// float type, wrapping (two's complement truncation) to a narrower
+    /// integer type.
+    fn from_i64(v: i64) -> Self;
     /// Conversion to f64.
     fn to_f64(self) -> f64;
     /// Wraps a vector into a host buffer.
@@ -90,7 +99,7 @@ pub trait WithDType: Copy + Send + Sync + 'static + std::fmt::Debug + PartialOrd
 }
 
 macro_rules! with_dtype {
-    ($t:ty, $variant:ident, $from:expr, $to:expr) => {
+    ($t:ty, $variant:ident, $from:expr, $to:expr, $from_i64:expr) => {
         impl WithDType for $t {
             const DTYPE: DType = DType::$variant;
             #[inline(always)]
@@ -100,6 +109,10 @@ macro_rules! with_dtype {
             #[inline(always)]
             fn to_f64(self) -> f64 {
                 $to(self)
+            }
+            #[inline(always)]
+            fn from_i64(v: i64) -> Self {
+                $from_i64(v)
             }
             fn into_buffer(v: Vec<Self>) -> crate::storage::CpuBuffer {
                 crate::storage::CpuBuffer::$variant(v)
@@ -120,9 +133,10 @@ macro_rules! with_dtype {
     };
 }
 
-with_dtype!(f32, F32, |v: f64| v as f32, |x: f32| x as f64);
-with_dtype!(f64, F64, |v: f64| v, |x: f64| x);
-with_dtype!(i64, I64, |v: f64| v as i64, |x: i64| x as f64);
-with_dtype!(u8, U8, |v: f64| v as u8, |x: u8| x as f64);
-with_dtype!(f16, F16, f16::from_f64, |x: f16| x.to_f64());
-with_dtype!(bf16, BF16, bf16::from_f64, |x: bf16| x.to_f64());
+with_dtype!(f32, F32, |v: f64| v as f32, |x: f32| x as f64, |v: i64| v as f32);
+with_dtype!(f64, F64, |v: f64| v, |x: f64| x, |v: i64| v as f64);
+with_dtype!(i64, I64, |v: f64| v as i64, |x: i64| x as f64, |v: i64| v);
+with_dtype!(i32, I32, |v: f64| v as i32, |x: i32| x as f64, |v: i64| v as i32);
+with_dtype!(u8, U8, |v: f64| v as u8, |x: u8| x as f64, |v: i64| v as u8);
+with_dtype!(f16, F16, f16::from_f64, |x: f16| x.to_f64(), |v: i64| f16::from_f64(v as f64));
+with_dtype!(bf16, BF16, bf16::from_f64, |x: bf16| x.to_f64(), |v: i64| bf16::from_f64(v as f64));

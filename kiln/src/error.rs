@@ -57,7 +57,7 @@ pub fn human_bytes(bytes: usize) -> String {
 #[non_exhaustive]
 pub enum Error {
     /// Two operands of one operation live on different devices.
-    #[error("{op}: operands are on different devices, {lhs} and {rhs}; kiln never copies silently: move one operand first, e.g. `rhs.to(&{lhs})?`")]
+    #[error("{}", device_mismatch(op, *lhs, *rhs))]
     DeviceMismatch {
         /// The operation that was refused.
         op: String,
@@ -171,6 +171,26 @@ pub enum Error {
         /// What is wrong with it, naming the tensor when there is one.
         msg: String,
     },
+}
+
+/// The Rust expression that names a device: `kiln::cpu()`, `kiln::gpu(0)`.
+fn device_expr(d: Device) -> String {
+    match d {
+        Device::Cpu => "kiln::cpu()".into(),
+        Device::Gpu(i) => format!("kiln::gpu({i})"),
+    }
+}
+
+fn device_mismatch(op: &str, lhs: Device, rhs: Device) -> String {
+    if op.starts_with("input is on ") {
+        // A forward: the input is what moves, to the parameters' device.
+        format!("{op}; kiln never copies silently: move the input first, e.g. `x.to(&{})?`", device_expr(rhs))
+    } else {
+        format!(
+            "{op}: operands are on different devices, {lhs} and {rhs}; kiln never copies silently: move one operand first, e.g. `rhs.to(&{})?`",
+            device_expr(lhs)
+        )
+    }
 }
 
 fn hint(op: &str) -> &'static str {

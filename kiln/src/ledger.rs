@@ -115,6 +115,47 @@ static GLOBAL: Mutex<Option<TransferStats>> = Mutex::new(None);
 thread_local! {
     static LOCAL: RefCell<TransferStats> = RefCell::new(TransferStats::default());
     static GUARDS: Cell<[GuardLevel; 3]> = const { Cell::new([GuardLevel::Allow; 3]) };
+    static SITE: Cell<Option<&'static Location<'static>>> = const { Cell::new(None) };
+}
+
+/// While alive, every transfer this thread books is attributed to one call
+/// site: the user's line that entered a public function which transfers
+/// inside kiln (`Module::to`, `Trainer::fit`, `backward`, printing with
+/// [`crate::println!`] or [`Tensor::show`](crate::Tensor::show)). The
+/// outermost scope wins, so nested entry points keep the user's line.
+#[must_use = "the call site applies while this value is alive"]
+#[doc(hidden)]
+pub struct SiteScope {
+    set: bool,
+}
+
+impl Drop for SiteScope {
+    fn drop(&mut self) {
+        if self.set {
+            SITE.with(|s| s.set(None));
+        }
+    }
+}
+
+/// Attributes this thread's transfers to `site` until the scope drops
+/// (unless an outer scope already did).
+pub(crate) fn site_scope(site: &'static Location<'static>) -> SiteScope {
+    SITE.with(|s| {
+        if s.get().is_some() {
+            SiteScope { set: false }
+        } else {
+            s.set(Some(site));
+            SiteScope { set: true }
+        }
+    })
+}
+
+/// Attributes the transfers of this thread to the caller's line until the
+/// returned scope drops: what [`crate::println!`] expands to.
+#[doc(hidden)]
+#[track_caller]
+pub fn __site_scope() -> SiteScope {
+    site_scope(Location::caller())
 }
 
 /// The ledger of the whole process.
@@ -227,6 +268,7 @@ pub(crate) fn check(src: Device, dst: Device, bytes: usize, site: &'static Locat
         (Device::Gpu(_), Device::Cpu) => Direction::DeviceToHost,
         (Device::Gpu(_), Device::Gpu(_)) => Direction::DeviceToDevice,
     };
+    let site = SITE.with(|s| s.get()).unwrap_or(site);
     let location = format!("{}:{}:{}", site.file(), site.line(), site.column());
     match GUARDS.with(|g| g.get())[slot(direction)] {
         GuardLevel::Allow => {}

@@ -59,6 +59,8 @@ pub use device::{
 pub use device::{hold_queue, inject_kernel_failure};
 pub use dtype::{DType, WithDType};
 pub use error::{human_bytes, Direction, Error, Result};
+#[doc(hidden)]
+pub use ledger::{__site_scope, SiteScope};
 pub use ledger::{
     reset_transfer_stats, thread_transfer_stats, transfer_guard, transfer_guard_for, transfer_stats, GuardLevel, TransferCount,
     TransferGuard, TransferStats,
@@ -68,7 +70,25 @@ pub use op::{BinaryOp, ReduceOp, UnaryOp};
 pub use rng::{manual_seed, philox4x32};
 pub use shape::{Layout, Shape};
 pub use storage::CpuBuffer;
-pub use tensor::{HostData, Tensor};
+pub use tensor::{Dim, HostData, Tensor};
+
+/// `std::println!` whose tensor reads are booked in the transfer ledger at
+/// the line of the macro call (plain `println!("{t}")` books them inside
+/// kiln's `Display` implementation, which cannot see its caller).
+///
+/// ```
+/// use kiln::{Tensor, DType, try_gpu};
+/// let x = Tensor::ones((2,), DType::F32, &try_gpu(0))?;
+/// kiln::println!("x = {x}");
+/// # Ok::<(), kiln::Error>(())
+/// ```
+#[macro_export]
+macro_rules! println {
+    ($($arg:tt)*) => {{
+        let _site = $crate::__site_scope();
+        ::std::println!($($arg)*);
+    }};
+}
 
 /// The README's examples, run as doctests so that they stay true.
 #[doc = include_str!("../../README.md")]

@@ -5,8 +5,30 @@
 use crate::backprop::{self, BackOp};
 use crate::op::{BinaryOp, Kernel, ReduceOp, UnaryOp};
 use crate::shape::{broadcast_shapes, Layout};
-use crate::tensor::{check_compute, check_dim, check_same_device, check_same_dtype};
+use crate::tensor::{check_compute, check_dim, check_same_device, check_same_dtype, Dim};
 use crate::{DType, Error, Result, Shape, Tensor};
+
+/// Whether an integer tensor of `dtype` must compute `op` in f32.
+fn promotes_integers(op: UnaryOp, dtype: DType) -> bool {
+    let (lo, hi) = match dtype {
+        DType::U8 => (0.0, 255.0),
+        DType::I32 => (i32::MIN as f64, i32::MAX as f64),
+        _ => (i64::MIN as f64, i64::MAX as f64),
+    };
+    let fits = |s: f64| s.is_finite() && s.fract() == 0.0 && s >= lo && s <= hi;
+    match op {
+        _ if op.float_only() => true,
+        UnaryOp::DivScalar(_) => true,
+        UnaryOp::AddScalar(s)
+        | UnaryOp::SubScalar(s)
+        | UnaryOp::RSubScalar(s)
+        | UnaryOp::MulScalar(s)
+        | UnaryOp::MaxScalar(s)
+        | UnaryOp::MinScalar(s) => !fits(s),
+        UnaryOp::Affine(a, b) => !fits(a) || !fits(b),
+        _ => false,
+    }
+}
 
 macro_rules! unary_fns {
     ($($(#[$doc:meta])* $name:ident => $op:expr;)*) => {
@@ -22,11 +44,29 @@ macro_rules! binary_fns {
 
 impl Tensor {
     /// Applies a primitive elementwise function.
+    ///
+    /// Type promotion follows PyTorch for a tensor and a Rust scalar: an
+    /// integer tensor gives an f32 result for float functions (`exp`,
+    /// `sqrt`...), for `div_scalar` (true division), and for a scalar that
+    /// an integer of its dtype cannot hold (fractional, non-finite or out of
+    /// range: `i64 · 0.5`, `u8 + (−1.0)`). An integral scalar in range keeps
+    /// the integer dtype (Rust scalars are all f64, so kiln cannot tell
+    /// `2` from `2.0` as Python does; see the README's table of differences).
+    ///
+    /// ```
+    /// use kiln::{Tensor, DType, cpu};
+    /// let x = Tensor::new(&[1i64, 2, 3], &cpu())?;
+    /// assert_eq!(x.div_scalar(0.5)?.to_vec::<f32>()?, vec![2., 4., 6.]);
+    /// assert_eq!(x.add_scalar(1.0)?.dtype(), DType::I64);
+    /// let b = Tensor::new(&[0u8, 5], &cpu())?;
+    /// assert_eq!((&b + -1.0)?.to_vec::<f32>()?, vec![-1., 4.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
     pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
         let dtype = self.dtype();
         check_compute(op.name(), dtype)?;
-        if op.float_only() && !dtype.is_float() {
-            return Err(Error::UnsupportedDType { op: op.name().into(), dtype });
+        if !dtype.is_float() && promotes_integers(op, dtype) {
+            return self.to_dtype(DType::F32)?.unary(op);
         }
         let out = self.alloc_like(dtype, self.shape())?;
         self.launch(Kernel::Unary { op, src: self.src(), out: out.clone() })?;
@@ -123,6 +163,10 @@ impl Tensor {
         check_compute(name, self.dtype())?;
         if op == BinaryOp::Pow && !self.dtype().is_float() {
             return Err(Error::UnsupportedDType { op: name.into(), dtype: self.dtype() });
+        }
+        if op == BinaryOp::Div && !self.dtype().is_float() {
+            // PyTorch: `/` of integer tensors is true division, in floats.
+            return self.to_dtype(DType::F32)?.binary(&rhs.to_dtype(DType::F32)?, op);
         }
         let same_shape = self.shape() == rhs.shape();
         let shape = if same_shape { self.shape().clone() } else { broadcast_shapes(name, self.shape(), rhs.shape())? };
@@ -234,11 +278,13 @@ impl Tensor {
         self.reduce(ReduceOp::Sum, &self.all_dims(), false)
     }
     /// Sum over one dimension, dropping it.
-    pub fn sum(&self, dim: usize) -> Result<Tensor> {
+    pub fn sum(&self, dim: impl Dim) -> Result<Tensor> {
+        let dim = dim.index("sum", self.rank())?;
         self.reduce(ReduceOp::Sum, &[dim], false)
     }
     /// Sum over one dimension, keeping it as size 1.
-    pub fn sum_keepdim(&self, dim: usize) -> Result<Tensor> {
+    pub fn sum_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
+        let dim = dim.index("sum", self.rank())?;
         self.reduce(ReduceOp::Sum, &[dim], true)
     }
     /// Sum over several dimensions.
@@ -251,18 +297,21 @@ impl Tensor {
             return Err(Error::UnsupportedDType { op: "mean".into(), dtype: self.dtype() });
         }
         let n: usize = dims.iter().filter_map(|&d| self.dims().get(d)).product();
-        self.sum_dims(dims, keepdim)?.div_scalar(n.max(1) as f64)
+        // The mean of nothing is 0/0 = NaN, as in PyTorch and numpy.
+        self.sum_dims(dims, keepdim)?.div_scalar(n as f64)
     }
     /// Mean of every element.
     pub fn mean_all(&self) -> Result<Tensor> {
         self.mean_dims(&self.all_dims(), false)
     }
     /// Mean over one dimension.
-    pub fn mean(&self, dim: usize) -> Result<Tensor> {
+    pub fn mean(&self, dim: impl Dim) -> Result<Tensor> {
+        let dim = dim.index("mean", self.rank())?;
         self.mean_dims(&[dim], false)
     }
     /// Mean over one dimension, keeping it.
-    pub fn mean_keepdim(&self, dim: usize) -> Result<Tensor> {
+    pub fn mean_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
+        let dim = dim.index("mean", self.rank())?;
         self.mean_dims(&[dim], true)
     }
     /// Largest element.
@@ -270,11 +319,13 @@ impl Tensor {
         self.reduce(ReduceOp::Max, &self.all_dims(), false)
     }
     /// Maximum over one dimension.
-    pub fn max(&self, dim: usize) -> Result<Tensor> {
+    pub fn max(&self, dim: impl Dim) -> Result<Tensor> {
+        let dim = dim.index("max", self.rank())?;
         self.reduce(ReduceOp::Max, &[dim], false)
     }
     /// Maximum over one dimension, keeping it.
-    pub fn max_keepdim(&self, dim: usize) -> Result<Tensor> {
+    pub fn max_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
+        let dim = dim.index("max", self.rank())?;
         self.reduce(ReduceOp::Max, &[dim], true)
     }
     /// Smallest element.
@@ -282,11 +333,13 @@ impl Tensor {
         self.reduce(ReduceOp::Min, &self.all_dims(), false)
     }
     /// Minimum over one dimension.
-    pub fn min(&self, dim: usize) -> Result<Tensor> {
+    pub fn min(&self, dim: impl Dim) -> Result<Tensor> {
+        let dim = dim.index("min", self.rank())?;
         self.reduce(ReduceOp::Min, &[dim], false)
     }
     /// Minimum over one dimension, keeping it.
-    pub fn min_keepdim(&self, dim: usize) -> Result<Tensor> {
+    pub fn min_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
+        let dim = dim.index("min", self.rank())?;
         self.reduce(ReduceOp::Min, &[dim], true)
     }
     /// Index of the maximum along `dim` (first on ties), i64.
@@ -297,17 +350,53 @@ impl Tensor {
     /// assert_eq!(x.argmax(1)?.to_vec::<i64>()?, vec![1, 0]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
-    pub fn argmax(&self, dim: usize) -> Result<Tensor> {
+    pub fn argmax(&self, dim: impl Dim) -> Result<Tensor> {
+        let dim = dim.index("argmax", self.rank())?;
         self.reduce(ReduceOp::ArgMax, &[dim], false)
     }
     /// Index of the maximum, keeping the dimension.
-    pub fn argmax_keepdim(&self, dim: usize) -> Result<Tensor> {
+    pub fn argmax_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
+        let dim = dim.index("argmax", self.rank())?;
         self.reduce(ReduceOp::ArgMax, &[dim], true)
     }
     /// Index of the minimum along `dim`, i64.
-    pub fn argmin(&self, dim: usize) -> Result<Tensor> {
+    pub fn argmin(&self, dim: impl Dim) -> Result<Tensor> {
+        let dim = dim.index("argmin", self.rank())?;
         self.reduce(ReduceOp::ArgMin, &[dim], false)
     }
+    /// log(softmax(x)) along `dim` (−1 is the last), computed stably as
+    /// x − max − log Σ exp(x − max). An empty tensor gives an empty result.
+    ///
+    /// ```
+    /// use kiln::{Tensor, DType, cpu};
+    /// let x = Tensor::new(&[[1f32, 1.], [2., 2.]], &cpu())?;
+    /// assert_eq!(x.softmax(0)?.to_vec::<f32>()?, vec![0.26894143, 0.26894143, 0.7310586, 0.7310586]);
+    /// assert_eq!(x.softmax(-1)?.to_vec::<f32>()?, vec![0.5; 4]);
+    /// assert_eq!(Tensor::zeros((2, 0), DType::F32, &cpu())?.log_softmax(-1)?.dims(), &[2, 0]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn log_softmax(&self, dim: impl Dim) -> Result<Tensor> {
+        if self.rank() == 0 {
+            return Err(Error::invalid("log_softmax", "needs a tensor of rank 1 or more"));
+        }
+        let dim = dim.index("log_softmax", self.rank())?;
+        if !self.dtype().is_float() {
+            return self.to_dtype(DType::F32)?.log_softmax(dim);
+        }
+        if self.elem_count() == 0 {
+            return self.mul_scalar(1.0);
+        }
+        let m = self.detach().max_keepdim(dim)?;
+        let shifted = self.sub(&m)?;
+        let lse = shifted.exp()?.sum_keepdim(dim)?.log()?;
+        shifted.sub(&lse)
+    }
+
+    /// softmax(x) along `dim` (−1 is the last); see [`log_softmax`](Self::log_softmax).
+    pub fn softmax(&self, dim: impl Dim) -> Result<Tensor> {
+        self.log_softmax(dim)?.exp()
+    }
+
     /// The Frobenius norm: √(Σ x²), a 0-d tensor on the same device.
     ///
     /// ```

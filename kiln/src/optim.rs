@@ -1,7 +1,15 @@
 //! Optimizers: [`Sgd`] (momentum, weight decay) and [`Adam`]. They update
 //! parameters in place, on the parameters' own device, without recording
 //! gradients: every parameter stays the same tensor (same storage), so a
-//! model and its optimizer always agree.
+//! model and its optimizer always agree. An optimizer built before
+//! [`Module::to`](crate::nn::Module::to) follows the parameters to their new
+//! device (their identity is kept; see [`Tensor::latest`]), moving its own
+//! state (momentum, moments) there on the next step.
+//!
+//! A step is transactional: every new value (parameters and state) is
+//! computed into new buffers first and committed only when all of them
+//! exist, so a step that fails (e.g. `OutOfMemory` on a full GPU) leaves the
+//! parameters, the state and Adam's step counter exactly as they were.
 //!
 //! ```
 //! use kiln::optim::{Optimizer, Sgd};
@@ -20,7 +28,10 @@ use crate::{no_grad, Error, Result, Tensor};
 
 /// What every optimizer does.
 pub trait Optimizer {
-    /// Applies one update to every parameter that has a gradient.
+    /// Applies one update to every parameter that has a gradient; all or
+    /// nothing (a failed step changes neither parameters nor state). Moves of
+    /// state to a parameter's new device are booked at the caller's line.
+    #[track_caller]
     fn step(&mut self) -> Result<()>;
     /// Clears the gradients of the parameters.
     fn zero_grad(&mut self);
@@ -75,26 +86,50 @@ impl Sgd {
         self.weight_decay = weight_decay;
         self
     }
+
+    /// The momentum buffer of parameter `i` (none before its first step with
+    /// momentum, or for an index out of range).
+    pub fn velocity(&self, i: usize) -> Option<Tensor> {
+        self.velocity.get(i).cloned().flatten()
+    }
+}
+
+/// Replaces each handle of a parameter that `Module::to` moved by the
+/// parameter as it is now (same identity).
+fn follow_moves(params: &mut [Tensor]) {
+    for p in params {
+        *p = p.latest();
+    }
 }
 
 impl Optimizer for Sgd {
+    #[track_caller]
     fn step(&mut self) -> Result<()> {
+        let _site = crate::ledger::site_scope(std::panic::Location::caller());
         let _g = no_grad();
-        for (p, v) in self.params.iter().zip(self.velocity.iter_mut()) {
+        follow_moves(&mut self.params);
+        // Compute everything into new buffers; commit only when all exist.
+        let mut velocity = self.velocity.clone();
+        let mut updates: Vec<(usize, Tensor)> = Vec::with_capacity(self.params.len());
+        for (i, p) in self.params.iter().enumerate() {
             let Some(mut g) = p.grad() else { continue };
             if self.weight_decay != 0.0 {
                 g = g.add(&p.mul_scalar(self.weight_decay)?)?;
             }
             if self.momentum != 0.0 {
-                let next = match v.take() {
-                    Some(old) => old.mul_scalar(self.momentum)?.add(&g)?,
-                    None => g.contiguous()?,
+                let next = match &velocity[i] {
+                    Some(old) => old.to(&p.device())?.mul_scalar(self.momentum)?.add(&g)?,
+                    None => g.force_copy()?,
                 };
-                *v = Some(next.clone());
+                velocity[i] = Some(next.clone());
                 g = next;
             }
-            p.assign(&p.sub(&g.mul_scalar(self.lr)?)?)?;
+            updates.push((i, p.sub(&g.mul_scalar(self.lr)?)?));
         }
+        for (i, new) in updates {
+            self.params[i].assign(&new)?;
+        }
+        self.velocity = velocity;
         Ok(())
     }
     fn zero_grad(&mut self) {
@@ -165,34 +200,57 @@ impl Adam {
         self.weight_decay = weight_decay;
         self
     }
+
+    /// The first and second moment estimates of parameter `i` (none before
+    /// its first step).
+    pub fn moments(&self, i: usize) -> (Option<Tensor>, Option<Tensor>) {
+        (self.m.get(i).cloned().flatten(), self.v.get(i).cloned().flatten())
+    }
+
+    /// Steps taken (the bias-correction counter).
+    pub fn steps_taken(&self) -> i32 {
+        self.t
+    }
 }
 
 impl Optimizer for Adam {
+    #[track_caller]
     fn step(&mut self) -> Result<()> {
+        let _site = crate::ledger::site_scope(std::panic::Location::caller());
         let _g = no_grad();
-        self.t += 1;
-        let c1 = 1.0 - self.beta1.powi(self.t);
-        let c2 = 1.0 - self.beta2.powi(self.t);
-        for i in 0..self.params.len() {
-            let p = &self.params[i];
+        follow_moves(&mut self.params);
+        let t = self.t.saturating_add(1);
+        let c1 = 1.0 - self.beta1.powi(t);
+        let c2 = 1.0 - self.beta2.powi(t);
+        // Compute everything into new buffers; commit only when all exist.
+        let (mut ms, mut vs) = (self.m.clone(), self.v.clone());
+        let mut updates: Vec<(usize, Tensor)> = Vec::with_capacity(self.params.len());
+        for (i, p) in self.params.iter().enumerate() {
             let Some(mut g) = p.grad() else { continue };
+            let device = p.device();
             if self.weight_decay != 0.0 {
                 g = g.add(&p.mul_scalar(self.weight_decay)?)?;
             }
-            let m = match self.m[i].take() {
-                Some(m) => m.mul_scalar(self.beta1)?.add(&g.mul_scalar(1.0 - self.beta1)?)?,
+            let m = match &ms[i] {
+                Some(m) => m.to(&device)?.mul_scalar(self.beta1)?.add(&g.mul_scalar(1.0 - self.beta1)?)?,
                 None => g.mul_scalar(1.0 - self.beta1)?,
             };
-            let v = match self.v[i].take() {
-                Some(v) => v.mul_scalar(self.beta2)?.add(&g.sqr()?.mul_scalar(1.0 - self.beta2)?)?,
+            let v = match &vs[i] {
+                Some(v) => v.to(&device)?.mul_scalar(self.beta2)?.add(&g.sqr()?.mul_scalar(1.0 - self.beta2)?)?,
                 None => g.sqr()?.mul_scalar(1.0 - self.beta2)?,
             };
             let denom = v.div_scalar(c2)?.sqrt()?.add_scalar(self.eps)?;
             let update = m.div(&denom)?.mul_scalar(self.lr / c1)?;
-            p.assign(&p.sub(&update)?)?;
-            self.m[i] = Some(m);
-            self.v[i] = Some(v);
+            updates.push((i, p.sub(&update)?));
+            ms[i] = Some(m);
+            vs[i] = Some(v);
         }
+        for (i, new) in updates {
+            self.params[i].assign(&new)?;
+        }
+        self.m = ms;
+        self.v = vs;
+        self.t = t;
         Ok(())
     }
     fn zero_grad(&mut self) {

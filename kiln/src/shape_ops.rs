@@ -5,7 +5,7 @@
 use crate::backprop::{self, BackOp};
 use crate::op::Kernel;
 use crate::shape::Layout;
-use crate::tensor::{check_dim, check_same_device, check_same_dtype};
+use crate::tensor::{check_dim, check_same_device, check_same_dtype, Dim};
 use crate::{DType, Error, Result, Shape, Tensor};
 
 impl Tensor {
@@ -46,7 +46,8 @@ impl Tensor {
     }
 
     /// Swaps two dimensions (a view).
-    pub fn transpose(&self, a: usize, b: usize) -> Result<Tensor> {
+    pub fn transpose(&self, a: impl Dim, b: impl Dim) -> Result<Tensor> {
+        let (a, b) = (a.index("transpose", self.rank())?, b.index("transpose", self.rank())?);
         check_dim("transpose", a, self.rank())?;
         check_dim("transpose", b, self.rank())?;
         let mut perm: Vec<usize> = (0..self.rank()).collect();
@@ -87,7 +88,8 @@ impl Tensor {
     /// assert!(x.narrow(0, 4, 3).is_err());
     /// # Ok::<(), kiln::Error>(())
     /// ```
-    pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Tensor> {
+    pub fn narrow(&self, dim: impl Dim, start: usize, len: usize) -> Result<Tensor> {
+        let dim = dim.index("narrow", self.rank())?;
         check_dim("narrow", dim, self.rank())?;
         let size = self.dims()[dim];
         if start.checked_add(len).is_none_or(|end| end > size) {
@@ -100,7 +102,8 @@ impl Tensor {
     }
 
     /// Python-style slice `start..end` of a dimension (a view).
-    pub fn slice(&self, dim: usize, range: std::ops::Range<usize>) -> Result<Tensor> {
+    pub fn slice(&self, dim: impl Dim, range: std::ops::Range<usize>) -> Result<Tensor> {
+        let dim = dim.index("slice", self.rank())?;
         if range.end < range.start {
             return Err(Error::invalid("slice", format!("range {range:?} runs backwards")));
         }
@@ -113,7 +116,8 @@ impl Tensor {
     }
 
     /// Removes a dimension of size 1.
-    pub fn squeeze(&self, dim: usize) -> Result<Tensor> {
+    pub fn squeeze(&self, dim: impl Dim) -> Result<Tensor> {
+        let dim = dim.index("squeeze", self.rank())?;
         check_dim("squeeze", dim, self.rank())?;
         if self.dims()[dim] != 1 {
             return Err(Error::invalid("squeeze", format!("dimension {dim} has size {}, not 1", self.dims()[dim])));
@@ -125,7 +129,9 @@ impl Tensor {
     }
 
     /// Inserts a dimension of size 1 at `dim`.
-    pub fn unsqueeze(&self, dim: usize) -> Result<Tensor> {
+    pub fn unsqueeze(&self, dim: impl Dim) -> Result<Tensor> {
+        // −1 inserts a new last dimension, as in PyTorch.
+        let dim = dim.index("unsqueeze", self.rank() + 1)?;
         if dim > self.rank() {
             return Err(Error::invalid("unsqueeze", format!("position {dim} is past the {} dimensions", self.rank())));
         }
@@ -143,7 +149,8 @@ impl Tensor {
     }
 
     /// Flattens dimensions `from..` into one (e.g. images to vectors).
-    pub fn flatten_from(&self, from: usize) -> Result<Tensor> {
+    pub fn flatten_from(&self, from: impl Dim) -> Result<Tensor> {
+        let from = from.index("flatten_from", self.rank() + 1)?;
         if from >= self.rank() {
             return Ok(self.clone());
         }
@@ -175,7 +182,8 @@ impl Tensor {
     /// assert_eq!(x.index_select(&ids, 0)?.to_vec::<f32>()?, vec![5., 6., 1., 2.]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
-    pub fn index_select(&self, ids: &Tensor, dim: usize) -> Result<Tensor> {
+    pub fn index_select(&self, ids: &Tensor, dim: impl Dim) -> Result<Tensor> {
+        let dim = dim.index("index_select", self.rank())?;
         check_same_device("index_select", self, ids)?;
         check_dim("index_select", dim, self.rank())?;
         let n = self.index_list_len(ids, dim, "index_select")?;
@@ -190,7 +198,8 @@ impl Tensor {
 
     /// Adds `src` into a copy of `self` at the entries of `dim` named by `ids`
     /// (repeated indices accumulate). The adjoint of `index_select`.
-    pub fn index_add(&self, ids: &Tensor, src: &Tensor, dim: usize) -> Result<Tensor> {
+    pub fn index_add(&self, ids: &Tensor, src: &Tensor, dim: impl Dim) -> Result<Tensor> {
+        let dim = dim.index("index_add", self.rank())?;
         check_same_device("index_add", self, ids)?;
         check_same_device("index_add", self, src)?;
         check_same_dtype("index_add", self, src)?;
@@ -203,17 +212,17 @@ impl Tensor {
         }
         let out = self.force_copy()?;
         self.launch(Kernel::IndexAdd { src: src.src(), ids: ids.src(), dim, dst: out.storage.clone() })?;
-        Ok(out)
+        Ok(crate::backprop::record(out, || crate::backprop::BackOp::IndexAdd(self.clone(), ids.clone(), src.clone(), dim), &[self, src]))
     }
 
     /// Checks an index tensor; its values are checked against the size when
     /// the tensor is on the host (a GPU index is not read back: that would be
     /// a hidden transfer; kernels skip out-of-range indices). Returns the number of indices.
     fn index_list_len(&self, ids: &Tensor, dim: usize, op: &str) -> Result<usize> {
-        if !matches!(ids.dtype(), DType::I64 | DType::U8) || ids.rank() != 1 {
+        if !matches!(ids.dtype(), DType::I64 | DType::I32 | DType::U8) || ids.rank() != 1 {
             return Err(Error::invalid(
                 op,
-                format!("indices must be a 1-D i64 or u8 tensor, got {} of shape {}", ids.dtype(), ids.shape()),
+                format!("indices must be a 1-D i64, i32 or u8 tensor, got {} of shape {}", ids.dtype(), ids.shape()),
             ));
         }
         if ids.device().is_cpu() {
@@ -237,8 +246,9 @@ impl Tensor {
     /// assert_eq!(Tensor::cat(&[&a, &b], 1)?.to_vec::<f32>()?, vec![1., 2., 3., 4.]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
-    pub fn cat(tensors: &[&Tensor], dim: usize) -> Result<Tensor> {
+    pub fn cat(tensors: &[&Tensor], dim: impl Dim) -> Result<Tensor> {
         let first = *tensors.first().ok_or_else(|| Error::invalid("cat", "needs at least one tensor"))?;
+        let dim = dim.index("cat", first.rank())?;
         check_dim("cat", dim, first.rank())?;
         let mut total = 0;
         for t in tensors {
@@ -275,7 +285,9 @@ impl Tensor {
     /// assert_eq!(Tensor::stack(&[&a, &a, &a], 0)?.dims(), &[3, 2]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
-    pub fn stack(tensors: &[&Tensor], dim: usize) -> Result<Tensor> {
+    pub fn stack(tensors: &[&Tensor], dim: impl Dim) -> Result<Tensor> {
+        let first = *tensors.first().ok_or_else(|| Error::invalid("stack", "needs at least one tensor"))?;
+        let dim = dim.index("stack", first.rank() + 1)?;
         let expanded = tensors.iter().map(|t| t.unsqueeze(dim)).collect::<Result<Vec<_>>>()?;
         let refs: Vec<&Tensor> = expanded.iter().collect();
         Tensor::cat(&refs, dim)

@@ -21,6 +21,8 @@ pub enum CpuBuffer {
     F64(Vec<f64>),
     /// i64 elements.
     I64(Vec<i64>),
+    /// i32 elements.
+    I32(Vec<i32>),
     /// u8 elements.
     U8(Vec<u8>),
     /// f16 elements.
@@ -38,6 +40,7 @@ macro_rules! map_buffer {
             $crate::CpuBuffer::F32($v) => $body,
             $crate::CpuBuffer::F64($v) => $body,
             $crate::CpuBuffer::I64($v) => $body,
+            $crate::CpuBuffer::I32($v) => $body,
             $crate::CpuBuffer::U8($v) => $body,
             $crate::CpuBuffer::F16($v) => $body,
             $crate::CpuBuffer::BF16($v) => $body,
@@ -52,6 +55,7 @@ impl CpuBuffer {
             CpuBuffer::F32(_) => DType::F32,
             CpuBuffer::F64(_) => DType::F64,
             CpuBuffer::I64(_) => DType::I64,
+            CpuBuffer::I32(_) => DType::I32,
             CpuBuffer::U8(_) => DType::U8,
             CpuBuffer::F16(_) => DType::F16,
             CpuBuffer::BF16(_) => DType::BF16,
@@ -79,6 +83,7 @@ impl CpuBuffer {
                 DType::F32 => CpuBuffer::F32(small(0f32, len)),
                 DType::F64 => CpuBuffer::F64(small(0f64, len)),
                 DType::I64 => CpuBuffer::I64(small(0i64, len)),
+                DType::I32 => CpuBuffer::I32(small(0i32, len)),
                 DType::U8 => CpuBuffer::U8(small(0u8, len)),
                 DType::F16 => CpuBuffer::F16(small(f16::ZERO, len)),
                 DType::BF16 => CpuBuffer::BF16(small(bf16::ZERO, len)),
@@ -94,6 +99,7 @@ impl CpuBuffer {
             DType::F32 => CpuBuffer::F32(zeroed_vec(len)?),
             DType::F64 => CpuBuffer::F64(zeroed_vec(len)?),
             DType::I64 => CpuBuffer::I64(zeroed_vec(len)?),
+            DType::I32 => CpuBuffer::I32(zeroed_vec(len)?),
             DType::U8 => CpuBuffer::U8(zeroed_vec(len)?),
             DType::F16 => CpuBuffer::F16(zeroed_vec(len)?),
             DType::BF16 => CpuBuffer::BF16(zeroed_vec(len)?),

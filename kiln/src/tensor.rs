@@ -116,6 +116,45 @@ pub(crate) fn check_compute(op: &str, dtype: DType) -> Result<()> {
     Ok(())
 }
 
+/// A dimension: a `usize`, or a signed integer where −1 is the last
+/// dimension, −2 the one before, as in PyTorch.
+///
+/// ```
+/// use kiln::{Tensor, cpu};
+/// let x = Tensor::new(&[[1f32, 2.], [3., 4.]], &cpu())?;
+/// assert_eq!(x.sum(-1)?.to_vec::<f32>()?, vec![3., 7.]);
+/// assert_eq!(x.sum(0usize)?.to_vec::<f32>()?, vec![4., 6.]);
+/// assert!(x.sum(-3).is_err());
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub trait Dim: Copy {
+    /// The dimension as an index in `0..rank`, or an error naming `op`.
+    fn index(self, op: &str, rank: usize) -> Result<usize>;
+}
+
+impl Dim for usize {
+    fn index(self, op: &str, rank: usize) -> Result<usize> {
+        check_dim(op, self, rank)?;
+        Ok(self)
+    }
+}
+
+macro_rules! signed_dim {
+    ($($t:ty),*) => { $(
+        impl Dim for $t {
+            fn index(self, op: &str, rank: usize) -> Result<usize> {
+                let d = self as i64;
+                let i = if d < 0 { d + rank as i64 } else { d };
+                if i < 0 || i >= rank as i64 {
+                    return Err(Error::invalid(op, format!("dimension {d} is out of range for a tensor of rank {rank} (valid: {} to {})", -(rank as i64), rank as i64 - 1)));
+                }
+                Ok(i as usize)
+            }
+        }
+    )* };
+}
+signed_dim!(i32, i64, isize);
+
 pub(crate) fn check_dim(op: &str, dim: usize, rank: usize) -> Result<()> {
     if dim >= rank {
         return Err(Error::invalid(op, format!("dimension {dim} is out of range for a tensor of rank {rank}")));
@@ -391,8 +430,8 @@ impl Tensor {
         self.storage.bytes()
     }
     /// The i-th dimension, or an error naming the rank.
-    pub fn dim(&self, i: usize) -> Result<usize> {
-        check_dim("dim", i, self.rank())?;
+    pub fn dim(&self, i: impl Dim) -> Result<usize> {
+        let i = i.index("dim", self.rank())?;
         Ok(self.dims()[i])
     }
 

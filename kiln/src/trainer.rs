@@ -214,7 +214,9 @@ impl Trainer {
 
     /// Moves each tensor of a batch to `gpus[0]` (no-op without GPUs or when
     /// already there).
+    #[track_caller]
     pub fn prepare_batch(&self, batch: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        let _site = crate::ledger::site_scope(std::panic::Location::caller());
         match self.gpus.first() {
             Some(d) => batch.iter().map(|t| t.to(d)).collect(),
             None => Ok(batch),
@@ -222,11 +224,36 @@ impl Trainer {
     }
 
     /// Moves the model's parameters to `gpus[0]` (no-op without GPUs).
+    #[track_caller]
     pub fn prepare_model(&self, model: &mut dyn Module) -> Result<()> {
+        let _site = crate::ledger::site_scope(std::panic::Location::caller());
         match self.gpus.first() {
             Some(d) => model.to(d),
             None => Ok(()),
         }
+    }
+
+    /// Creates the parameters of lazy layers (the chapter's `LazyLinear`)
+    /// before the optimizer is built: one forward of the first training
+    /// batch, on the training device, without gradients and in evaluation
+    /// mode (no dropout draw). PyTorch Lightning and d2l do the same; the
+    /// optimizer then sees every parameter from the first step.
+    fn materialize<N: Module>(&self, model: &mut Learner<N>, data: &DataModule) -> Result<()> {
+        if !model.net.has_lazy_parameters() {
+            return Ok(());
+        }
+        let Some(batch) = data.train.iter()?.next() else { return Ok(()) };
+        let batch = self.prepare_batch(batch?)?;
+        let (x, _) = split_batch(&batch)?;
+        let _g = no_grad();
+        model.net.eval();
+        let out = model.net.forward(x);
+        model.net.train();
+        out?;
+        if model.net.has_lazy_parameters() {
+            return Err(Error::invalid("fit", "a lazy layer still has no parameters after a forward of the first batch"));
+        }
+        Ok(())
     }
 
     fn clip_gradients(&self, params: &[Tensor]) -> Result<()> {
@@ -251,11 +278,16 @@ impl Trainer {
     /// Trains: each epoch runs every training batch (forward, loss,
     /// backward, clipping, step), then validation without gradients, and
     /// reads the epoch's losses from the device in one transfer.
+    #[track_caller]
     pub fn fit<N: Module>(&mut self, model: &mut Learner<N>, data: &DataModule) -> Result<History> {
+        // Every transfer of the fit (model, batches, losses) is booked at the
+        // caller's line.
+        let _site = crate::ledger::site_scope(std::panic::Location::caller());
         if data.train.is_empty() {
             return Err(Error::invalid("fit", "the training loader yields no batch (fewer examples than one batch with drop_last?)"));
         }
         self.prepare_model(&mut model.net)?;
+        self.materialize(model, data)?;
         let mut optimizer = model.optimizer.build(model.net.parameters())?;
         let device = self.device();
         let show = self.progress == Progress::Auto && std::io::stderr().is_terminal();

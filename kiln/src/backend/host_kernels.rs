@@ -86,13 +86,22 @@ macro_rules! float_num {
             fn div(self, o: Self) -> Self {
                 self / o
             }
+            // NaN propagates, as in PyTorch and numpy (`f32::max` drops it).
             #[inline(always)]
             fn max(self, o: Self) -> Self {
-                self.max(o)
+                if self.is_nan() || o.is_nan() {
+                    <$t>::NAN
+                } else {
+                    self.max(o)
+                }
             }
             #[inline(always)]
             fn min(self, o: Self) -> Self {
-                self.min(o)
+                if self.is_nan() || o.is_nan() {
+                    <$t>::NAN
+                } else {
+                    self.min(o)
+                }
             }
             #[inline(always)]
             fn abs(self) -> Self {
@@ -183,6 +192,7 @@ macro_rules! int_num {
     };
 }
 int_num!(i64, |x: i64| x.wrapping_abs(), |x: i64| x.wrapping_neg());
+int_num!(i32, |x: i32| x.wrapping_abs(), |x: i32| x.wrapping_neg());
 int_num!(u8, |x: u8| x, |x: u8| x.wrapping_neg());
 
 /// x^n by squaring, so integer powers never go through powf.
@@ -236,6 +246,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
                 (CpuBuffer::F32(s), CpuBuffer::F32(o)) => unary_float(*op, s, &src.layout, o, threads),
                 (CpuBuffer::F64(s), CpuBuffer::F64(o)) => unary_float(*op, s, &src.layout, o, threads),
                 (CpuBuffer::I64(s), CpuBuffer::I64(o)) => unary_num(*op, s, &src.layout, o, threads),
+                (CpuBuffer::I32(s), CpuBuffer::I32(o)) => unary_num(*op, s, &src.layout, o, threads),
                 (CpuBuffer::U8(s), CpuBuffer::U8(o)) => unary_num(*op, s, &src.layout, o, threads),
                 _ => return Err(unsupported(kernel)),
             }
@@ -257,6 +268,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
                 (CpuBuffer::F32(a), CpuBuffer::F32(b)) => go!(a, b),
                 (CpuBuffer::F64(a), CpuBuffer::F64(b)) => go!(a, b),
                 (CpuBuffer::I64(a), CpuBuffer::I64(b)) => go!(a, b),
+                (CpuBuffer::I32(a), CpuBuffer::I32(b)) => go!(a, b),
                 (CpuBuffer::U8(a), CpuBuffer::U8(b)) => go!(a, b),
                 _ => return Err(unsupported(kernel)),
             }
@@ -271,6 +283,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
                         CpuBuffer::F32(s) => arg_reduce(s, &src.layout, dims[0], o, max),
                         CpuBuffer::F64(s) => arg_reduce(s, &src.layout, dims[0], o, max),
                         CpuBuffer::I64(s) => arg_reduce(s, &src.layout, dims[0], o, max),
+                        CpuBuffer::I32(s) => arg_reduce(s, &src.layout, dims[0], o, max),
                         CpuBuffer::U8(s) => arg_reduce(s, &src.layout, dims[0], o, max),
                         _ => return Err(unsupported(kernel)),
                     }
@@ -278,6 +291,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
                 (op, CpuBuffer::F32(s), CpuBuffer::F32(o)) => reduce(op, s, &src.layout, dims, o, threads),
                 (op, CpuBuffer::F64(s), CpuBuffer::F64(o)) => reduce(op, s, &src.layout, dims, o, threads),
                 (op, CpuBuffer::I64(s), CpuBuffer::I64(o)) => reduce(op, s, &src.layout, dims, o, threads),
+                (op, CpuBuffer::I32(s), CpuBuffer::I32(o)) => reduce(op, s, &src.layout, dims, o, threads),
                 (op, CpuBuffer::U8(s), CpuBuffer::U8(o)) => reduce(op, s, &src.layout, dims, o, threads),
                 _ => return Err(unsupported(kernel)),
             }
@@ -303,6 +317,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
                     matmul_gemm(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k), threads)
                 }
                 (CpuBuffer::I64(a), CpuBuffer::I64(b), CpuBuffer::I64(o)) => matmul_naive(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k)),
+                (CpuBuffer::I32(a), CpuBuffer::I32(b), CpuBuffer::I32(o)) => matmul_naive(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k)),
                 (CpuBuffer::U8(a), CpuBuffer::U8(b), CpuBuffer::U8(o)) => matmul_naive(a, &lhs.layout, b, &rhs.layout, o, (*m, *n, *k)),
                 _ => return Err(unsupported(kernel)),
             }
@@ -336,6 +351,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
                 (CpuBuffer::F32(s), CpuBuffer::F32(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
                 (CpuBuffer::F64(s), CpuBuffer::F64(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
                 (CpuBuffer::I64(s), CpuBuffer::I64(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
+                (CpuBuffer::I32(s), CpuBuffer::I32(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
                 (CpuBuffer::U8(s), CpuBuffer::U8(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
                 (CpuBuffer::F16(s), CpuBuffer::F16(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
                 (CpuBuffer::BF16(s), CpuBuffer::BF16(o)) => index_select(&s[start..end], dims, &ids, *dim, o),
@@ -350,6 +366,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
                 (CpuBuffer::F32(s), CpuBuffer::F32(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
                 (CpuBuffer::F64(s), CpuBuffer::F64(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
                 (CpuBuffer::I64(s), CpuBuffer::I64(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
+                (CpuBuffer::I32(s), CpuBuffer::I32(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
                 (CpuBuffer::U8(s), CpuBuffer::U8(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
                 // Half precision accumulates in f32 and rounds once per element.
                 (CpuBuffer::F16(s), CpuBuffer::F16(o)) => index_add_half(s, src.layout.dims(), &ids, *dim, o),
@@ -374,6 +391,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
                 (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) => go!(a, b, o),
                 (CpuBuffer::F64(a), CpuBuffer::F64(b), CpuBuffer::F64(o)) => go!(a, b, o),
                 (CpuBuffer::I64(a), CpuBuffer::I64(b), CpuBuffer::I64(o)) => go!(a, b, o),
+                (CpuBuffer::I32(a), CpuBuffer::I32(b), CpuBuffer::I32(o)) => go!(a, b, o),
                 (CpuBuffer::U8(a), CpuBuffer::U8(b), CpuBuffer::U8(o)) => go!(a, b, o),
                 (CpuBuffer::F16(a), CpuBuffer::F16(b), CpuBuffer::F16(o)) => go!(a, b, o),
                 (CpuBuffer::BF16(a), CpuBuffer::BF16(b), CpuBuffer::BF16(o)) => go!(a, b, o),
@@ -474,6 +492,7 @@ pub(crate) fn index_list(ids: &Src) -> Result<Vec<usize>> {
             Some((a, b)) => out.extend(v[a..b].iter().map(|&i| usize::try_from(i).unwrap_or(usize::MAX))),
             None => out.extend(l.offsets().map(|o| usize::try_from(v[o]).unwrap_or(usize::MAX))),
         },
+        CpuBuffer::I32(v) => out.extend(l.offsets().map(|o| usize::try_from(v[o]).unwrap_or(usize::MAX))),
         CpuBuffer::U8(v) => out.extend(l.offsets().map(|o| v[o] as usize)),
         other => out.extend(l.offsets().map(|o| other.get_f64(o) as usize)),
     }
@@ -768,24 +787,20 @@ fn dense_sum<T: Num>(s: &[T]) -> f64 {
     total
 }
 
-/// f32 sum: 16 f32 lanes (one AVX-512 register) within blocks of 512, the
-/// block sums added in f64. As accurate as pairwise summation for our
-/// purposes, and four times the speed of converting every element to f64.
+/// f32 sum: 8 f64 lanes (every element widened once), so that 2^20 values
+/// of 0.1 sum to 104857.6 as in numpy and PyTorch; f32 lanes drift by a few
+/// ulps (104857.57), and memory bandwidth, not the adds, bounds the speed.
 fn dense_sum_f32(s: &[f32]) -> f64 {
-    const LANES: usize = 16;
-    const BLOCK: usize = 512;
-    let mut total = 0f64;
-    let blocks = s.chunks_exact(BLOCK);
-    let rest = blocks.remainder();
-    for block in blocks {
-        let mut acc = [0f32; LANES];
-        for c in block.chunks_exact(LANES) {
-            for j in 0..LANES {
-                acc[j] += c[j];
-            }
+    const LANES: usize = 8;
+    let mut acc = [0f64; LANES];
+    let chunks = s.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..LANES {
+            acc[j] += c[j] as f64;
         }
-        total += acc.iter().map(|&x| x as f64).sum::<f64>();
     }
+    let mut total = acc.iter().sum::<f64>();
     for &x in rest {
         total += x as f64;
     }
@@ -837,6 +852,21 @@ fn reduce<T: Num>(op: ReduceOp, s: &[T], l: &Layout, dims: &[usize], out: &mut [
     let (oo, _, os) = rows(&out_layout);
     let rows_count = l.elem_count() / n.max(1);
     let sum_in_f64 = op == ReduceOp::Sum && T::DTYPE.is_float();
+    if sum_in_f64 && os != 0 {
+        // A float sum over a non-last dimension: accumulate every output in
+        // f64 (in f32, 2^20 rows of 0.1 drift to 105891.84).
+        let mut acc = vec![0f64; out.len()];
+        for r in 0..rows_count {
+            let (ps, po) = (row_start(&so, r), row_start(&oo, r));
+            for j in 0..n {
+                acc[po + j * os] += s[ps + j * ss].to_f64();
+            }
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = T::from_f64(a);
+        }
+        return;
+    }
     for r in 0..rows_count {
         let (ps, po) = (row_start(&so, r), row_start(&oo, r));
         if os == 0 {
@@ -867,11 +897,20 @@ fn arg_reduce<T: Num>(s: &[T], l: &Layout, dim: usize, out: &mut [i64], max: boo
     for (o, b) in out.iter_mut().zip(base.offsets()) {
         let mut best = s[b];
         let mut idx = 0;
-        for i in 1..n {
-            let v = s[b + i * stride];
-            if (max && v > best) || (!max && v < best) {
-                best = v;
-                idx = i;
+        // NaN wins, the first one (PyTorch and numpy): `v != v` only for NaN.
+        #[allow(clippy::eq_op)]
+        if best == best {
+            for i in 1..n {
+                let v = s[b + i * stride];
+                #[allow(clippy::eq_op)]
+                if v != v {
+                    idx = i;
+                    break;
+                }
+                if (max && v > best) || (!max && v < best) {
+                    best = v;
+                    idx = i;
+                }
             }
         }
         *o = idx as i64;
@@ -968,7 +1007,20 @@ macro_rules! convert_via_f64 {
         }
     )* };
 }
-convert_via_f64!(f32, f64, i64, u8, f16, bf16);
+convert_via_f64!(f32, f64, f16, bf16);
+// Integers convert as numpy and PyTorch do: one rounding to a float (through
+// f64 an i64 above 2^53 would round twice), wrapping to a narrower integer.
+macro_rules! convert_via_i64 {
+    ($($from:ty),*) => { $(
+        impl<U: WithDType> Convert<U> for $from {
+            #[inline(always)]
+            fn convert(self) -> U {
+                U::from_i64(self as i64)
+            }
+        }
+    )* };
+}
+convert_via_i64!(i64, i32, u8);
 
 fn copy_typed<T: WithDType + Convert<U>, U: WithDType>(s: &[T], ls: &Layout, d: &mut [U], ld: &Layout) {
     if T::DTYPE == U::DTYPE {
@@ -997,6 +1049,7 @@ fn copy_cast(src: &CpuBuffer, ls: &Layout, dst: &mut CpuBuffer, ld: &Layout) {
                 CpuBuffer::F32(d) => copy_typed($s, ls, d, ld),
                 CpuBuffer::F64(d) => copy_typed($s, ls, d, ld),
                 CpuBuffer::I64(d) => copy_typed($s, ls, d, ld),
+                CpuBuffer::I32(d) => copy_typed($s, ls, d, ld),
                 CpuBuffer::U8(d) => copy_typed($s, ls, d, ld),
                 CpuBuffer::F16(d) => copy_typed($s, ls, d, ld),
                 CpuBuffer::BF16(d) => copy_typed($s, ls, d, ld),
@@ -1007,6 +1060,7 @@ fn copy_cast(src: &CpuBuffer, ls: &Layout, dst: &mut CpuBuffer, ld: &Layout) {
         CpuBuffer::F32(s) => to!(s),
         CpuBuffer::F64(s) => to!(s),
         CpuBuffer::I64(s) => to!(s),
+        CpuBuffer::I32(s) => to!(s),
         CpuBuffer::U8(s) => to!(s),
         CpuBuffer::F16(s) => to!(s),
         CpuBuffer::BF16(s) => to!(s),

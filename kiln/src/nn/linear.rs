@@ -137,7 +137,9 @@ impl Module for Linear {
 
 /// A [`Linear`] layer whose input size is found at the first forward; its
 /// parameters are then created on the input's device (PyTorch's
-/// `nn.LazyLinear`, the chapter's `nn.LazyLinear(1)`).
+/// `nn.LazyLinear`, the chapter's `nn.LazyLinear(1)`). After
+/// [`Module::to`] they are created on that device instead, and an input
+/// elsewhere is a [`Error::DeviceMismatch`], as in PyTorch.
 ///
 /// ```
 /// use kiln::nn::{LazyLinear, Module};
@@ -153,6 +155,7 @@ impl Module for Linear {
 pub struct LazyLinear {
     out_features: usize,
     bias: bool,
+    device: Option<Device>,
     inner: OnceLock<Linear>,
 }
 
@@ -165,12 +168,12 @@ impl std::fmt::Debug for LazyLinear {
 impl LazyLinear {
     /// A layer with `out_features` outputs and a bias.
     pub fn new(out_features: usize) -> LazyLinear {
-        LazyLinear { out_features, bias: true, inner: OnceLock::new() }
+        LazyLinear { out_features, bias: true, device: None, inner: OnceLock::new() }
     }
 
     /// Without a bias.
     pub fn without_bias(out_features: usize) -> LazyLinear {
-        LazyLinear { out_features, bias: false, inner: OnceLock::new() }
+        LazyLinear { out_features, bias: false, device: None, inner: OnceLock::new() }
     }
 
     /// The layer once its size is known.
@@ -186,6 +189,11 @@ impl Module for LazyLinear {
         }
         if x.rank() == 0 {
             return Err(Error::invalid("LazyLinear", "needs an input of rank 1 or more to find its input size"));
+        }
+        if let Some(d) = self.device {
+            if x.device() != d {
+                return Err(input_device_mismatch(x.device(), "weight", d));
+            }
         }
         let in_features = x.dims()[x.rank() - 1];
         let layer = {
@@ -207,6 +215,14 @@ impl Module for LazyLinear {
             Some(l) => l.visit_parameters_mut(f),
             None => Ok(()),
         }
+    }
+    fn place_lazy_parameters(&mut self, device: &Device) {
+        if self.inner.get().is_none() {
+            self.device = Some(*device);
+        }
+    }
+    fn has_lazy_parameters(&self) -> bool {
+        self.inner.get().is_none()
     }
     fn describe(&self) -> String {
         match self.inner.get() {

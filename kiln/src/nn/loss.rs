@@ -26,7 +26,8 @@ pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
             rhs: target.dims().to_vec(),
         });
     };
-    let n = pred.elem_count().max(1) as f64;
+    // Empty: 0/0 = NaN, as PyTorch.
+    let n = pred.elem_count() as f64;
     pred.sub(&target)?.sqr()?.sum_all()?.div_scalar(n)
 }
 
@@ -41,19 +42,12 @@ pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
 /// # Ok::<(), kiln::Error>(())
 /// ```
 pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
-    if x.rank() == 0 {
-        return Err(Error::invalid("log_softmax", "needs a tensor of rank 1 or more"));
-    }
-    let last = x.rank() - 1;
-    let m = x.detach().max_keepdim(last)?;
-    let shifted = x.sub(&m)?;
-    let lse = shifted.exp()?.sum_keepdim(last)?.log()?;
-    shifted.sub(&lse)
+    x.log_softmax(-1)
 }
 
 /// softmax(x) along the last dimension.
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
-    log_softmax(x)?.exp()
+    x.softmax(-1)
 }
 
 fn check_labels(op: &str, logits: &Tensor, labels: &Tensor) -> Result<usize> {
@@ -87,8 +81,28 @@ fn check_labels(op: &str, logits: &Tensor, labels: &Tensor) -> Result<usize> {
     Ok(classes)
 }
 
-/// One-hot rows (n, classes) of `labels`, as `dtype`, on the labels' device.
+/// One-hot rows (n, classes) of integer `labels`, as `dtype`, on the labels'
+/// device. A label outside `0..classes` is an error for labels on the CPU,
+/// as in PyTorch; labels on a GPU are not read back to check (that would be
+/// a hidden transfer), and there a bad label gives a row of zeros.
+///
+/// ```
+/// use kiln::{Tensor, DType, cpu};
+/// let y = Tensor::new(&[0i64, 2], &cpu())?;
+/// assert_eq!(kiln::nn::one_hot(&y, 3, DType::F32)?.to_vec::<f32>()?, vec![1., 0., 0., 0., 0., 1.]);
+/// assert!(kiln::nn::one_hot(&Tensor::new(&[0i64, 5, -1], &cpu())?, 3, DType::F32).is_err());
+/// # Ok::<(), kiln::Error>(())
+/// ```
 pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> {
+    if !matches!(labels.dtype(), DType::I64 | DType::I32 | DType::U8) {
+        return Err(Error::invalid("one_hot", format!("labels must be integers (i64, i32 or u8), got {}", labels.dtype())));
+    }
+    if labels.device().is_cpu() {
+        if let Some(bad) = labels.to_vec_f64()?.into_iter().find(|&l| l < 0.0 || l >= classes as f64) {
+            return Err(Error::invalid("one_hot", format!("label {bad} is out of range for {classes} classes")));
+        }
+    }
+    let labels = labels.to_dtype(DType::I64)?;
     let ids = Tensor::arange_dtype(0.0, classes as f64, 1.0, DType::I64, &labels.device())?;
     labels.flatten_all()?.unsqueeze(1)?.eq(&ids.unsqueeze(0)?)?.to_dtype(dtype)
 }
@@ -106,7 +120,8 @@ pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> 
 /// ```
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
     let classes = check_labels("cross_entropy", logits, labels)?;
-    let n = logits.dims()[0].max(1) as f64;
+    // An empty batch: 0 · (−1/0) = NaN, as PyTorch.
+    let n = logits.dims()[0] as f64;
     let picked = log_softmax(logits)?.mul(&one_hot(labels, classes, logits.dtype())?)?;
     picked.sum_all()?.mul_scalar(-1.0 / n)
 }

@@ -103,29 +103,50 @@ pub trait Module {
     /// Moves every parameter to `device` (PyTorch's `net.to(device)`). A
     /// parameter already there stays the very same tensor (same storage);
     /// one elsewhere is copied and becomes a new parameter on `device`.
+    #[track_caller]
     fn to(&mut self, device: &Device) -> Result<()> {
+        let _site = crate::ledger::site_scope(std::panic::Location::caller());
         let device = *device;
         // Copy first, then swap in, so that a failure (e.g. out of memory)
-        // leaves the module where it was.
-        let mut moved: Vec<Option<Tensor>> = Vec::new();
+        // leaves the module where it was. A moved parameter keeps its
+        // identity (autograd leaf, gradient): optimizers built before the
+        // move follow it (see `Tensor::latest`).
+        let mut moved: Vec<Option<(Tensor, Option<Tensor>)>> = Vec::new();
         self.visit_parameters_mut(&mut |_, p| {
             moved.push(if p.device() == device {
                 None
             } else {
                 let _g = crate::no_grad();
-                // A frozen parameter stays frozen on its new device.
-                let moved = p.to(&device)?.detach();
-                Some(if p.requires_grad() { moved.requires_grad_() } else { moved })
+                let data = p.to(&device)?.detach();
+                let grad = p.grad().map(|g| g.to(&device)).transpose()?;
+                Some((data, grad))
             });
             Ok(())
         })?;
         let mut it = moved.into_iter();
         self.visit_parameters_mut(&mut |_, p| {
-            if let Some(Some(new)) = it.next() {
-                *p = new;
+            if let Some(Some((data, grad))) = it.next() {
+                // A frozen parameter stays frozen on its new device.
+                *p = p.relocated(data, grad);
             }
             Ok(())
-        })
+        })?;
+        self.place_lazy_parameters(&device);
+        Ok(())
+    }
+
+    /// Records where parameters that do not exist yet (those of lazy layers,
+    /// created at the first forward) will be created; [`Module::to`] calls
+    /// it. Containers pass it to their children; other modules ignore it.
+    fn place_lazy_parameters(&mut self, device: &Device) {
+        let _ = device;
+    }
+
+    /// True while some parameter does not exist yet (a lazy layer that has
+    /// not seen an input); the [`Trainer`](crate::trainer::Trainer) runs one
+    /// forward to create them before it builds the optimizer.
+    fn has_lazy_parameters(&self) -> bool {
+        false
     }
 
     /// The devices the parameters live on, without repeats, in order.
@@ -172,6 +193,12 @@ impl<M: Module + ?Sized> Module for Box<M> {
     }
     fn describe(&self) -> String {
         (**self).describe()
+    }
+    fn place_lazy_parameters(&mut self, device: &Device) {
+        (**self).place_lazy_parameters(device)
+    }
+    fn has_lazy_parameters(&self) -> bool {
+        (**self).has_lazy_parameters()
     }
 }
 

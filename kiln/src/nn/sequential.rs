@@ -109,6 +109,14 @@ impl Module for Sequential {
         }
         Ok(())
     }
+    fn place_lazy_parameters(&mut self, device: &crate::Device) {
+        for layer in &mut self.layers {
+            layer.place_lazy_parameters(device);
+        }
+    }
+    fn has_lazy_parameters(&self) -> bool {
+        self.layers.iter().any(|l| l.has_lazy_parameters())
+    }
     fn set_training(&mut self, training: bool) {
         for layer in &mut self.layers {
             layer.set_training(training);

@@ -52,6 +52,7 @@ pub(crate) fn dtype_tag(dtype: crate::DType) -> &'static str {
         F32 => "f32",
         F64 => "f64",
         I64 => "i64",
+        I32 => "i32",
         U8 => "u8",
         F16 => "f16",
         BF16 => "bf16",

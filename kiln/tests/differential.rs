@@ -1,0 +1,389 @@
+//! Differential test against numpy: seeded random cases over the op
+//! families (elementwise, scalar, broadcasting, reductions, matmul, casts,
+//! softmax, indexing), dtypes (f32, f64, i64, i32, u8), shapes (rank 0 to
+//! 3, zero-size), non-contiguous and broadcast views, on the CPU and a
+//! simulated GPU. kiln's inputs and results are written as JSON lines;
+//! `scripts/diff_numpy.py` recomputes every case with numpy and reports any
+//! difference outside the README's table "Where kiln differs from PyTorch".
+//!
+//! Runs when a Python with numpy is found: `$KILN_NUMPY_PYTHON`, else
+//! `python3` if it imports numpy; otherwise it says so and passes. CI runs
+//! it through `.ci/differential.sh`, which installs numpy into a venv.
+//! `KILN_DIFF_CASES` (default 4000) and `KILN_DIFF_SEED` (default 1) change
+//! the run.
+
+use kiln::{cpu, DType, Device, Result, Tensor};
+use std::fmt::Write as _;
+use std::process::Command;
+
+/// xorshift64*: the cases are the same on every machine for a seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len())]
+    }
+}
+
+fn python() -> Option<String> {
+    let candidates: Vec<String> = match std::env::var("KILN_NUMPY_PYTHON") {
+        Ok(p) => vec![p],
+        Err(_) => vec!["python3".into()],
+    };
+    candidates.into_iter().find(|p| Command::new(p).args(["-c", "import numpy"]).output().is_ok_and(|o| o.status.success()))
+}
+
+fn num(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        }
+    } else {
+        format!("{v:?}")
+    }
+}
+
+fn dtype_name(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::I64 => "i64",
+        DType::I32 => "i32",
+        DType::U8 => "u8",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+    }
+}
+
+/// `{"dtype": .., "shape": [..], "data": [..]}` of a tensor's logical values.
+fn json(t: &Tensor) -> Result<String> {
+    let data: Vec<String> = match t.dtype() {
+        // f32 printed as f32 (shortest round trip), not widened.
+        DType::F32 => t.to_vec::<f32>()?.into_iter().map(|v| if v.is_finite() { format!("{v:?}") } else { num(v as f64) }).collect(),
+        _ => t.to_vec_f64()?.into_iter().map(num).collect(),
+    };
+    Ok(format!("{{\"dtype\":\"{}\",\"shape\":{:?},\"data\":[{}]}}", dtype_name(t.dtype()), t.dims(), data.join(",")))
+}
+
+fn random_shape(r: &mut Rng, max_rank: usize) -> Vec<usize> {
+    let rank = r.below(max_rank + 1);
+    (0..rank).map(|_| if r.below(12) == 0 { 0 } else { 1 + r.below(4) }).collect()
+}
+
+/// A tensor of `shape` and `dtype` on `dev`: sometimes a transposed
+/// (non-contiguous) view, sometimes with a NaN or an infinity.
+fn random_tensor(r: &mut Rng, shape: &[usize], dtype: DType, dev: Device) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let vals: Vec<f64> = (0..n)
+        .map(|_| match dtype {
+            DType::F32 | DType::F64 => match r.below(40) {
+                0 => f64::NAN,
+                1 => f64::INFINITY,
+                2 => 0.0,
+                _ => ((r.unit() * 2.0 - 1.0) * 4.0 * 1024.0).round() / 1024.0,
+            },
+            DType::U8 => r.below(256) as f64,
+            _ => r.below(41) as f64 - 20.0,
+        })
+        .collect();
+    let transposed = shape.len() >= 2 && r.below(3) == 0;
+    let mut store_shape = shape.to_vec();
+    if transposed {
+        store_shape.swap(0, 1);
+    }
+    let base = Tensor::from_vec(vals, store_shape, &cpu())?.to_dtype(dtype)?.to(&dev)?;
+    if transposed {
+        base.transpose(0, 1)
+    } else {
+        Ok(base)
+    }
+}
+
+const FLOATS: [DType; 2] = [DType::F32, DType::F64];
+const ALL: [DType; 5] = [DType::F32, DType::F64, DType::I64, DType::I32, DType::U8];
+
+/// One case: the op's JSON fields, or None when this draw is not a case.
+fn case(r: &mut Rng, dev: Device) -> Result<Option<String>> {
+    let family = r.below(9);
+    let mut s = String::new();
+    match family {
+        0 => {
+            // Elementwise functions.
+            let dtype = r.pick(&ALL);
+            let ops: &[&str] = if dtype.is_float() {
+                &["neg", "abs", "exp", "log", "sqrt", "sqr", "sin", "cos", "tanh", "sigmoid", "relu", "recip"]
+            } else if dtype == DType::U8 {
+                &["abs", "sqr", "relu"]
+            } else {
+                &["neg", "abs", "sqr", "relu", "exp", "sqrt"]
+            };
+            let op = r.pick(ops);
+            let x = {
+                let sh = random_shape(r, 3);
+                random_tensor(r, &sh, dtype, dev)
+            }?;
+            let y = match op {
+                "neg" => x.neg()?,
+                "abs" => x.abs()?,
+                "exp" => x.exp()?,
+                "log" => x.log()?,
+                "sqrt" => x.sqrt()?,
+                "sqr" => x.sqr()?,
+                "sin" => x.sin()?,
+                "cos" => x.cos()?,
+                "tanh" => x.tanh()?,
+                "sigmoid" => x.sigmoid()?,
+                "relu" => x.relu()?,
+                _ => x.recip()?,
+            };
+            write!(s, "\"op\":\"{op}\",\"a\":{},\"out\":{}", json(&x)?, json(&y)?).unwrap();
+        }
+        1 => {
+            // Tensor ⊕ Rust scalar, with PyTorch's promotion.
+            let dtype = r.pick(&ALL);
+            let op = r.pick(&["add_scalar", "sub_scalar", "mul_scalar", "div_scalar", "maximum_scalar", "minimum_scalar", "clamp"]);
+            let scalar = if r.below(2) == 0 { r.below(7) as f64 - 3.0 } else { (r.unit() * 6.0 - 3.0 * 1.0).round() / 4.0 + 0.25 };
+            let hi = scalar + r.below(5) as f64;
+            let x = {
+                let sh = random_shape(r, 3);
+                random_tensor(r, &sh, dtype, dev)
+            }?;
+            if op == "div_scalar" && scalar == 0.0 {
+                return Ok(None);
+            }
+            let y = match op {
+                "add_scalar" => x.add_scalar(scalar)?,
+                "sub_scalar" => x.sub_scalar(scalar)?,
+                "mul_scalar" => x.mul_scalar(scalar)?,
+                "div_scalar" => x.div_scalar(scalar)?,
+                "maximum_scalar" => x.maximum_scalar(scalar)?,
+                "minimum_scalar" => x.minimum_scalar(scalar)?,
+                _ => x.clamp(scalar, hi)?,
+            };
+            write!(s, "\"op\":\"{op}\",\"a\":{},\"s\":{},\"hi\":{},\"out\":{}", json(&x)?, num(scalar), num(hi), json(&y)?).unwrap();
+        }
+        2 => {
+            // Binary ops with numpy broadcasting (one side may be a stride-0 view).
+            let dtype = r.pick(&ALL);
+            let op = r.pick(&["add", "sub", "mul", "div", "maximum", "minimum", "eq", "lt", "ge"]);
+            let shape = random_shape(r, 3);
+            let skip = r.below(shape.len() + 1);
+            let other: Vec<usize> = shape.iter().map(|&d| if r.below(3) == 0 { 1 } else { d }).collect::<Vec<_>>().split_off(skip);
+            let (sa, sb) = if r.below(2) == 0 { (shape, other) } else { (other, shape) };
+            let a = random_tensor(r, &sa, dtype, dev)?;
+            let b = random_tensor(r, &sb, dtype, dev)?;
+            if op == "div" && !dtype.is_float() && b.to_vec_f64()?.contains(&0.0) {
+                return Ok(None);
+            }
+            let y = match op {
+                "add" => a.add(&b)?,
+                "sub" => a.sub(&b)?,
+                "mul" => a.mul(&b)?,
+                "div" => a.div(&b)?,
+                "maximum" => a.maximum(&b)?,
+                "minimum" => a.minimum(&b)?,
+                "eq" => a.eq(&b)?,
+                "lt" => a.lt(&b)?,
+                _ => a.ge(&b)?,
+            };
+            write!(s, "\"op\":\"{op}\",\"a\":{},\"b\":{},\"out\":{}", json(&a)?, json(&b)?, json(&y)?).unwrap();
+        }
+        3 => {
+            // Reductions over one dimension (negative half the time) or all.
+            let dtype = r.pick(&ALL);
+            let op = r.pick(&["sum", "max", "min", "argmax", "argmin", "mean", "sum_all", "max_all"]);
+            if op == "mean" && !dtype.is_float() {
+                return Ok(None);
+            }
+            let shape = random_shape(r, 3);
+            let x = random_tensor(r, &shape, dtype, dev)?;
+            let rank = shape.len();
+            if op.ends_with("_all") {
+                if op == "max_all" && x.elem_count() == 0 {
+                    return Ok(None);
+                }
+                let y = if op == "sum_all" { x.sum_all()? } else { x.max_all()? };
+                write!(s, "\"op\":\"{op}\",\"a\":{},\"out\":{}", json(&x)?, json(&y)?).unwrap();
+            } else {
+                if rank == 0 {
+                    return Ok(None);
+                }
+                let d = r.below(rank);
+                if op != "sum" && op != "mean" && shape[d] == 0 {
+                    return Ok(None);
+                }
+                let signed = if r.below(2) == 0 { d as i64 } else { d as i64 - rank as i64 };
+                let keep = r.below(2) == 0;
+                let y = match (op, keep) {
+                    ("sum", false) => x.sum(signed)?,
+                    ("sum", true) => x.sum_keepdim(signed)?,
+                    ("max", false) => x.max(signed)?,
+                    ("max", true) => x.max_keepdim(signed)?,
+                    ("min", false) => x.min(signed)?,
+                    ("min", true) => x.min_keepdim(signed)?,
+                    ("argmax", false) => x.argmax(signed)?,
+                    ("argmax", true) => x.argmax_keepdim(signed)?,
+                    ("argmin", _) => x.argmin(signed)?,
+                    ("mean", false) => x.mean(signed)?,
+                    _ => x.mean_keepdim(signed)?,
+                };
+                let keep = keep && op != "argmin";
+                write!(s, "\"op\":\"{op}\",\"a\":{},\"dim\":{signed},\"keepdim\":{keep},\"out\":{}", json(&x)?, json(&y)?).unwrap();
+            }
+        }
+        4 => {
+            // Matmul: matrix, batched with broadcast batch, matrix-vector.
+            let dtype = r.pick(&[DType::F32, DType::F64, DType::I64, DType::I32]);
+            let (m, k, n) = (r.below(4) + usize::from(r.below(8) != 0), r.below(5), 1 + r.below(4));
+            let (sa, sb) = match r.below(3) {
+                0 => (vec![m, k], vec![k, n]),
+                1 => (vec![2, m, k], vec![1, k, n]),
+                _ => (vec![m, k], vec![k]),
+            };
+            let a = random_tensor(r, &sa, dtype, dev)?;
+            let b = random_tensor(r, &sb, dtype, dev)?;
+            // NaN·0 and ∞·0 orders differ between BLAS implementations.
+            let finite = |t: &Tensor| -> Result<bool> { Ok(t.to_vec_f64()?.iter().all(|v| v.is_finite())) };
+            if !finite(&a)? || !finite(&b)? {
+                return Ok(None);
+            }
+            let y = a.matmul(&b)?;
+            write!(s, "\"op\":\"matmul\",\"a\":{},\"b\":{},\"out\":{}", json(&a)?, json(&b)?, json(&y)?).unwrap();
+        }
+        5 => {
+            // Casts. Float to integer only for values an integer holds (out
+            // of range and NaN are a documented difference).
+            let from = r.pick(&ALL);
+            let to = r.pick(&ALL);
+            let mut x = {
+                let sh = random_shape(r, 3);
+                random_tensor(r, &sh, from, dev)
+            }?;
+            if from.is_float() && !to.is_float() {
+                let lo = if to == DType::U8 { 0.0 } else { -100.0 };
+                x = x.clamp(lo, 100.0)?.where_cond_nan_to(lo)?;
+            }
+            if from == DType::I64 && r.below(2) == 0 {
+                // Large values: one rounding to f32, wrapping to u8/i32.
+                x = x.mul_scalar((1i64 << 40) as f64 + 12345.0)?.add_scalar(7.0)?;
+            }
+            let y = x.to_dtype(to)?;
+            write!(s, "\"op\":\"cast\",\"a\":{},\"out\":{}", json(&x)?, json(&y)?).unwrap();
+        }
+        6 => {
+            // softmax / log_softmax over any dimension.
+            let dtype = r.pick(&FLOATS);
+            let shape = random_shape(r, 3);
+            if shape.is_empty() {
+                return Ok(None);
+            }
+            let x = random_tensor(r, &shape, dtype, dev)?.clamp(-50.0, 50.0)?;
+            let d = r.below(shape.len()) as i64 - if r.below(2) == 0 { shape.len() as i64 } else { 0 };
+            let op = r.pick(&["softmax", "log_softmax"]);
+            let y = if op == "softmax" { x.softmax(d)? } else { x.log_softmax(d)? };
+            write!(s, "\"op\":\"{op}\",\"a\":{},\"dim\":{d},\"out\":{}", json(&x)?, json(&y)?).unwrap();
+        }
+        7 => {
+            // index_select with i64/i32 indices, on views.
+            let dtype = r.pick(&ALL);
+            let shape = random_shape(r, 3);
+            if shape.is_empty() || shape.iter().any(|&d| d == 0) {
+                return Ok(None);
+            }
+            let d = r.below(shape.len());
+            let ids: Vec<i64> = (0..r.below(5)).map(|_| r.below(shape[d]) as i64).collect();
+            let ids = Tensor::from_vec(ids.clone(), ids.len(), &dev)?.to_dtype(r.pick(&[DType::I64, DType::I32]))?;
+            let x = random_tensor(r, &shape, dtype, dev)?;
+            let y = x.index_select(&ids, d as i64 - shape.len() as i64)?;
+            write!(s, "\"op\":\"index_select\",\"a\":{},\"ids\":{},\"dim\":{d},\"out\":{}", json(&x)?, json(&ids)?, json(&y)?).unwrap();
+        }
+        _ => {
+            // cat and narrow of views.
+            let dtype = r.pick(&ALL);
+            let shape = random_shape(r, 3);
+            if shape.is_empty() {
+                return Ok(None);
+            }
+            let d = r.below(shape.len());
+            let a = random_tensor(r, &shape, dtype, dev)?;
+            let mut other = shape.clone();
+            other[d] = r.below(3);
+            let b = random_tensor(r, &other, dtype, dev)?;
+            let cat = Tensor::cat(&[&a, &b], -(shape.len() as i64) + d as i64)?;
+            let total = cat.dims()[d];
+            let start = r.below(total + 1);
+            let len = r.below(total - start + 1);
+            let y = cat.narrow(d, start, len)?;
+            write!(
+                s,
+                "\"op\":\"cat_narrow\",\"a\":{},\"b\":{},\"dim\":{d},\"start\":{start},\"len\":{len},\"out\":{}",
+                json(&a)?,
+                json(&b)?,
+                json(&y)?
+            )
+            .unwrap();
+        }
+    }
+    Ok(Some(s))
+}
+
+/// NaN replaced by `v` (for casts to integers).
+trait NanTo {
+    fn where_cond_nan_to(&self, v: f64) -> Result<Tensor>;
+}
+
+impl NanTo for Tensor {
+    fn where_cond_nan_to(&self, v: f64) -> Result<Tensor> {
+        let nan = self.ne(self)?;
+        nan.where_cond(&Tensor::full(v, (), self.dtype(), &self.device())?, self)
+    }
+}
+
+#[test]
+fn kiln_agrees_with_numpy() {
+    let Some(py) = python() else {
+        eprintln!("differential: skipped, no Python with numpy (set KILN_NUMPY_PYTHON, or run .ci/differential.sh)");
+        return;
+    };
+    let cases: usize = std::env::var("KILN_DIFF_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(4000);
+    let seed: u64 = std::env::var("KILN_DIFF_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let sim = kiln::ensure_simulated_gpus(1, 512 << 20)[0];
+    let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut lines = String::new();
+    let mut written = 0;
+    while written < cases {
+        let dev = if written % 2 == 0 { cpu() } else { sim };
+        match case(&mut r, dev) {
+            Ok(Some(fields)) => {
+                writeln!(lines, "{{\"id\":{written},\"device\":\"{dev}\",{fields}}}").unwrap();
+                written += 1;
+            }
+            Ok(None) => {}
+            Err(e) => panic!("case {written} on {dev}: kiln refused a valid case: {e}"),
+        }
+    }
+    let path = std::env::temp_dir().join(format!("kiln-differential-{}.jsonl", std::process::id()));
+    std::fs::write(&path, lines).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/diff_numpy.py");
+    let out = Command::new(&py).arg(script).arg(&path).output().expect("run the numpy comparer");
+    let _ = std::fs::remove_file(&path);
+    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("{report}");
+    assert!(out.status.success(), "kiln and numpy differ:\n{report}");
+}
