@@ -296,7 +296,8 @@ impl Tensor {
         if !self.dtype().is_float() {
             return Err(Error::UnsupportedDType { op: "mean".into(), dtype: self.dtype() });
         }
-        let n: usize = dims.iter().filter_map(|&d| self.dims().get(d)).product();
+        let picked: Vec<usize> = dims.iter().filter_map(|&d| self.dims().get(d).copied()).collect();
+        let n = crate::shape::checked_product("mean", &picked)?;
         // The mean of nothing is 0/0 = NaN, as in PyTorch and numpy.
         self.sum_dims(dims, keepdim)?.div_scalar(n as f64)
     }

@@ -299,6 +299,12 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
         Kernel::Matmul { lhs, rhs, out, m, n, k } => {
             let mut locks = OperandLocks::new(&[&lhs.storage, &rhs.storage], out);
             let (inputs, w) = locks.split();
+            if *k == 0 {
+                // A sum of nothing: zeros, without walking the operands'
+                // (empty) layouts, whose strides may be meaningless.
+                map_buffer!(w, v => fill(v, 0.0, threads));
+                return Ok(());
+            }
             let tiny = m.saturating_mul(*n).saturating_mul(*k) <= MATMUL_TINY;
             match (inputs.host(0), inputs.host(1), w) {
                 (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) if tiny => {
@@ -814,6 +820,12 @@ fn reduce<T: Num>(op: ReduceOp, s: &[T], l: &Layout, dims: &[usize], out: &mut [
         ReduceOp::Max => T::LOWEST,
         _ => T::HIGHEST,
     };
+    if l.elem_count() == 0 {
+        // Nothing to combine, and an empty layout's strides may be
+        // meaningless (saturated): never walk them.
+        out.fill(init);
+        return;
+    }
     let combine = |a: T, b: T| match op {
         ReduceOp::Sum => a.add(b),
         ReduceOp::Max => a.max(b),
@@ -892,6 +904,12 @@ fn reduce<T: Num>(op: ReduceOp, s: &[T], l: &Layout, dims: &[usize], out: &mut [
 
 fn arg_reduce<T: Num>(s: &[T], l: &Layout, dim: usize, out: &mut [i64], max: bool) {
     let n = l.dims()[dim];
+    if n == 0 {
+        // The front end refuses an arg-reduction over an empty dimension;
+        // index 0 rather than a read out of bounds should one get here.
+        out.fill(0);
+        return;
+    }
     let stride = l.strides[dim];
     let base = l.narrow(dim, 0, 1);
     for (o, b) in out.iter_mut().zip(base.offsets()) {
