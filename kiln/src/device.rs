@@ -403,8 +403,7 @@ pub fn reset_peak_memory(device: &Device) -> Result<()> {
 
 /// Frees the buffers kiln keeps for reuse on a device.
 pub fn empty_cache(device: &Device) -> Result<()> {
-    backend(*device)?.empty_cache();
-    Ok(())
+    backend(*device)?.empty_cache()
 }
 
 /// Waits until all work submitted to `device` has run (the chapter's

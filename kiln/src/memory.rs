@@ -198,6 +198,12 @@ impl MemoryPool {
         self.cached.store(0, Ordering::Relaxed);
     }
 
+    /// Sets the bytes a backend keeps for reuse outside this pool's host cache
+    /// (the CUDA block cache), so that `stats().cached` reports them.
+    pub(crate) fn set_cached(&self, bytes: usize) {
+        self.cached.store(bytes, Ordering::Relaxed);
+    }
+
     pub(crate) fn reset_peak(&self) {
         self.peak.store(self.in_use.load(Ordering::Relaxed), Ordering::Relaxed);
     }

@@ -10,7 +10,10 @@
 //! This binary never creates simulated GPUs, so that the GPU count seen here
 //! is the machine's (plus any `KILN_SIM_GPUS`).
 
+mod common;
+
 use kiln::{cpu, DType, Device, DeviceKind, Error, FallbackReason, Result, Tensor};
+use std::sync::RwLock;
 
 fn cuda_devices() -> Vec<Device> {
     kiln::devices().into_iter().filter(|d| d.kind == DeviceKind::Cuda).map(|d| d.device).collect()
@@ -40,7 +43,7 @@ fn gpu_count_is_cuda_devices_then_simulated_ones() {
 #[test]
 fn without_a_driver_try_gpu_falls_back_and_says_why() {
     if kiln::cuda_check::driver_present() {
-        println!("skipped: a CUDA driver library is present on this machine");
+        common::skip("a CUDA driver library is present on this machine");
         return;
     }
     assert!(cuda_devices().is_empty());
@@ -62,7 +65,7 @@ fn without_a_driver_try_gpu_falls_back_and_says_why() {
 #[test]
 fn with_a_driver_but_no_device_try_gpu_says_so() {
     if !kiln::cuda_check::driver_present() || !cuda_devices().is_empty() {
-        println!("skipped: needs a CUDA driver library and no CUDA device (e.g. LD_LIBRARY_PATH to an unpacked libcuda1)");
+        common::skip("needs a CUDA driver library and no CUDA device (e.g. LD_LIBRARY_PATH to an unpacked libcuda1)");
         return;
     }
     let sims = kiln::devices().iter().filter(|d| d.kind == DeviceKind::Simulated).count();
@@ -83,7 +86,7 @@ fn nvrtc_compiles_every_kernel_family_for_sm90() {
         Ok(v) => v,
         Err(why) => {
             assert!(!require, "KILN_REQUIRE_NVRTC=1 but NVRTC cannot be loaded: {why}");
-            println!("skipped: {why}");
+            common::skip(&why);
             return;
         }
     };
@@ -131,9 +134,9 @@ fn nvrtc_compiles_every_kernel_family_for_sm90() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    // 3 creation kernels x 6 dtypes, 8 elementwise x 4, 5 matmul, 12 index_select,
+    // 3 creation kernels x 6 dtypes, 12 elementwise x 4, 5 matmul, 12 index_select,
     // 36 copies and 36 wheres.
-    assert_eq!(entries, archs.len() * (18 + 32 + 5 + 12 + 36 + 36), "kernel entry points per arch");
+    assert_eq!(entries, archs.len() * (18 + 48 + 5 + 12 + 36 + 36), "kernel entry points per arch");
     println!(
         "NVRTC {}.{} compiled {} kernel families ({entries} kernels) for {archs:?}{}",
         version.0,
@@ -145,17 +148,34 @@ fn nvrtc_compiles_every_kernel_family_for_sm90() {
 
 // ---- on a CUDA device --------------------------------------------------------
 
-/// Runs `f` on every CUDA device, or prints why it is skipped.
+/// Tests that measure a device's memory exactly run alone (write lock);
+/// the others share the devices (read lock).
+static DEVICES: RwLock<()> = RwLock::new(());
+
+/// Runs `f` on every CUDA device, or reports it skipped (a failure with
+/// KILN_REQUIRE_CUDA=1).
 fn on_cuda(test: &str, f: impl Fn(Device) -> Result<()>) {
+    let _shared = DEVICES.read().unwrap_or_else(|e| e.into_inner());
+    run_on_cuda(test, f);
+}
+
+/// Like `on_cuda`, with no other test of this binary using the devices.
+fn on_cuda_alone(test: &str, f: impl Fn(Device) -> Result<()>) {
+    let _alone = DEVICES.write().unwrap_or_else(|e| e.into_inner());
+    run_on_cuda(test, f);
+}
+
+fn run_on_cuda(test: &str, f: impl Fn(Device) -> Result<()>) {
     let devs = cuda_devices();
     if devs.is_empty() {
-        println!("skipped {test}: no CUDA device ({})", kiln::why_not_gpu(0).map(|w| w.to_string()).unwrap_or_default());
+        common::skip_no_cuda(&format!("no CUDA device ({})", kiln::why_not_gpu(0).map(|w| w.to_string()).unwrap_or_default()));
         return;
     }
     for d in devs {
         if let Err(e) = f(d) {
             panic!("{test} on {d}: {e}");
         }
+        common::report_ran(d);
     }
 }
 
@@ -354,7 +374,8 @@ fn cuda_copies_casts_and_indexing_match_the_cpu() {
 
 #[test]
 fn cuda_memory_is_booked_returned_and_bounded() {
-    on_cuda("memory", |d| {
+    // Exact `in_use` figures: no other test may allocate meanwhile.
+    on_cuda_alone("memory", |d| {
         kiln::synchronize(&d)?;
         let before = kiln::memory_stats(&d)?;
         {
@@ -392,4 +413,160 @@ fn cuda_transfers_are_ledgered_and_round_trip() {
         kiln::synchronize(&d)?;
         Ok(())
     });
+}
+
+// ---- defects the CUDA simulator found (issue 11) ---------------------------
+
+/// Runs `f` on another thread and fails if it has not finished within
+/// `secs` (instead of hanging the suite).
+fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(v) => Some(v),
+        Err(_) => {
+            eprintln!("{what} did not finish within {secs} s");
+            None
+        }
+    }
+}
+
+#[test]
+fn cuda_negative_indices_select_nothing_like_the_other_devices() {
+    on_cuda("negative indices", |d| {
+        let x = Tensor::new(&[[1f32, 2.], [3., 4.], [5., 6.]], &d)?;
+        let ids = Tensor::new(&[-1i64, 1, i64::MIN, 2], &d)?;
+        // A negative index is out of range: zeros, as on a simulated GPU
+        // (the CPU refuses it up front), never row 0.
+        assert_eq!(x.index_select(&ids, 0)?.to_vec::<f32>()?, vec![0., 0., 3., 4., 0., 0., 5., 6.]);
+        let dst = Tensor::zeros((3, 2), DType::F32, &d)?;
+        let src = Tensor::ones((4, 2), DType::F32, &d)?;
+        assert_eq!(dst.index_add(&ids, &src, 0)?.to_vec::<f32>()?, vec![0., 0., 1., 1., 1., 1.]);
+        Ok(())
+    });
+}
+
+#[test]
+fn cuda_integer_argmax_is_exact_above_2_pow_53() {
+    on_cuda("i64 argmax", |d| {
+        let big = 1i64 << 60;
+        let v = Tensor::new(&[big + 1, big + 2, big, big + 2], &d)?;
+        assert_eq!(v.argmax(0)?.to_vec::<i64>()?, vec![1]);
+        assert_eq!(v.argmin(0)?.to_vec::<i64>()?, vec![2]);
+        // Long enough for the many-block path; the extremes lie late.
+        let n = 300_000usize;
+        let mut host: Vec<i64> = (0..n as i64).map(|i| big + (i % 1000)).collect();
+        host[n - 7] = big + 5000;
+        host[n - 3] = big - 1;
+        let long = Tensor::from_vec(host, n, &d)?;
+        assert_eq!(long.argmax(0)?.to_vec::<i64>()?, vec![(n - 7) as i64]);
+        assert_eq!(long.argmin(0)?.to_vec::<i64>()?, vec![(n - 3) as i64]);
+        Ok(())
+    });
+}
+
+#[test]
+fn cuda_full_reductions_over_many_blocks_match_the_cpu() {
+    on_cuda("long reductions", |d| {
+        for n in [4095usize, 100_000, 1_000_003] {
+            let host = sample(&[n], n as u64)?;
+            let x = host.to(&d)?;
+            close(&x.sum_all()?, &host.sum_all()?, 1e-6, &format!("sum_all of {n}"))?;
+            close(&x.mean_all()?, &host.mean_all()?, 1e-6, &format!("mean_all of {n}"))?;
+            close(&x.norm()?, &host.norm()?, 1e-6, &format!("norm of {n}"))?;
+            same(&x.argmax(0)?, &host.argmax(0)?, &format!("argmax of {n}"))?;
+            same(&x.argmin(0)?, &host.argmin(0)?, &format!("argmin of {n}"))?;
+            let i = host.to_dtype(DType::F64)?.affine(1000.0, 0.0)?.to_dtype(DType::I64)?;
+            same(&i.to(&d)?.sum_all()?, &i.sum_all()?, &format!("i64 sum_all of {n}"))?;
+            // Two long rows: two outputs, each over many blocks.
+            let h2 = host.narrow(0, 0, n / 2 * 2)?.reshape((2, n / 2))?;
+            close(&h2.to(&d)?.sum(1)?, &h2.sum(1)?, 1e-6, &format!("row sums of 2x{}", n / 2))?;
+            same(&h2.to(&d)?.argmax(1)?, &h2.argmax(1)?, &format!("row argmax of 2x{}", n / 2))?;
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn cuda_cached_bytes_are_reported_and_empty_cache_returns_them_from_any_thread() {
+    on_cuda_alone("cache", |d| {
+        kiln::empty_cache(&d)?;
+        assert_eq!(kiln::memory_stats(&d)?.cached, 0, "cached after empty_cache");
+        drop(Tensor::zeros((1024, 1024), DType::F32, &d)?);
+        let cached = kiln::memory_stats(&d)?.cached;
+        assert!(cached >= 4 << 20, "a dropped 4 MiB tensor is kept for reuse: cached = {cached}");
+        let free_before = kiln::devices().into_iter().find(|i| i.device == d).and_then(|i| i.memory_free).unwrap_or(0);
+        // From a fresh thread, on which no CUDA context is current.
+        let r = std::thread::spawn(move || kiln::empty_cache(&d)).join().expect("no panic");
+        r?;
+        assert_eq!(kiln::memory_stats(&d)?.cached, 0, "cached after empty_cache on another thread");
+        let free_after = kiln::devices().into_iter().find(|i| i.device == d).and_then(|i| i.memory_free).unwrap_or(0);
+        assert!(free_after >= free_before + (4 << 20), "the driver got the cached blocks back: free {free_before} -> {free_after}");
+        Ok(())
+    });
+}
+
+#[test]
+fn cuda_empty_cache_waits_for_queued_kernels_that_used_cached_blocks() {
+    on_cuda_alone("free vs queue", |d| {
+        let x = Tensor::full(1.5, 1 << 16, DType::F32, &d)?;
+        kiln::synchronize(&d)?;
+        let hold = kiln::hold_queue(&d)?.expect("a CUDA device has a queue to hold");
+        let y = x.add_scalar(1.0)?; // queued behind the hold, reads x
+        drop(x); // x's block goes to the cache while that kernel waits
+        let emptied = std::thread::spawn(move || kiln::empty_cache(&d));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        drop(hold);
+        emptied.join().expect("no panic")?;
+        assert!(y.to_vec::<f32>()?.iter().all(|&v| v == 2.5), "the kernel read its input after it was freed");
+        Ok(())
+    });
+}
+
+#[test]
+fn cuda_uploads_do_not_wait_for_earlier_work() {
+    on_cuda_alone("uploads overlap compute", |d| {
+        let hold = kiln::hold_queue(&d)?.expect("a CUDA device has a queue to hold");
+        // Three uploads while the queue is stopped: each must return once
+        // its bytes are staged, not wait for the stream.
+        let done = within(20, "uploads while the queue is held", move || -> Result<Vec<Tensor>> {
+            (0..3).map(|i| Tensor::full(i as f64, 1000, DType::F32, &d)).collect()
+        });
+        drop(hold);
+        let tensors = done.expect("an upload waited for the held queue (uploads do not overlap earlier work)")?;
+        for (i, t) in tensors.iter().enumerate() {
+            assert!(t.to_vec::<f32>()?.iter().all(|&v| v == i as f32), "upload {i}");
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn cuda_staging_buffers_are_not_reused_before_their_copy_ran() {
+    on_cuda_alone("staging reuse", |d| {
+        let n = 10_000_000usize; // 40 MB: five staging chunks
+        let host: Vec<f32> = (0..n).map(|i| (i % 100_003) as f32).collect();
+        let hold = kiln::hold_queue(&d)?.expect("a CUDA device has a queue to hold");
+        let h2 = host.clone();
+        let up = within(20, "a 40 MB upload while the queue is held", move || Tensor::from_vec(h2, n, &d));
+        drop(hold);
+        let x = up.expect("the upload waited for the held queue")?;
+        assert!(x.to_vec::<f32>()? == host, "40 MB uploaded while the queue was held came back different");
+        Ok(())
+    });
+}
+
+#[test]
+fn no_cuda_device_is_listed_without_nvrtc() {
+    if std::env::var("KILN_EXPECT_NO_NVRTC").map(|v| v != "1").unwrap_or(true) {
+        common::skip("run by CI with the CUDA simulator and no NVRTC (KILN_EXPECT_NO_NVRTC=1)");
+        return;
+    }
+    assert!(kiln::cuda_check::driver_present(), "this check needs the CUDA (simulator) driver");
+    assert!(cuda_devices().is_empty(), "a CUDA device is listed although NVRTC is missing");
+    let why = kiln::why_not_gpu(0).expect("a reason").to_string();
+    assert!(why.contains("NVRTC") && why.contains("unusable"), "{why}");
+    println!("without NVRTC: {why}");
 }

@@ -43,7 +43,8 @@ fn eight_threads_mixing_ops_transfers_and_opposite_assigns() {
                 if now != last.0 {
                     last = (now, Instant::now());
                 } else if last.1.elapsed() > Duration::from_secs(30) {
-                    eprintln!("DEADLOCK: no thread made progress for 30 s");
+                    use std::io::Write as _;
+                    let _ = writeln!(std::io::stderr(), "DEADLOCK: no thread made progress for 30 s");
                     std::process::exit(3);
                 }
             }

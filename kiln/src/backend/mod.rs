@@ -76,8 +76,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
         Ok(None)
     }
     /// Frees memory kept for reuse (the pool's host cache by default).
-    fn empty_cache(&self) {
+    fn empty_cache(&self) -> Result<()> {
         self.pool().empty_cache();
+        Ok(())
     }
 }
 

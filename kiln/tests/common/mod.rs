@@ -52,6 +52,7 @@ pub fn on_every_device(f: impl Fn(Device) -> kiln::Result<()>) {
         if let Err(e) = f(d) {
             panic!("on {d}: {e}");
         }
+        report_ran(d);
     }
 }
 
@@ -86,5 +87,81 @@ pub fn assert_close(got: &[f32], expected: &[f64], tol: f64, what: &str) {
     for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
         let err = (g as f64 - e).abs() / e.abs().max(1.0);
         assert!(err <= tol, "{what}: element {i} is {g}, expected {e} (relative error {err:e} > {tol:e})");
+    }
+}
+
+// ---- reporting: what ran on CUDA, what was skipped and why ------------------
+
+/// The running test's name (libtest names each test's thread after it).
+pub fn test_name() -> String {
+    std::thread::current().name().unwrap_or("?").to_string()
+}
+
+fn report_line(line: &str) {
+    if let Ok(path) = std::env::var("KILN_TEST_REPORT") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
+/// Books that the running test ran on `device` when it is a CUDA device
+/// (`KILN_TEST_REPORT` names the file CI counts these lines in).
+pub fn report_ran(device: Device) {
+    if kiln::devices().iter().any(|i| i.device == device && i.kind == DeviceKind::Cuda) {
+        report_line(&format!("RAN-CUDA {device} {}", test_name()));
+    }
+}
+
+/// Reports a test (or part of one) that did not run: `SKIPPED: test: reason`
+/// on stderr and in the report. With `KILN_REQUIRE_CUDA=1` (CI on the CUDA
+/// simulator) a skip for want of a CUDA device is a failure instead.
+pub fn skip(reason: &str) {
+    let line = format!("SKIPPED: {}: {reason}", test_name());
+    eprintln!("{line}");
+    report_line(&line);
+}
+
+/// Skips for want of a CUDA device, or fails when one is required.
+pub fn skip_no_cuda(reason: &str) {
+    if std::env::var("KILN_REQUIRE_CUDA").map(|v| v == "1").unwrap_or(false) {
+        panic!("KILN_REQUIRE_CUDA=1 but {}: {reason}", test_name());
+    }
+    skip(reason);
+}
+
+/// Ulps by which a device's transcendental functions (exp, log, sin, cos,
+/// tanh, pow) may differ from the CPU's (glibc): 0 on the CPU and the
+/// simulated GPUs, which run the same code; 2 on CUDA, whose libdevice
+/// double functions have a maximum error of 1 ulp (exp, log) to 2 ulps (cos,
+/// pow) (CUDA C++ Programming Guide, "Mathematical Functions"). `randn`
+/// combines log, sqrt and cos: it gets 4 times that.
+pub fn transcendental_ulps(device: Device) -> u64 {
+    let cuda = kiln::devices().iter().any(|i| i.device == device && i.kind == DeviceKind::Cuda);
+    if cuda {
+        2
+    } else {
+        0
+    }
+}
+
+/// Distance in ulps between two finite f64 of the same sign (else u64::MAX).
+pub fn ulps64(a: f64, b: f64) -> u64 {
+    if a == b {
+        return 0;
+    }
+    if a.is_nan() || b.is_nan() || a.is_sign_negative() != b.is_sign_negative() {
+        return u64::MAX;
+    }
+    a.to_bits().abs_diff(b.to_bits())
+}
+
+/// Asserts that f64 values agree within `ulps`.
+#[track_caller]
+pub fn assert_ulps(got: &[f64], expected: &[f64], ulps: u64, what: &str) {
+    assert_eq!(got.len(), expected.len(), "{what}: lengths differ");
+    for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
+        assert!(ulps64(g, e) <= ulps, "{what}: element {i} is {g:e}, expected {e:e} (more than {ulps} ulps apart)");
     }
 }

@@ -44,6 +44,11 @@ __device__ __forceinline__ i64 lay_off(const Lay& l, u64 i) {
 
 // ---- conversions: to/from f64, as the CPU's WithDType -------------------
 
+#ifdef KILN_CUDASIM
+// The CUDA simulator (cudasim/) compiles this file for the host.
+__device__ __forceinline__ float h2f(unsigned short h) { return kiln_sim_h2f(h); }
+__device__ __forceinline__ unsigned short f2h(float f) { return kiln_sim_f2h(f); }
+#else
 __device__ __forceinline__ float h2f(unsigned short h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -54,6 +59,7 @@ __device__ __forceinline__ unsigned short f2h(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
+#endif
 
 // The `half` crate's f64 -> bf16 (it rounds on the upper 32 bits of the f64).
 __device__ __forceinline__ unsigned short d2bf(double value) {
@@ -431,6 +437,42 @@ __device__ void reduce_block_impl(const T* src, Lay outer, Lay inner, T* out, u6
     }
 }
 
+// Long reductions over few outputs (sum_all, norm, mean_all), pass 1: block
+// b reduces part (b % parts) of output (b / parts) into its accumulator.
+template <typename T>
+__device__ void reduce_partial_impl(const T* src, Lay outer, Lay inner, typename Acc<T>::type* part, u64 n_out, u64 n_in,
+                                    u64 parts, int op) {
+    typedef typename Acc<T>::type A;
+    __shared__ A sh[256];
+    u64 chunk = (n_in + parts - 1) / parts;
+    for (u64 b = blockIdx.x; b < n_out * parts; b += gridDim.x) {
+        u64 o = b / parts, p = b % parts;
+        u64 lo = p * chunk, hi = lo + chunk < n_in ? lo + chunk : n_in;
+        i64 base = lay_off(outer, o);
+        A acc = red_init<T>(op);
+        for (u64 r = lo + threadIdx.x; r < hi; r += blockDim.x) acc = red_comb<T>(op, acc, (A)src[base + lay_off(inner, r)]);
+        sh[threadIdx.x] = acc;
+        __syncthreads();
+        for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (threadIdx.x < s) sh[threadIdx.x] = red_comb<T>(op, sh[threadIdx.x], sh[threadIdx.x + s]);
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) part[b] = sh[0];
+        __syncthreads();
+    }
+}
+
+// Pass 2: one thread per output combines its parts in order.
+template <typename T>
+__device__ void reduce_final_impl(const typename Acc<T>::type* part, T* out, u64 n_out, u64 parts, int op) {
+    typedef typename Acc<T>::type A;
+    GRID_LOOP(o, n_out) {
+        A acc = red_init<T>(op);
+        for (u64 p = 0; p < parts; ++p) acc = red_comb<T>(op, acc, part[o * parts + p]);
+        out[o] = (T)acc;
+    }
+}
+
 // One thread per output, for short reductions over many outputs.
 template <typename T>
 __device__ void reduce_thread_impl(const T* src, Lay outer, Lay inner, T* out, u64 n_out, u64 n_in, int op) {
@@ -443,40 +485,105 @@ __device__ void reduce_thread_impl(const T* src, Lay outer, Lay inner, T* out, u
     }
 }
 
+// The value argmax/argmin compares: exact for integers (i64 above 2^53 must
+// not tie through f64), f64 for the float types (NaN never wins).
+template <typename T> struct ArgKey {
+    typedef double type;
+    static __device__ __forceinline__ double get(T x) { return Cv<T>::to(x); }
+    static __device__ __forceinline__ bool nan(double v) { return v != v; }
+};
+template <> struct ArgKey<i64> {
+    typedef i64 type;
+    static __device__ __forceinline__ i64 get(i64 x) { return x; }
+    static __device__ __forceinline__ bool nan(i64) { return false; }
+};
+template <> struct ArgKey<u8> {
+    typedef int type;
+    static __device__ __forceinline__ int get(u8 x) { return (int)x; }
+    static __device__ __forceinline__ bool nan(int) { return false; }
+};
+
+// Merges candidate (v, j) into (best, idx): the extreme value, the first
+// index among equals; idx < 0 means no candidate yet.
+template <typename K>
+__device__ __forceinline__ void arg_take(K& best, i64& idx, K v, i64 j, int is_max) {
+    if (j < 0) return;
+    if (idx < 0 || (is_max ? v > best : v < best) || (v == best && j < idx)) { best = v; idx = j; }
+}
+
+// Block-wide (best, idx) over the reduced indices [lo, hi) of output `o`,
+// left in sk[0], si[0].
+template <typename T>
+__device__ void arg_block(const T* src, i64 base, i64 stride, u64 lo, u64 hi, int is_max,
+                          typename ArgKey<T>::type* sk, i64* si) {
+    typedef typename ArgKey<T>::type K;
+    K best = K();
+    i64 idx = -1;
+    for (u64 r = lo + threadIdx.x; r < hi; r += blockDim.x) {
+        K v = ArgKey<T>::get(src[base + (i64)r * stride]);
+        if (ArgKey<T>::nan(v)) continue;
+        arg_take<K>(best, idx, v, (i64)r, is_max);
+    }
+    sk[threadIdx.x] = best;
+    si[threadIdx.x] = idx;
+    __syncthreads();
+    for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            K b = sk[threadIdx.x];
+            i64 i = si[threadIdx.x];
+            arg_take<K>(b, i, sk[threadIdx.x + s], si[threadIdx.x + s], is_max);
+            sk[threadIdx.x] = b;
+            si[threadIdx.x] = i;
+        }
+        __syncthreads();
+    }
+}
+
 // argmax/argmin over one dimension: the first index of the extreme value,
 // NaNs never win, except that a NaN first element stays (the CPU's scan).
 template <typename T>
 __device__ void arg_reduce_impl(const T* src, Lay outer, i64 stride, i64* out, u64 n_out, u64 n_in, int is_max) {
-    __shared__ double shv[256];
-    __shared__ i64 shi[256];
+    __shared__ typename ArgKey<T>::type sk[256];
+    __shared__ i64 si[256];
     for (u64 o = blockIdx.x; o < n_out; o += gridDim.x) {
         i64 base = lay_off(outer, o);
-        double best = 0.0;
-        i64 idx = -1;
-        for (u64 r = threadIdx.x; r < n_in; r += blockDim.x) {
-            double v = Cv<T>::to(src[base + (i64)r * stride]);
-            if (v != v) continue;
-            if (idx < 0 || (is_max ? v > best : v < best)) { best = v; idx = (i64)r; }
-        }
-        shv[threadIdx.x] = best;
-        shi[threadIdx.x] = idx;
-        __syncthreads();
-        for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
-            if (threadIdx.x < s) {
-                double v = shv[threadIdx.x + s];
-                i64 j = shi[threadIdx.x + s];
-                i64 i0 = shi[threadIdx.x];
-                double b0 = shv[threadIdx.x];
-                bool take = j >= 0 && (i0 < 0 || (is_max ? v > b0 : v < b0) || (v == b0 && j < i0));
-                if (take) { shv[threadIdx.x] = v; shi[threadIdx.x] = j; }
-            }
-            __syncthreads();
-        }
+        arg_block<T>(src, base, stride, 0, n_in, is_max, sk, si);
         if (threadIdx.x == 0) {
-            double first = Cv<T>::to(src[base]);
-            out[o] = (first != first || shi[0] < 0) ? 0 : shi[0];
+            bool first_nan = ArgKey<T>::nan(ArgKey<T>::get(src[base]));
+            out[o] = (first_nan || si[0] < 0) ? 0 : si[0];
         }
         __syncthreads();
+    }
+}
+
+// Long argmax/argmin over few outputs, pass 1: block b handles part
+// (b % parts) of output (b / parts) and writes its (value, index).
+template <typename T>
+__device__ void arg_partial_impl(const T* src, Lay outer, i64 stride, typename ArgKey<T>::type* pk, i64* pi, u64 n_out,
+                                 u64 n_in, u64 parts, int is_max) {
+    __shared__ typename ArgKey<T>::type sk[256];
+    __shared__ i64 si[256];
+    u64 chunk = (n_in + parts - 1) / parts;
+    for (u64 b = blockIdx.x; b < n_out * parts; b += gridDim.x) {
+        u64 o = b / parts, p = b % parts;
+        u64 lo = p * chunk, hi = lo + chunk < n_in ? lo + chunk : n_in;
+        arg_block<T>(src, lay_off(outer, o), stride, lo, hi, is_max, sk, si);
+        if (threadIdx.x == 0) { pk[b] = sk[0]; pi[b] = si[0]; }
+        __syncthreads();
+    }
+}
+
+// Pass 2: one thread per output merges its parts in order.
+template <typename T>
+__device__ void arg_final_impl(const T* src, Lay outer, const typename ArgKey<T>::type* pk, const i64* pi, i64* out, u64 n_out,
+                               u64 parts, int is_max) {
+    typedef typename ArgKey<T>::type K;
+    GRID_LOOP(o, n_out) {
+        K best = K();
+        i64 idx = -1;
+        for (u64 p = 0; p < parts; ++p) arg_take<K>(best, idx, pk[o * parts + p], pi[o * parts + p], is_max);
+        bool first_nan = ArgKey<T>::nan(ArgKey<T>::get(src[lay_off(outer, o)]));
+        out[o] = (first_nan || idx < 0) ? 0 : idx;
     }
 }
 
@@ -521,13 +628,19 @@ __device__ void matmul_impl<i64>(const i64* a, Lay ba, i64 a_rs, i64 a_cs, const
 
 // ---- indexing ---------------------------------------------------------------
 
-// Indices as the CPU reads them: through f64 then `as usize` (negative -> 0).
+// Indices as the CPU reads them (`host_kernels::index_list`): a negative
+// index is out of range (it selects zeros and adds nothing), never index 0.
 template <typename I> __device__ __forceinline__ u64 read_id(const I* ids, Lay li, u64 j) {
     double v = Cv<I>::to(ids[lay_off(li, j)]);
-    if (!(v > 0.0)) return 0;
+    if (!(v >= 0.0)) return 0xFFFFFFFFFFFFFFFFull;
     if (v >= 18446744073709551615.0) return 0xFFFFFFFFFFFFFFFFull;
     return (u64)v;
 }
+template <> __device__ __forceinline__ u64 read_id<i64>(const i64* ids, Lay li, u64 j) {
+    i64 v = ids[lay_off(li, j)];
+    return v < 0 ? 0xFFFFFFFFFFFFFFFFull : (u64)v;
+}
+template <> __device__ __forceinline__ u64 read_id<u8>(const u8* ids, Lay li, u64 j) { return (u64)ids[lay_off(li, j)]; }
 
 // out (outer, n, inner) = src (outer, d, inner) at the ids; out-of-range ids
 // give zeros.
@@ -597,6 +710,21 @@ KILN_ALL(KILN_CREATE)
     }                                                                                                                    \
     extern "C" __global__ void arg_reduce_##N(const T* s, Lay outer, i64 stride, i64* o, u64 no, u64 ni, int mx) {       \
         arg_reduce_impl<T>(s, outer, stride, o, no, ni, mx);                                                             \
+    }                                                                                                                    \
+    extern "C" __global__ void reduce_partial_##N(const T* s, Lay outer, Lay inner, Acc<T>::type* p, u64 no, u64 ni,     \
+                                                  u64 parts, int op) {                                                   \
+        reduce_partial_impl<T>(s, outer, inner, p, no, ni, parts, op);                                                   \
+    }                                                                                                                    \
+    extern "C" __global__ void reduce_final_##N(const Acc<T>::type* p, T* o, u64 no, u64 parts, int op) {               \
+        reduce_final_impl<T>(p, o, no, parts, op);                                                                       \
+    }                                                                                                                    \
+    extern "C" __global__ void arg_partial_##N(const T* s, Lay outer, i64 stride, ArgKey<T>::type* pk, i64* pi, u64 no,  \
+                                               u64 ni, u64 parts, int mx) {                                              \
+        arg_partial_impl<T>(s, outer, stride, pk, pi, no, ni, parts, mx);                                                \
+    }                                                                                                                    \
+    extern "C" __global__ void arg_final_##N(const T* s, Lay outer, const ArgKey<T>::type* pk, const i64* pi, i64* o,    \
+                                             u64 no, u64 parts, int mx) {                                                \
+        arg_final_impl<T>(s, outer, pk, pi, o, no, parts, mx);                                                           \
     }                                                                                                                    \
     extern "C" __global__ void index_add_##N##_i64(const T* s, Lay sl, const i64* ids, Lay li, T* d, u64 outer, u64 dd, \
                                                    u64 n, u64 inner) {                                                   \

@@ -26,7 +26,7 @@ pub(crate) fn families() -> Vec<(&'static str, String)> {
 
 /// The family that holds kernel `name`.
 pub(crate) fn family_of(name: &str) -> &'static str {
-    const TABLE: [(&str, &str); 12] = [
+    const TABLE: [(&str, &str); 14] = [
         ("fill_", "create"),
         ("arange_", "create"),
         ("random_", "create"),
@@ -35,6 +35,8 @@ pub(crate) fn family_of(name: &str) -> &'static str {
         ("compare_", "elementwise"),
         ("reduce_", "elementwise"),
         ("arg_reduce_", "elementwise"),
+        ("arg_partial_", "elementwise"),
+        ("arg_final_", "elementwise"),
         ("index_add_", "elementwise"),
         ("index_select_", "index"),
         ("matmul_", "matmul"),

@@ -260,6 +260,22 @@ pub(crate) fn gather(be: &CudaBackend, src: &Src, dst: u64) -> Result<()> {
     copy(be, src, dst, src.storage.dtype, &Layout::contiguous(src.layout.shape().clone()))
 }
 
+/// Blocks per output for a reduction: one when there are outputs enough to
+/// fill the device, else enough to give each multiprocessor several blocks
+/// of at least 4096 elements each.
+pub(crate) fn split_parts(be: &CudaBackend, n_out: usize, n_in: usize) -> usize {
+    const MIN_PER_BLOCK: usize = 4096;
+    let target_blocks = be.sm_count() as usize * 4;
+    if n_out >= target_blocks || n_in < 2 * MIN_PER_BLOCK {
+        return 1;
+    }
+    (target_blocks / n_out.max(1)).min(n_in / MIN_PER_BLOCK).clamp(1, 1024)
+}
+
+fn grid_for_blocks(blocks: usize) -> u32 {
+    blocks.clamp(1, 1 << 20) as u32
+}
+
 fn block_for(n_in: usize) -> u32 {
     (n_in.next_power_of_two() as u32).clamp(32, BLOCK)
 }
@@ -285,14 +301,31 @@ fn reduce(be: &CudaBackend, op: ReduceOp, src: &Src, dims: &[usize], out: &crate
     if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) {
         let d = dims[0];
         let n_in = l.dims()[d];
+        let stride = l.strides()[d] as i64;
+        let is_max = (op == ReduceOp::ArgMax) as i32;
+        let parts = split_parts(be, n_out, n_in);
+        if parts > 1 {
+            // Long and few: many blocks, then one pass over their candidates.
+            let key_size = if src.storage.dtype == DType::U8 { 4 } else { 8 };
+            let keys = be.temp(n_out * parts * key_size)?;
+            let idxs = be.temp(n_out * parts * 8)?;
+            let mut args = Args::default();
+            args.u64(src_ptr)
+                .lay(&outer)
+                .i64(stride)
+                .u64(keys.ptr())
+                .u64(idxs.ptr())
+                .u64(n_out as u64)
+                .u64(n_in as u64)
+                .u64(parts as u64)
+                .i32(is_max);
+            be.launch_raw(&format!("arg_partial_{tag}"), grid_for_blocks(n_out * parts), BLOCK, &mut args)?;
+            let mut args = Args::default();
+            args.u64(src_ptr).lay(&outer).u64(keys.ptr()).u64(idxs.ptr()).u64(out_ptr).u64(n_out as u64).u64(parts as u64).i32(is_max);
+            return elementwise(be, &format!("arg_final_{tag}"), n_out, &mut args);
+        }
         let mut args = Args::default();
-        args.u64(src_ptr)
-            .lay(&outer)
-            .i64(l.strides()[d] as i64)
-            .u64(out_ptr)
-            .u64(n_out as u64)
-            .u64(n_in as u64)
-            .i32((op == ReduceOp::ArgMax) as i32);
+        args.u64(src_ptr).lay(&outer).i64(stride).u64(out_ptr).u64(n_out as u64).u64(n_in as u64).i32(is_max);
         return be.launch_raw(&format!("arg_reduce_{tag}"), grid, block_for(n_in), &mut args);
     }
     let (id, is) = pick(dims);
@@ -304,6 +337,29 @@ fn reduce(be: &CudaBackend, op: ReduceOp, src: &Src, dims: &[usize], out: &crate
     }
     let (mid, mis) = merge(&id, &[&is]);
     let inner = make_lay(be, &mid, &mis[0], 0)?;
+    let parts = split_parts(be, n_out, n_in);
+    if parts > 1 {
+        // sum_all, norm, mean_all: the whole device, then one pass over the
+        // partial accumulators (f64 for f32, as the single-block kernel).
+        let acc_size = match src.storage.dtype {
+            DType::F32 | DType::F64 | DType::I64 => 8,
+            _ => src.storage.dtype.size_in_bytes(),
+        };
+        let partial = be.temp(n_out * parts * acc_size)?;
+        let mut args = Args::default();
+        args.u64(src_ptr)
+            .lay(&outer)
+            .lay(&inner)
+            .u64(partial.ptr())
+            .u64(n_out as u64)
+            .u64(n_in as u64)
+            .u64(parts as u64)
+            .i32(reduce_code(op));
+        be.launch_raw(&format!("reduce_partial_{tag}"), grid_for_blocks(n_out * parts), BLOCK, &mut args)?;
+        let mut args = Args::default();
+        args.u64(partial.ptr()).u64(out_ptr).u64(n_out as u64).u64(parts as u64).i32(reduce_code(op));
+        return elementwise(be, &format!("reduce_final_{tag}"), n_out, &mut args);
+    }
     let mut args = Args::default();
     args.u64(src_ptr).lay(&outer).lay(&inner).u64(out_ptr).u64(n_out as u64).u64(n_in as u64).i32(reduce_code(op));
     if n_in <= 16 && n_out >= 4096 {

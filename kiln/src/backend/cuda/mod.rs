@@ -98,10 +98,15 @@ struct BlockCache {
     bytes: usize,
 }
 
-/// Pinned host memory for staging transfers, two chunks used in turn so that
-/// the CPU copy of one overlaps the DMA of the other.
+/// Pinned host memory for staging transfers: at least two chunks, so that the
+/// CPU copy of one overlaps the DMA of the other, and up to
+/// [`MAX_STAGING_CHUNKS`] so that an upload queued behind long-running work
+/// takes a free chunk instead of waiting for that work (uploads overlap
+/// compute).
 struct Staging {
     chunks: Vec<StagingChunk>,
+    /// Counts chunk uses, to pick the least recently used one to wait for.
+    uses: u64,
 }
 
 struct StagingChunk {
@@ -110,10 +115,16 @@ struct StagingChunk {
     /// Recorded after the last DMA that used this chunk.
     event: Raw<cu::CUevent>,
     pending: bool,
+    last_use: u64,
 }
+
+/// How a missing cuBLAS is described (and recognised: it is not retried).
+const BLAS_MISSING: &str = "cuBLAS (libcublas.so) not found";
 
 /// Bytes per staging chunk.
 const STAGING_CHUNK: usize = 8 << 20;
+/// Most staging chunks per device (64 MiB of pinned memory).
+const MAX_STAGING_CHUNKS: usize = 8;
 
 /// cuBLAS, created on first matmul.
 pub(crate) struct Blas {
@@ -132,7 +143,13 @@ pub(crate) struct CudaBackend {
     stream: Raw<cu::CUstream>,
     pool: MemoryPool,
     cache: Mutex<BlockCache>,
-    staging: Mutex<Option<Staging>>,
+    /// None until first used; Some(None) when pinned memory could not be had.
+    staging: Mutex<Option<Option<Staging>>>,
+    /// Mapped pinned word the stream waits on while the queue is held
+    /// (host pointer, device pointer), and the last hold's number.
+    hold_flag: Mutex<Option<(Raw<*mut u32>, u64)>>,
+    holds: std::sync::atomic::AtomicU32,
+    blas_warned: std::sync::atomic::AtomicBool,
     /// Loaded module per kernel family (or why it could not be built).
     modules: Mutex<HashMap<&'static str, std::result::Result<Raw<cu::CUmodule>, String>>>,
     functions: Mutex<HashMap<String, Raw<cu::CUfunction>>>,
@@ -167,6 +184,13 @@ fn open_all() -> std::result::Result<Vec<Arc<dyn Backend>>, String> {
         ck(cu::cuInit(0), "cuInit")?;
         let mut count: c_int = 0;
         ck(cu::cuDeviceGetCount(&mut count), "cuDeviceGetCount")?;
+        if count > 0 {
+            // Without NVRTC no kernel can be built, not even `zeros`: list no
+            // device rather than one that fails at the first operation.
+            if let Err(why) = nvrtc::version() {
+                return Err(format!("{count} CUDA device(s) found but unusable: {why}"));
+            }
+        }
         let mut backends: Vec<Arc<dyn Backend>> = Vec::new();
         for ordinal in 0..count.max(0) as usize {
             match CudaBackend::open(ordinal, Device::Gpu(backends.len())) {
@@ -221,6 +245,9 @@ impl CudaBackend {
                 pool: MemoryPool::new(device, Some(total), 0),
                 cache: Mutex::new(BlockCache::default()),
                 staging: Mutex::new(None),
+                hold_flag: Mutex::new(None),
+                holds: std::sync::atomic::AtomicU32::new(0),
+                blas_warned: std::sync::atomic::AtomicBool::new(false),
                 modules: Mutex::new(HashMap::new()),
                 functions: Mutex::new(HashMap::new()),
                 blas: Mutex::new(None),
@@ -264,6 +291,7 @@ impl CudaBackend {
             let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(ptr) = cache.free.get_mut(&cap).and_then(|v| v.pop()) {
                 cache.bytes -= cap;
+                self.pool.set_cached(cache.bytes);
                 return Ok(Some(DevBuf { ptr, cap }));
             }
         }
@@ -290,20 +318,48 @@ impl CudaBackend {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         cache.free.entry(buf.cap).or_default().push(buf.ptr);
         cache.bytes += buf.cap;
+        self.pool.set_cached(cache.bytes);
     }
 
-    /// Gives every cached block back to the driver (after the queue drains).
+    /// Gives every cached block back to the driver. The blocks are taken out
+    /// of the cache first and the stream synchronised after: every kernel
+    /// that used a taken block was queued before it returned to the cache,
+    /// so before the sync (taking them after the sync would free a block
+    /// that another thread reused and queued work on in between). Binds the
+    /// context itself, so it works from any thread; a failed cuMemFree is an
+    /// error naming the device and the bytes.
     fn free_cache(&self) -> Result<()> {
-        // SAFETY: the stream is alive; blocks in the cache are unused once it drains.
+        self.bind()?;
+        let blocks: Vec<(usize, u64)> = {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            let taken = cache.free.drain().flat_map(|(cap, ptrs)| ptrs.into_iter().map(move |p| (cap, p))).collect();
+            cache.bytes = 0;
+            self.pool.set_cached(0);
+            taken
+        };
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the stream is alive; the blocks are in no cache and unused
+        // once the work queued before this point has run.
         unsafe {
             ck(cu::cuStreamSynchronize(self.stream.0), "cuStreamSynchronize").map_err(|e| self.err(e))?;
-            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-            for (_, ptrs) in cache.free.drain() {
-                for p in ptrs {
-                    let _ = cu::cuMemFree_v2(p);
+            let mut failed = Vec::new();
+            for &(cap, p) in &blocks {
+                if let Err(e) = ck(cu::cuMemFree_v2(p), "cuMemFree") {
+                    failed.push((cap, e));
                 }
             }
-            cache.bytes = 0;
+            if let Some((_, first)) = failed.first() {
+                let bytes: usize = failed.iter().map(|(c, _)| c).sum();
+                return Err(self.err(format!(
+                    "emptying the cache: {} of {} blocks ({}) could not be freed; first: {first}; the memory stays allocated \
+                     until the process exits",
+                    failed.len(),
+                    blocks.len(),
+                    crate::human_bytes(bytes)
+                )));
+            }
         }
         Ok(())
     }
@@ -315,6 +371,33 @@ impl CudaBackend {
 
     // ---- transfers ----------------------------------------------------------
 
+    /// One pinned chunk and its event, or None (and nothing leaked) when
+    /// either cannot be had.
+    fn new_chunk(&self) -> Option<StagingChunk> {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        let mut ev: cu::CUevent = std::ptr::null_mut();
+        // SAFETY: out-pointers to locals; 2 = CU_EVENT_DISABLE_TIMING. The
+        // pinned block is freed again if the event cannot be made.
+        unsafe {
+            if cu::cuMemAllocHost_v2(&mut p, STAGING_CHUNK) != cu::CUresult::CUDA_SUCCESS {
+                return None;
+            }
+            if cu::cuEventCreate(&mut ev, 2) != cu::CUresult::CUDA_SUCCESS {
+                let _ = cu::cuMemFreeHost(p);
+                return None;
+            }
+        }
+        Some(StagingChunk { ptr: Raw(p as *mut u8), size: STAGING_CHUNK, event: Raw(ev), pending: false, last_use: 0 })
+    }
+
+    fn drop_chunk(c: StagingChunk) {
+        // SAFETY: the chunk's DMA is finished or never started; freed once.
+        unsafe {
+            let _ = cu::cuEventDestroy_v2(c.event.0);
+            let _ = cu::cuMemFreeHost(c.ptr.0 as *mut c_void);
+        }
+    }
+
     /// Runs `f` with the staging chunks, creating them on first use. `None`
     /// when pinned memory cannot be had (transfers then go synchronously).
     fn with_staging<T>(&self, f: impl FnOnce(Option<&mut Staging>) -> Result<T>) -> Result<T> {
@@ -322,24 +405,57 @@ impl CudaBackend {
         if guard.is_none() {
             let mut chunks = Vec::new();
             for _ in 0..2 {
-                let mut p: *mut c_void = std::ptr::null_mut();
-                let mut ev: cu::CUevent = std::ptr::null_mut();
-                // SAFETY: out-pointers to locals; 2 = CU_EVENT_DISABLE_TIMING.
-                let ok = unsafe {
-                    cu::cuMemAllocHost_v2(&mut p, STAGING_CHUNK) == cu::CUresult::CUDA_SUCCESS
-                        && cu::cuEventCreate(&mut ev, 2) == cu::CUresult::CUDA_SUCCESS
-                };
-                if !ok {
-                    break;
+                match self.new_chunk() {
+                    Some(c) => chunks.push(c),
+                    None => break,
                 }
-                chunks.push(StagingChunk { ptr: Raw(p as *mut u8), size: STAGING_CHUNK, event: Raw(ev), pending: false });
             }
             if chunks.len() < 2 {
-                return f(None);
+                // One chunk is not enough for the double buffering: give it back.
+                chunks.into_iter().for_each(Self::drop_chunk);
+                *guard = Some(None);
+            } else {
+                *guard = Some(Some(Staging { chunks, uses: 0 }));
             }
-            *guard = Some(Staging { chunks });
         }
-        f(guard.as_mut())
+        f(guard.as_mut().and_then(|s| s.as_mut()))
+    }
+
+    /// A chunk the host may fill now: one whose last DMA has finished
+    /// (asked without blocking), else a new one while fewer than
+    /// MAX_STAGING_CHUNKS exist, else the least recently used one once its
+    /// DMA is done.
+    fn free_chunk(&self, st: &mut Staging) -> Result<usize> {
+        st.uses += 1;
+        let mut order: Vec<usize> = (0..st.chunks.len()).collect();
+        order.sort_by_key(|&i| st.chunks[i].last_use);
+        for &i in &order {
+            let c = &mut st.chunks[i];
+            if c.pending {
+                // SAFETY: the event is alive.
+                match unsafe { cu::cuEventQuery(c.event.0) } {
+                    cu::CUresult::CUDA_SUCCESS => c.pending = false,
+                    cu::CUresult::CUDA_ERROR_NOT_READY => continue,
+                    other => return Err(self.err(format!("cuEventQuery failed: {}", error_text(other)))),
+                }
+            }
+            c.last_use = st.uses;
+            return Ok(i);
+        }
+        if st.chunks.len() < MAX_STAGING_CHUNKS {
+            if let Some(mut c) = self.new_chunk() {
+                c.last_use = st.uses;
+                st.chunks.push(c);
+                return Ok(st.chunks.len() - 1);
+            }
+        }
+        let i = order[0];
+        let c = &mut st.chunks[i];
+        // SAFETY: the event is alive.
+        ck(unsafe { cu::cuEventSynchronize(c.event.0) }, "cuEventSynchronize").map_err(|e| self.err(e))?;
+        c.pending = false;
+        c.last_use = st.uses;
+        Ok(i)
     }
 
     /// Host bytes to device memory, queued on the stream. Returns once the
@@ -360,10 +476,8 @@ impl CudaBackend {
                     return ck(cu::cuStreamSynchronize(stream), "cuStreamSynchronize").map_err(|e| self.err(e));
                 };
                 for (i, piece) in src.chunks(STAGING_CHUNK).enumerate() {
-                    let c = &mut st.chunks[i % 2];
-                    if c.pending {
-                        ck(cu::cuEventSynchronize(c.event.0), "cuEventSynchronize").map_err(|e| self.err(e))?;
-                    }
+                    let k = self.free_chunk(st)?;
+                    let c = &mut st.chunks[k];
                     std::ptr::copy_nonoverlapping(piece.as_ptr(), c.ptr.0, piece.len());
                     let at = dst + (i * STAGING_CHUNK) as u64;
                     ck(cu::cuMemcpyHtoDAsync_v2(at, c.ptr.0 as *const c_void, piece.len(), stream), "cuMemcpyHtoDAsync")
@@ -507,33 +621,95 @@ impl CudaBackend {
     }
 
     /// Runs `f` with the cuBLAS handle, or returns None when cuBLAS cannot be
-    /// loaded (matmul then uses kiln's own kernel).
+    /// had (matmul then uses kiln's own kernel, and says so once on stderr).
+    /// Only a missing library is remembered; a failed `cublasCreate` (for
+    /// example out of memory) is tried again at the next matmul.
     pub(crate) fn with_blas<T>(&self, f: impl FnOnce(&Blas) -> Result<T>) -> Result<Option<T>> {
         use cudarc::cublas::sys as cb;
         let mut guard = self.blas.lock().unwrap_or_else(|e| e.into_inner());
-        if guard.is_none() {
+        if !matches!(guard.as_ref(), Some(Ok(_))) && !self.blas_missing(guard.as_ref()) {
             // SAFETY: dlopen attempts, then handle creation on the bound context.
             let created = catch_unwind(|| unsafe {
                 if !cb::is_culib_present() {
-                    return Err("cuBLAS (libcublas.so) not found".to_string());
+                    return Err(BLAS_MISSING.to_string());
                 }
                 let mut h: cb::cublasHandle_t = std::ptr::null_mut();
-                if cb::cublasCreate_v2(&mut h) != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                    return Err("cublasCreate failed".to_string());
+                let st = cb::cublasCreate_v2(&mut h);
+                if st != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                    return Err(format!("cublasCreate failed: {st:?}"));
                 }
-                let _ = cb::cublasSetStream_v2(h, self.stream.0 as cb::cudaStream_t);
+                let st = cb::cublasSetStream_v2(h, self.stream.0 as cb::cudaStream_t);
+                if st != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                    let _ = cb::cublasDestroy_v2(h);
+                    return Err(format!("cublasSetStream failed: {st:?}"));
+                }
                 if std::env::var("KILN_CUDA_TF32").map(|v| v == "1").unwrap_or(false) {
                     let _ = cb::cublasSetMathMode(h, cb::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH);
                 }
                 Ok(Blas { handle: Raw(h) })
             })
-            .unwrap_or_else(|_| Err("cuBLAS lacks a function kiln needs".to_string()));
+            .unwrap_or_else(|_| Err(format!("{BLAS_MISSING} (a function kiln needs is missing)")));
+            if let Err(why) = &created {
+                if !self.blas_warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    eprintln!("kiln: cuBLAS unavailable on {} ({why}); matmul uses kiln's own CUDA kernel", self.device);
+                }
+            }
             *guard = Some(created);
         }
         match guard.as_ref() {
             Some(Ok(blas)) => f(blas).map(Some),
             _ => Ok(None),
         }
+    }
+
+    fn blas_missing(&self, state: Option<&std::result::Result<Blas, String>>) -> bool {
+        matches!(state, Some(Err(why)) if why.starts_with(BLAS_MISSING))
+    }
+
+    /// Whether cuBLAS is in use, for `devices()`.
+    fn blas_status(&self) -> String {
+        match self.blas.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            None => "not loaded yet".into(),
+            Some(Ok(_)) => "yes".into(),
+            Some(Err(why)) => format!("no: {why}"),
+        }
+    }
+
+    /// Stops the stream at this point until the hold drops: the stream waits
+    /// on a word of mapped pinned memory that a helper thread sets then.
+    fn hold(&self) -> Result<super::QueueHold> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let mut flag = self.hold_flag.lock().unwrap_or_else(|e| e.into_inner());
+        if flag.is_none() {
+            let mut host: *mut c_void = std::ptr::null_mut();
+            let mut dev: cu::CUdeviceptr = 0;
+            // SAFETY: out-pointers to locals; 2 = CU_MEMHOSTALLOC_DEVICEMAP.
+            // The word lives as long as the process.
+            unsafe {
+                ck(cu::cuMemHostAlloc(&mut host, 4, 2), "cuMemHostAlloc").map_err(|e| self.err(e))?;
+                (*(host as *const AtomicU32)).store(0, Ordering::SeqCst);
+                if let Err(e) = ck(cu::cuMemHostGetDevicePointer_v2(&mut dev, host, 0), "cuMemHostGetDevicePointer") {
+                    let _ = cu::cuMemFreeHost(host);
+                    return Err(self.err(e));
+                }
+            }
+            *flag = Some((Raw(host as *mut u32), dev));
+        }
+        let (host, dev) = flag.as_ref().map(|(h, d)| (h.0 as usize, *d)).unwrap_or((0, 0));
+        let n = self.holds.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
+        // SAFETY: a mapped pinned word; 0 = CU_STREAM_WAIT_VALUE_GEQ.
+        ck(unsafe { cu::cuStreamWaitValue32_v2(self.stream.0, dev, n, 0) }, "cuStreamWaitValue32")
+            .map_err(|e| self.err(format!("{e}: this device cannot hold its queue (stream memory operations unsupported)")))?;
+        let (tx, rx) = crossbeam_channel::bounded::<()>(0);
+        std::thread::Builder::new()
+            .name(format!("kiln-cuda-hold-{}", self.device))
+            .spawn(move || {
+                let _ = rx.recv();
+                // SAFETY: the word lives as long as the process.
+                unsafe { (*(host as *const AtomicU32)).fetch_max(n, Ordering::SeqCst) };
+            })
+            .map_err(|e| self.err(format!("cannot start the thread that releases the hold: {e}")))?;
+        Ok(super::QueueHold { _release: tx })
     }
 
     /// Launches `name` with a 1-D grid.
@@ -699,6 +875,7 @@ impl Backend for CudaBackend {
         ));
         let cached = self.cache.lock().map(|c| c.bytes).unwrap_or(0);
         d.push(("kiln cache".to_string(), crate::human_bytes(cached)));
+        d.push(("cublas".to_string(), self.blas_status()));
         d
     }
     fn alloc_buffer(&self, dtype: DType, len: usize) -> Result<Buffer> {
@@ -793,10 +970,11 @@ impl Backend for CudaBackend {
     fn host_memory(&self) -> bool {
         false
     }
-    fn empty_cache(&self) {
-        if let Err(e) = self.free_cache() {
-            eprintln!("kiln: could not empty the cache of {}: {e}", self.device);
-        }
+    fn empty_cache(&self) -> Result<()> {
+        self.guarded("emptying the cache", || self.free_cache())
+    }
+    fn hold_queue(&self) -> Result<Option<super::QueueHold>> {
+        self.guarded("holding the queue", || self.hold().map(Some))
     }
     fn synchronize(&self) -> Result<()> {
         self.guarded("cuStreamSynchronize", || {
