@@ -114,9 +114,10 @@ fn eight_threads_mixing_ops_transfers_and_opposite_assigns() {
     for (d, base) in devices.iter().zip(&baseline) {
         assert_eq!(memory_stats(d).unwrap().in_use, *base, "memory on {d} did not return to its baseline");
     }
-    if let Some(kib) = peak_rss_kib() {
+    let peak = peak_rss_kib();
+    if let Some(kib) = peak {
         assert!(kib < 4 << 20, "peak resident memory {kib} KiB: something grew without bound");
     }
-    println!("stress: 8 threads, {secs} s, {total} rounds, no deadlock");
+    println!("stress: 8 threads, {secs} s, {total} rounds, no deadlock, peak resident memory {} MiB", peak.unwrap_or(0) / 1024);
     assert!(total > 0);
 }
