@@ -235,11 +235,19 @@ pub(crate) struct OperandLocks<'a> {
 
 impl<'a> OperandLocks<'a> {
     /// Locks `inputs` for reading and `output` for writing, in address order.
-    pub(crate) fn new(inputs: &[&'a Storage], output: &'a Storage) -> Self {
+    /// An input that is also the output is refused (a kiln bug): locking it
+    /// twice would deadlock the thread on itself.
+    pub(crate) fn new(inputs: &[&'a Storage], output: &'a Storage) -> crate::Result<Self> {
         let mut distinct: SmallVec<[&'a Storage; 3]> = SmallVec::new();
         let mut slots: SmallVec<[u8; 4]> = SmallVec::new();
         for &s in inputs {
-            debug_assert!(!std::ptr::eq(s, output), "a kernel's output is also its input");
+            if std::ptr::eq(s, output) {
+                return Err(crate::Error::KernelFailed {
+                    device: output.device(),
+                    op: "lock".into(),
+                    msg: "a kernel's output storage is also one of its inputs (a kiln bug: please report it)".into(),
+                });
+            }
             match distinct.iter().position(|d| std::ptr::eq(*d, s)) {
                 Some(p) => slots.push(p as u8),
                 None => {
@@ -262,11 +270,11 @@ impl<'a> OperandLocks<'a> {
                 taken[i] = Some(distinct[i].buffer.read().unwrap_or_else(|e| e.into_inner()));
             }
         }
-        OperandLocks {
+        Ok(OperandLocks {
             inputs: taken.into_iter().map(|g| g.expect("every input locked above")).collect(),
             slots,
             output: out.expect("the output locked above"),
-        }
+        })
     }
 
     /// The inputs (by their position in `new`) and the output, borrowed together.

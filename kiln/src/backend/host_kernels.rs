@@ -228,19 +228,19 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
     }
     match kernel {
         Kernel::Fill { out, value } => {
-            let mut locks = OperandLocks::new(&[], out);
+            let mut locks = OperandLocks::new(&[], out)?;
             map_buffer!(locks.split().1, v => fill(v, *value, threads))
         }
         Kernel::Arange { out, start, step } => {
-            let mut locks = OperandLocks::new(&[], out);
+            let mut locks = OperandLocks::new(&[], out)?;
             map_buffer!(locks.split().1, v => arange(v, *start, *step))
         }
         Kernel::Random { out, seed, offset, dist } => {
-            let mut locks = OperandLocks::new(&[], out);
+            let mut locks = OperandLocks::new(&[], out)?;
             map_buffer!(locks.split().1, v => random(v, *seed, *offset, *dist, threads))
         }
         Kernel::Unary { op, src, out } => {
-            let mut locks = OperandLocks::new(&[&src.storage], out);
+            let mut locks = OperandLocks::new(&[&src.storage], out)?;
             let (inputs, w) = locks.split();
             match (inputs.host(0), w) {
                 (CpuBuffer::F32(s), CpuBuffer::F32(o)) => unary_float(*op, s, &src.layout, o, threads),
@@ -252,7 +252,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
             }
         }
         Kernel::Binary { op, lhs, rhs, out } => {
-            let mut locks = OperandLocks::new(&[&lhs.storage, &rhs.storage], out);
+            let mut locks = OperandLocks::new(&[&lhs.storage, &rhs.storage], out)?;
             let (inputs, w) = locks.split();
             macro_rules! go {
                 ($a:expr, $b:expr) => {
@@ -274,7 +274,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
             }
         }
         Kernel::Reduce { op, src, dims, out } => {
-            let mut locks = OperandLocks::new(&[&src.storage], out);
+            let mut locks = OperandLocks::new(&[&src.storage], out)?;
             let (inputs, w) = locks.split();
             match (*op, inputs.host(0), w) {
                 (ReduceOp::ArgMax | ReduceOp::ArgMin, s, CpuBuffer::I64(o)) => {
@@ -297,7 +297,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
             }
         }
         Kernel::Matmul { lhs, rhs, out, m, n, k } => {
-            let mut locks = OperandLocks::new(&[&lhs.storage, &rhs.storage], out);
+            let mut locks = OperandLocks::new(&[&lhs.storage, &rhs.storage], out)?;
             let (inputs, w) = locks.split();
             if *k == 0 {
                 // A sum of nothing: zeros, without walking the operands'
@@ -334,10 +334,10 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
                 // that no lock is held twice and overlapping views copy the
                 // values they had before the call.
                 let data = try_gather(src)?;
-                let mut locks = OperandLocks::new(&[], dst);
+                let mut locks = OperandLocks::new(&[], dst)?;
                 copy_cast(&data, &Layout::contiguous(src.layout.shape.clone()), locks.split().1, dst_layout);
             } else {
-                let mut locks = OperandLocks::new(&[&src.storage], dst);
+                let mut locks = OperandLocks::new(&[&src.storage], dst)?;
                 let (inputs, w) = locks.split();
                 copy_cast(inputs.host(0), &src.layout, w, dst_layout);
             }
@@ -346,7 +346,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
             let ids = index_list(ids)?;
             // A dense source is read in place; a strided one is gathered first.
             let gathered = if src.layout.is_contiguous() { None } else { Some(try_gather(src)?) };
-            let mut locks = OperandLocks::new(&[&src.storage], out);
+            let mut locks = OperandLocks::new(&[&src.storage], out)?;
             let (inputs, w) = locks.split();
             let (data, start) = match &gathered {
                 Some(g) => (g, 0),
@@ -367,7 +367,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
         Kernel::IndexAdd { src, ids, dim, dst } => {
             let ids = index_list(ids)?;
             let data = try_gather(src)?;
-            let mut locks = OperandLocks::new(&[], dst);
+            let mut locks = OperandLocks::new(&[], dst)?;
             match (&data, locks.split().1) {
                 (CpuBuffer::F32(s), CpuBuffer::F32(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
                 (CpuBuffer::F64(s), CpuBuffer::F64(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
@@ -386,7 +386,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
             mask.try_reserve_exact(c.len()).map_err(|_| host_oom(c.len()))?;
             mask.extend((0..c.len()).map(|i| c.get_f64(i) != 0.0));
             drop(c);
-            let mut locks = OperandLocks::new(&[&on_true.storage, &on_false.storage], out);
+            let mut locks = OperandLocks::new(&[&on_true.storage, &on_false.storage], out)?;
             let (inputs, w) = locks.split();
             macro_rules! go {
                 ($a:expr, $b:expr, $o:expr) => {
