@@ -9,7 +9,6 @@
 use crate::backend::Backend;
 use crate::{DType, Device, WithDType};
 use half::{bf16, f16};
-use smallvec::SmallVec;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Elements in host memory, one variant per dtype.
@@ -227,54 +226,62 @@ impl BufferRead<'_> {
 /// The output must not also be an input; callers that write in place copy a
 /// source sharing the output's storage first.
 pub(crate) struct OperandLocks<'a> {
-    inputs: SmallVec<[RwLockReadGuard<'a, Option<Buffer>>; 3]>,
-    /// For each input as given, which guard of `inputs` holds it.
-    slots: SmallVec<[u8; 4]>,
+    /// Read guards of the distinct inputs: a kernel reads at most two
+    /// storages under lock (`Where`'s condition is gathered first).
+    inputs: [Option<ReadGuard<'a>>; 2],
+    /// True when input 1 is the same storage as input 0 (one guard serves both).
+    shared: bool,
     output: RwLockWriteGuard<'a, Option<Buffer>>,
 }
 
+type ReadGuard<'a> = RwLockReadGuard<'a, Option<Buffer>>;
+
 impl<'a> OperandLocks<'a> {
-    /// Locks `inputs` for reading and `output` for writing, in address order.
-    /// An input that is also the output is refused (a kiln bug): locking it
-    /// twice would deadlock the thread on itself.
+    /// Locks `inputs` (at most two) for reading and `output` for writing, in
+    /// address order. An input that is also the output is refused (a kiln
+    /// bug): locking it twice would deadlock the thread on itself.
     pub(crate) fn new(inputs: &[&'a Storage], output: &'a Storage) -> crate::Result<Self> {
-        let mut distinct: SmallVec<[&'a Storage; 3]> = SmallVec::new();
-        let mut slots: SmallVec<[u8; 4]> = SmallVec::new();
-        for &s in inputs {
-            if std::ptr::eq(s, output) {
-                return Err(crate::Error::KernelFailed {
-                    device: output.device(),
-                    op: "lock".into(),
-                    msg: "a kernel's output storage is also one of its inputs (a kiln bug: please report it)".into(),
-                });
-            }
-            match distinct.iter().position(|d| std::ptr::eq(*d, s)) {
-                Some(p) => slots.push(p as u8),
-                None => {
-                    slots.push(distinct.len() as u8);
-                    distinct.push(s);
-                }
-            }
+        let bug = |msg: &str| crate::Error::KernelFailed {
+            device: output.device(),
+            op: "lock".into(),
+            msg: format!("{msg} (a kiln bug: please report it)"),
+        };
+        if inputs.len() > 2 {
+            return Err(bug("a kernel locks more than two inputs"));
         }
+        if inputs.iter().any(|s| std::ptr::eq(*s, output)) {
+            return Err(bug("a kernel's output storage is also one of its inputs"));
+        }
+        let first = inputs.first().copied();
+        let second = inputs.get(1).copied().filter(|b| !first.is_some_and(|a| std::ptr::eq(a, *b)));
+        let shared = inputs.len() == 2 && second.is_none();
+        // Up to three storages, sorted by address (an insertion sort of three
+        // is a few compares: this runs on every operation).
         let addr = |s: &Storage| s as *const Storage as usize;
-        // The output is taken at its place in the order too.
-        let mut order: SmallVec<[(usize, usize); 4]> = distinct.iter().enumerate().map(|(i, s)| (addr(s), i)).collect();
-        order.push((addr(output), usize::MAX));
-        order.sort_unstable();
-        let mut taken: SmallVec<[Option<RwLockReadGuard<'a, Option<Buffer>>>; 3]> = distinct.iter().map(|_| None).collect();
-        let mut out = None;
-        for (_, i) in order {
-            if i == usize::MAX {
-                out = Some(output.buffer.write().unwrap_or_else(|e| e.into_inner()));
-            } else {
-                taken[i] = Some(distinct[i].buffer.read().unwrap_or_else(|e| e.into_inner()));
+        let mut order = [(0usize, 0u8); 3];
+        let mut n = 0;
+        for (storage, which) in [(Some(output), 0u8), (first, 1), (second, 2)] {
+            if let Some(st) = storage {
+                let key = (addr(st), which);
+                let mut i = n;
+                while i > 0 && order[i - 1] > key {
+                    order[i] = order[i - 1];
+                    i -= 1;
+                }
+                order[i] = key;
+                n += 1;
             }
         }
-        Ok(OperandLocks {
-            inputs: taken.into_iter().map(|g| g.expect("every input locked above")).collect(),
-            slots,
-            output: out.expect("the output locked above"),
-        })
+        let (mut g1, mut g2, mut out) = (None, None, None);
+        for &(_, which) in &order[..n] {
+            match (which, first, second) {
+                (1, Some(a), _) => g1 = Some(a.buffer.read().unwrap_or_else(|e| e.into_inner())),
+                (2, _, Some(b)) => g2 = Some(b.buffer.read().unwrap_or_else(|e| e.into_inner())),
+                _ => out = Some(output.buffer.write().unwrap_or_else(|e| e.into_inner())),
+            }
+        }
+        let output = out.ok_or_else(|| bug("the output was not locked"))?;
+        Ok(OperandLocks { inputs: [g1, g2], shared, output })
     }
 
     /// The inputs (by their position in `new`) and the output, borrowed together.
@@ -283,20 +290,24 @@ impl<'a> OperandLocks<'a> {
             Some(Buffer::Host(b)) => b,
             _ => unreachable!("host kernel given a storage of another backend"),
         };
-        (LockedInputs { inputs: &self.inputs, slots: &self.slots }, out)
+        (LockedInputs { inputs: &self.inputs, shared: self.shared }, out)
     }
 }
 
 /// The read-locked inputs of an [`OperandLocks`].
 pub(crate) struct LockedInputs<'g, 'a> {
-    inputs: &'g [RwLockReadGuard<'a, Option<Buffer>>],
-    slots: &'g [u8],
+    inputs: &'g [Option<ReadGuard<'a>>; 2],
+    shared: bool,
 }
 
 impl<'g> LockedInputs<'g, '_> {
     /// Input `i`'s host elements.
     pub(crate) fn host(&self, i: usize) -> &'g CpuBuffer {
-        host_of(&self.inputs[self.slots[i] as usize])
+        let slot = if i == 1 && self.shared { 0 } else { i };
+        match &self.inputs[slot] {
+            Some(guard) => host_of(guard),
+            None => unreachable!("input {i} was not passed to OperandLocks::new"),
+        }
     }
 }
 
