@@ -394,8 +394,11 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Grads> {
                 UnaryOp::MulScalar(s) => g.mul_scalar(s)?,
                 UnaryOp::DivScalar(s) => g.div_scalar(s)?,
                 UnaryOp::RDivScalar(s) => g.mul(&x.sqr()?.unary(UnaryOp::RDivScalar(-s))?)?,
-                UnaryOp::MaxScalar(s) => g.mul(&mask_scalar(x, BinaryOp::Ge, s)?)?,
-                UnaryOp::MinScalar(s) => g.mul(&mask_scalar(x, BinaryOp::Le, s)?)?,
+                // PyTorch's clamp_min/clamp_max backward (torch 2.15): the
+                // gradient passes strictly inside (x > min, x < max); 0 at
+                // the boundary and at NaN.
+                UnaryOp::MaxScalar(s) => g.mul(&mask_scalar(x, BinaryOp::Gt, s)?)?,
+                UnaryOp::MinScalar(s) => g.mul(&mask_scalar(x, BinaryOp::Lt, s)?)?,
                 UnaryOp::Affine(a, _) => g.mul_scalar(a)?,
             };
             smallvec![(x.clone(), d)]
@@ -432,12 +435,19 @@ fn input_grads(op: &BackOp, g: &Tensor) -> Result<Grads> {
                     }
                 }
                 BinaryOp::Pow => {
+                    // PyTorch's pow_backward: the base gets 0 where the
+                    // exponent is 0 (not 0 · 0^-1 = NaN), the exponent gets 0
+                    // where the base is 0 and the exponent >= 0 (not 0^b · log 0).
                     if na {
                         let ga = g.mul(b)?.mul(&a.pow(&b.sub(&b.ones_like()?)?)?)?;
+                        let ga = zero_where(&b.binary(&scalar_like(b, 0.0)?, BinaryOp::Eq)?, &ga)?;
                         out.push((a.clone(), sum_to(&ga, a.dims())?));
                     }
                     if nb {
                         let gb = g.mul(&a.pow(b)?)?.mul(&a.log()?)?;
+                        let zero_base = a.binary(&scalar_like(a, 0.0)?, BinaryOp::Eq)?;
+                        let cond = zero_base.mul(&b.binary(&scalar_like(b, 0.0)?, BinaryOp::Ge)?)?;
+                        let gb = zero_where(&cond, &gb)?;
                         out.push((b.clone(), sum_to(&gb, b.dims())?));
                     }
                 }
