@@ -142,15 +142,27 @@ impl Tensor {
     pub fn div_scalar(&self, s: f64) -> Result<Tensor> {
         self.unary(UnaryOp::DivScalar(s))
     }
-    /// max(x, s)
+    /// max(x, s). NaN propagates; the gradient is 1 where x > s and 0 at
+    /// and below the boundary (PyTorch 2.x's `clamp_min` backward).
     pub fn maximum_scalar(&self, s: f64) -> Result<Tensor> {
         self.unary(UnaryOp::MaxScalar(s))
     }
-    /// min(x, s)
+    /// min(x, s). NaN propagates; the gradient is 1 where x < s and 0 at
+    /// and above the boundary.
     pub fn minimum_scalar(&self, s: f64) -> Result<Tensor> {
         self.unary(UnaryOp::MinScalar(s))
     }
-    /// Clamps into [lo, hi].
+    /// Clamps into [lo, hi]. NaN stays NaN. The gradient passes strictly
+    /// inside the range and is 0 at the bounds and outside (as PyTorch 2.15).
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::new(&[-2f32, 0.5, 3.0, f32::NAN], &cpu())?;
+    /// let y = x.clamp(0.0, 1.0)?.to_vec::<f32>()?;
+    /// assert_eq!(&y[..3], &[0.0, 0.5, 1.0]);
+    /// assert!(y[3].is_nan());
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
     pub fn clamp(&self, lo: f64, hi: f64) -> Result<Tensor> {
         self.maximum_scalar(lo)?.minimum_scalar(hi)
     }
@@ -320,6 +332,21 @@ impl Tensor {
         self.reduce(ReduceOp::Max, &self.all_dims(), false)
     }
     /// Maximum over one dimension.
+    ///
+    /// NaN propagates (the result is NaN where the slice holds one). The
+    /// gradient of a slice that holds NaNs goes to its NaNs, shared, and 0 to
+    /// the rest, where PyTorch's `amax`/`amin` give NaN to every element; ties
+    /// share the gradient equally. See the README's "Where kiln differs from
+    /// PyTorch".
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::new(&[[1f32, f32::NAN], [3., 2.]], &cpu())?;
+    /// let m = x.max(1)?.to_vec::<f32>()?;
+    /// assert!(m[0].is_nan());
+    /// assert_eq!(m[1], 3.0);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
     pub fn max(&self, dim: impl Dim) -> Result<Tensor> {
         let dim = dim.index("max", self.rank())?;
         self.reduce(ReduceOp::Max, &[dim], false)
@@ -334,6 +361,21 @@ impl Tensor {
         self.reduce(ReduceOp::Min, &self.all_dims(), false)
     }
     /// Minimum over one dimension.
+    ///
+    /// NaN propagates (the result is NaN where the slice holds one). The
+    /// gradient of a slice that holds NaNs goes to its NaNs, shared, and 0 to
+    /// the rest, where PyTorch's `amax`/`amin` give NaN to every element; ties
+    /// share the gradient equally. See the README's "Where kiln differs from
+    /// PyTorch".
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::new(&[[1f32, f32::NAN], [3., 2.]], &cpu())?;
+    /// let m = x.min(1)?.to_vec::<f32>()?;
+    /// assert!(m[0].is_nan());
+    /// assert_eq!(m[1], 2.0);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
     pub fn min(&self, dim: impl Dim) -> Result<Tensor> {
         let dim = dim.index("min", self.rank())?;
         self.reduce(ReduceOp::Min, &[dim], false)
