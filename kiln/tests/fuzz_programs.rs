@@ -508,7 +508,11 @@ fn random_programs_never_panic_hang_or_disagree() {
                 } else if last.1.elapsed() > Duration::from_secs(60) {
                     // Straight to stderr: the harness's capture would swallow eprintln.
                     use std::io::Write as _;
-                    let _ = writeln!(std::io::stderr(), "HANG: no step finished for 60 s in\n{}", current.lock().unwrap_or_else(|e| e.into_inner()));
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "HANG: no step finished for 60 s in\n{}",
+                        current.lock().unwrap_or_else(|e| e.into_inner())
+                    );
                     std::process::exit(3);
                 }
             }
