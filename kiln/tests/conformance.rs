@@ -596,6 +596,122 @@ fn cat_and_stack() {
     });
 }
 
+/// f32 values compared bit for bit, every NaN as one NaN.
+#[track_caller]
+fn same_nan(t: &Tensor, d: Device, expected: &[f32]) {
+    let bits = |x: &f32| if x.is_nan() { u32::MAX } else { x.to_bits() };
+    let got = f32s(t, d);
+    assert_eq!(got.iter().map(bits).collect::<Vec<_>>(), expected.iter().map(bits).collect::<Vec<_>>(), "got {got:?} on {d}");
+}
+
+#[test]
+fn nan_propagates_through_max_min_and_wins_argmax() {
+    on_every_device(|d| {
+        let nan = f32::NAN;
+        let x = Tensor::new(&[nan, 1., -2., 3.], &d)?;
+        same_nan(&x.relu()?, d, &[nan, 1., 0., 3.]);
+        let y = Tensor::new(&[0f32, nan, 5., -1.], &d)?;
+        same_nan(&x.maximum(&y)?, d, &[nan, nan, 5., 3.]);
+        same_nan(&x.minimum(&y)?, d, &[nan, nan, -2., -1.]);
+        same_nan(&x.maximum_scalar(0.0)?, d, &[nan, 1., 0., 3.]);
+        same_nan(&x.minimum_scalar(0.0)?, d, &[nan, 0., -2., 0.]);
+        same_nan(&x.clamp(-1.0, 2.0)?, d, &[nan, 1., -1., 2.]);
+        let two = Tensor::new(&[[1f32, nan, nan], [nan, 2., 3.]], &d)?;
+        assert_eq!(two.argmax(1)?.to_vec::<i64>()?, vec![1, 0], "on {d}");
+        assert_eq!(two.argmin(0)?.to_vec::<i64>()?, vec![1, 0, 0], "on {d}");
+        same_nan(&two.max(0)?, d, &[nan, nan, nan]);
+        same_nan(&two.min(1)?, d, &[nan, nan]);
+        // f64, and long rows (many blocks on CUDA): the first NaN wins.
+        let mut long = (0..20_000).map(|i| (i % 977) as f64).collect::<Vec<_>>();
+        long[14_001] = f64::NAN;
+        long[18_000] = f64::NAN;
+        let l = Tensor::new(long.as_slice(), &d)?;
+        assert_eq!(l.argmax(0)?.to_vec::<i64>()?, vec![14_001], "on {d}");
+        assert_eq!(l.argmin(0)?.to_vec::<i64>()?, vec![14_001], "on {d}");
+        assert!(l.max_all()?.to_vec::<f64>()?[0].is_nan(), "max_all on {d}");
+        assert!(l.to_dtype(DType::F32)?.min_all()?.to_vec::<f32>()?[0].is_nan(), "min_all on {d}");
+        let clean = Tensor::new(&long[..14_000], &d)?;
+        assert_eq!(clean.argmax(0)?.to_vec::<i64>()?, vec![976], "on {d}");
+        assert_eq!(clean.max_all()?.to_vec::<f64>()?, vec![976.], "on {d}");
+        Ok(())
+    });
+}
+
+#[test]
+fn integer_casts_round_once_and_wrap() {
+    on_every_device(|d| {
+        let big = (1i64 << 60) + (1i64 << 36) + 1;
+        let x = Tensor::new(&[big, -big], &d)?;
+        assert_eq!(x.to_dtype(DType::F32)?.to_vec::<f32>()?, vec![big as f32, -big as f32], "on {d}");
+        assert_eq!(x.to_dtype(DType::F64)?.to_vec::<f64>()?, vec![big as f64, -big as f64], "on {d}");
+        let w = Tensor::new(&[300i64, -1, 256, 255], &d)?;
+        assert_eq!(w.to_dtype(DType::U8)?.to_vec::<u8>()?, vec![44, 255, 0, 255], "on {d}");
+        assert_eq!(w.to_dtype(DType::I32)?.to_dtype(DType::U8)?.to_vec::<u8>()?, vec![44, 255, 0, 255], "on {d}");
+        let wide = Tensor::new(&[1i64 << 40, -3, (1i64 << 32) + 7, i64::MIN], &d)?;
+        assert_eq!(wide.to_dtype(DType::I32)?.to_vec::<i32>()?, vec![0, -3, 7, 0], "on {d}");
+        let i = Tensor::new(&[-1i32, 2, i32::MAX, i32::MIN], &d)?;
+        assert_eq!(i.to_dtype(DType::U8)?.to_vec::<u8>()?, vec![255, 2, 255, 0], "on {d}");
+        assert_eq!(i.to_dtype(DType::I64)?.to_vec::<i64>()?, vec![-1, 2, i32::MAX as i64, i32::MIN as i64], "on {d}");
+        assert_eq!(i.to_dtype(DType::F32)?.to_vec::<f32>()?, vec![-1., 2., i32::MAX as f32, i32::MIN as f32], "on {d}");
+        assert_eq!(Tensor::new(&[200u8, 7], &d)?.to_dtype(DType::I32)?.to_vec::<i32>()?, vec![200, 7], "on {d}");
+        // From floats: truncation, saturation, NaN to 0 (Rust's `as`).
+        let f = Tensor::new(&[1.9f64, -2.9, 3e10, -3e10, f64::NAN], &d)?;
+        assert_eq!(f.to_dtype(DType::I32)?.to_vec::<i32>()?, vec![1, -2, i32::MAX, i32::MIN, 0], "on {d}");
+        assert_eq!(f.to_dtype(DType::U8)?.to_vec::<u8>()?, vec![1, 0, 255, 0, 0], "on {d}");
+        Ok(())
+    });
+}
+
+#[test]
+fn i32_tensors_on_every_device() {
+    on_every_device(|d| {
+        let a = Tensor::new(&[[1, 2], [3, 4]], &d)?;
+        assert_eq!(a.dtype(), DType::I32);
+        assert_eq!(a.matmul(&a)?.to_vec::<i32>()?, vec![7, 10, 15, 22], "on {d}");
+        assert_eq!(a.sum(0)?.to_vec::<i32>()?, vec![4, 6], "on {d}");
+        assert_eq!(a.sum(-1)?.to_vec::<i32>()?, vec![3, 7], "on {d}");
+        assert_eq!(a.min_all()?.to_vec::<i32>()?, vec![1], "on {d}");
+        assert_eq!(a.argmax(0)?.to_vec::<i64>()?, vec![1, 1], "on {d}");
+        assert_eq!(a.argmin(1)?.to_vec::<i64>()?, vec![0, 0], "on {d}");
+        assert_eq!(a.sub(&a.t()?)?.to_vec::<i32>()?, vec![0, -1, 1, 0], "on {d}");
+        assert_eq!(a.div(&Tensor::new(&[[0, 2], [-1, 3]], &d)?)?.to_vec::<f32>()?, vec![f32::INFINITY, 1., -3., 4. / 3.], "on {d}");
+        assert_eq!(a.le(&a.t()?)?.to_vec::<u8>()?, vec![1, 1, 0, 1], "on {d}");
+        assert_eq!(a.neg()?.relu()?.to_vec::<i32>()?, vec![0, 0, 0, 0], "on {d}");
+        assert_eq!(a.powi(3)?.to_vec::<i32>()?, vec![1, 8, 27, 64], "on {d}");
+        assert_eq!(a.maximum_scalar(2.0)?.minimum_scalar(3.0)?.to_vec::<i32>()?, vec![2, 2, 3, 3], "on {d}");
+        // Wrapping, as every integer op.
+        let m = Tensor::new(&[i32::MAX, i32::MIN], &d)?;
+        assert_eq!(m.add_scalar(1.0)?.to_vec::<i32>()?, vec![i32::MIN, i32::MIN + 1], "on {d}");
+        assert_eq!(m.neg()?.to_vec::<i32>()?, vec![-i32::MAX, i32::MIN], "on {d}");
+        assert_eq!(m.abs()?.to_vec::<i32>()?, vec![i32::MAX, i32::MIN], "on {d}");
+        assert_eq!(m.mul(&m)?.to_vec::<i32>()?, vec![1, 0], "on {d}");
+        assert_eq!(m.sum_all()?.to_vec::<i32>()?, vec![-1], "on {d}");
+        // Long reductions (many blocks on CUDA) wrap and find the first extreme.
+        let long: Vec<i32> = (0..20_000).map(|i| (i * 7919) % 100_003 - 50_000).collect();
+        let l = Tensor::new(long.as_slice(), &d)?;
+        let wrapped = long.iter().fold(0i32, |a, &b| a.wrapping_add(b));
+        assert_eq!(l.sum_all()?.to_vec::<i32>()?, vec![wrapped], "on {d}");
+        let arg = long.iter().enumerate().fold(0, |best, (i, &v)| if v > long[best] { i } else { best });
+        assert_eq!(l.argmax(0)?.to_vec::<i64>()?, vec![arg as i64], "on {d}");
+        assert_eq!(l.max_all()?.to_vec::<i32>()?, vec![long[arg]], "on {d}");
+        // Creation, where, i32 indices, and indexing i32 data.
+        assert_eq!(Tensor::full(-3.0, 2, DType::I32, &d)?.to_vec::<i32>()?, vec![-3, -3], "on {d}");
+        assert_eq!(Tensor::arange_dtype(0.0, 3.0, 1.0, DType::I32, &d)?.to_vec::<i32>()?, vec![0, 1, 2], "on {d}");
+        let c = Tensor::new(&[1u8, 0, 0, 1], &d)?.reshape((2, 2))?;
+        assert_eq!(c.where_cond(&a, &a.neg()?)?.to_vec::<i32>()?, vec![1, -2, -3, 4], "on {d}");
+        let ids = Tensor::new(&[1, 0, 1], &d)?;
+        assert_eq!(a.index_select(&ids, 0)?.to_vec::<i32>()?, vec![3, 4, 1, 2, 3, 4], "on {d}");
+        let x = Tensor::new(&[[1f32, 2.], [3., 4.]], &d)?;
+        assert_eq!(f32s(&x.index_select(&ids, 1)?, d), vec![2., 1., 2., 4., 3., 4.]);
+        let src = Tensor::ones((2, 3), DType::I32, &d)?;
+        assert_eq!(a.index_add(&ids, &src, 1)?.to_vec::<i32>()?, vec![2, 4, 4, 6], "on {d}");
+        let i64_ids = Tensor::new(&[1i64], &d)?;
+        assert_eq!(a.index_select(&i64_ids, 1)?.to_vec::<i32>()?, vec![2, 4], "on {d}");
+        assert_eq!(a.t()?.contiguous()?.to_vec::<i32>()?, vec![1, 3, 2, 4], "on {d}");
+        Ok(())
+    });
+}
+
 #[test]
 fn dtype_conversions_and_half_round_trips() {
     on_every_device(|d| {

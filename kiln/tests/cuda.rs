@@ -134,9 +134,9 @@ fn nvrtc_compiles_every_kernel_family_for_sm90() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    // 3 creation kernels x 6 dtypes, 12 elementwise x 4, 5 matmul, 12 index_select,
-    // 36 copies and 36 wheres.
-    assert_eq!(entries, archs.len() * (18 + 48 + 5 + 12 + 36 + 36), "kernel entry points per arch");
+    // 3 creation kernels x 7 dtypes, 13 elementwise x 5, 6 matmul, 21 index_select
+    // (7 dtypes x i64, i32 and u8 indices), 49 copies and 49 wheres.
+    assert_eq!(entries, archs.len() * (21 + 65 + 6 + 21 + 49 + 49), "kernel entry points per arch");
     println!(
         "NVRTC {}.{} compiled {} kernel families ({entries} kernels) for {archs:?}{}",
         version.0,

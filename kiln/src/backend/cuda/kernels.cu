@@ -3,8 +3,11 @@
 // strided operands as `Lay` (rank <= KILN_MAXD after the host merged what
 // can be merged) and reproduces the CPU kernels' arithmetic: scalars are
 // converted to the operand's dtype first, integers wrap, integer division by
-// zero gives 0, conversions go through f64 like the CPU's `from_f64`, and
-// random numbers are the same Philox 4x32-10 counters. The module is compiled
+// zero gives 0, NaN propagates through max/min (relu, clamp, reductions) and
+// wins argmax/argmin (the first one), conversions from floats go through f64
+// like the CPU's `from_f64` (saturating to integers), conversions from
+// integers round once to a float and wrap to a narrower integer (numpy and
+// PyTorch), and random numbers are the same Philox 4x32-10 counters. The module is compiled
 // with --fmad=false so that a*b+c rounds twice, as on the CPU.
 //
 // No headers are included: f16 conversions use PTX `cvt`, bf16 ones are bit
@@ -12,6 +15,7 @@
 
 typedef unsigned char u8;
 typedef long long i64;
+typedef int i32;
 typedef unsigned long long u64;
 typedef unsigned int u32;
 
@@ -112,6 +116,16 @@ template <> struct Cv<i64> {
         return (i64)v;
     }
 };
+template <> struct Cv<i32> {
+    static __device__ __forceinline__ double to(i32 x) { return (double)x; }
+    // Rust's saturating `as`: NaN -> 0.
+    static __device__ __forceinline__ i32 from(double v) {
+        if (v != v) return 0;
+        if (v >= 2147483647.0) return 2147483647;
+        if (v <= -2147483648.0) return (i32)0x80000000u;
+        return (i32)v;
+    }
+};
 template <> struct Cv<u8> {
     static __device__ __forceinline__ double to(u8 x) { return (double)x; }
     static __device__ __forceinline__ u8 from(double v) {
@@ -140,8 +154,13 @@ template <> struct Ar<float> {
     static __device__ __forceinline__ float sub(float a, float b) { return a - b; }
     static __device__ __forceinline__ float mul(float a, float b) { return a * b; }
     static __device__ __forceinline__ float div(float a, float b) { return a / b; }
-    static __device__ __forceinline__ float mx(float a, float b) { return fmaxf(a, b); }
-    static __device__ __forceinline__ float mn(float a, float b) { return fminf(a, b); }
+    // NaN propagates (PyTorch, numpy and the CPU); fmaxf would drop it.
+    static __device__ __forceinline__ float mx(float a, float b) {
+        return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+    }
+    static __device__ __forceinline__ float mn(float a, float b) {
+        return (a != a || b != b) ? __int_as_float(0x7fc00000) : fminf(a, b);
+    }
     static __device__ __forceinline__ float neg(float a) { return -a; }
     static __device__ __forceinline__ float abs(float a) { return fabsf(a); }
     static __device__ __forceinline__ float lowest() { return -__int_as_float(0x7f800000); }
@@ -152,8 +171,12 @@ template <> struct Ar<double> {
     static __device__ __forceinline__ double sub(double a, double b) { return a - b; }
     static __device__ __forceinline__ double mul(double a, double b) { return a * b; }
     static __device__ __forceinline__ double div(double a, double b) { return a / b; }
-    static __device__ __forceinline__ double mx(double a, double b) { return fmax(a, b); }
-    static __device__ __forceinline__ double mn(double a, double b) { return fmin(a, b); }
+    static __device__ __forceinline__ double mx(double a, double b) {
+        return (a != a || b != b) ? __longlong_as_double(0x7ff8000000000000ll) : fmax(a, b);
+    }
+    static __device__ __forceinline__ double mn(double a, double b) {
+        return (a != a || b != b) ? __longlong_as_double(0x7ff8000000000000ll) : fmin(a, b);
+    }
     static __device__ __forceinline__ double neg(double a) { return -a; }
     static __device__ __forceinline__ double abs(double a) { return fabs(a); }
     static __device__ __forceinline__ double lowest() { return -__longlong_as_double(0x7ff0000000000000ll); }
@@ -174,6 +197,22 @@ template <> struct Ar<i64> {
     static __device__ __forceinline__ i64 abs(i64 a) { return a < 0 ? (i64)(0ull - (u64)a) : a; }
     static __device__ __forceinline__ i64 lowest() { return (i64)0x8000000000000000ull; }
     static __device__ __forceinline__ i64 highest() { return (i64)0x7FFFFFFFFFFFFFFFull; }
+};
+template <> struct Ar<i32> {
+    static __device__ __forceinline__ i32 add(i32 a, i32 b) { return (i32)((u32)a + (u32)b); }
+    static __device__ __forceinline__ i32 sub(i32 a, i32 b) { return (i32)((u32)a - (u32)b); }
+    static __device__ __forceinline__ i32 mul(i32 a, i32 b) { return (i32)((u32)a * (u32)b); }
+    static __device__ __forceinline__ i32 div(i32 a, i32 b) {
+        if (b == 0) return 0;
+        if (b == -1) return (i32)(0u - (u32)a);
+        return a / b;
+    }
+    static __device__ __forceinline__ i32 mx(i32 a, i32 b) { return b > a ? b : a; }
+    static __device__ __forceinline__ i32 mn(i32 a, i32 b) { return b < a ? b : a; }
+    static __device__ __forceinline__ i32 neg(i32 a) { return (i32)(0u - (u32)a); }
+    static __device__ __forceinline__ i32 abs(i32 a) { return a < 0 ? (i32)(0u - (u32)a) : a; }
+    static __device__ __forceinline__ i32 lowest() { return (i32)0x80000000u; }
+    static __device__ __forceinline__ i32 highest() { return 2147483647; }
 };
 template <> struct Ar<u8> {
     static __device__ __forceinline__ u8 add(u8 a, u8 b) { return (u8)(a + b); }
@@ -368,9 +407,42 @@ __device__ void compare_impl(const T* a, Lay la, const T* b, Lay lb, u8* out, u6
     GRID_LOOP(i, n) out[i] = compare_op<T>(op, a[lay_off(la, i)], b[lay_off(lb, i)]);
 }
 
-// Same dtype: the bits are copied. Otherwise through f64, as the CPU does.
+// From an integer, as the CPU's `from_i64` (numpy and PyTorch): one rounding
+// to f32 or f64 (through f64 an i64 above 2^53 would round twice), two's
+// complement truncation to a narrower integer; half types through f64.
+template <typename D> struct FromInt {
+    static __device__ __forceinline__ D go(i64 v) { return Cv<D>::from((double)v); }
+};
+template <> struct FromInt<float> {
+    static __device__ __forceinline__ float go(i64 v) { return (float)v; }
+};
+template <> struct FromInt<i64> {
+    static __device__ __forceinline__ i64 go(i64 v) { return v; }
+};
+template <> struct FromInt<i32> {
+    static __device__ __forceinline__ i32 go(i64 v) { return (i32)(u32)(u64)v; }
+};
+template <> struct FromInt<u8> {
+    static __device__ __forceinline__ u8 go(i64 v) { return (u8)(u64)v; }
+};
+
+// From a float: through f64 (saturating to integers), as the CPU's `from_f64`.
+template <typename S> struct ConvFrom {
+    template <typename D> static __device__ __forceinline__ D go(S x) { return Cv<D>::from(Cv<S>::to(x)); }
+};
+template <> struct ConvFrom<i64> {
+    template <typename D> static __device__ __forceinline__ D go(i64 x) { return FromInt<D>::go(x); }
+};
+template <> struct ConvFrom<i32> {
+    template <typename D> static __device__ __forceinline__ D go(i32 x) { return FromInt<D>::go((i64)x); }
+};
+template <> struct ConvFrom<u8> {
+    template <typename D> static __device__ __forceinline__ D go(u8 x) { return FromInt<D>::go((i64)x); }
+};
+
+// Same dtype: the bits are copied.
 template <typename S, typename D> struct Conv {
-    static __device__ __forceinline__ D go(S x) { return Cv<D>::from(Cv<S>::to(x)); }
+    static __device__ __forceinline__ D go(S x) { return ConvFrom<S>::template go<D>(x); }
 };
 template <typename S> struct Conv<S, S> {
     static __device__ __forceinline__ S go(S x) { return x; }
@@ -486,7 +558,7 @@ __device__ void reduce_thread_impl(const T* src, Lay outer, Lay inner, T* out, u
 }
 
 // The value argmax/argmin compares: exact for integers (i64 above 2^53 must
-// not tie through f64), f64 for the float types (NaN never wins).
+// not tie through f64), f64 for the float types (the first NaN wins).
 template <typename T> struct ArgKey {
     typedef double type;
     static __device__ __forceinline__ double get(T x) { return Cv<T>::to(x); }
@@ -497,18 +569,30 @@ template <> struct ArgKey<i64> {
     static __device__ __forceinline__ i64 get(i64 x) { return x; }
     static __device__ __forceinline__ bool nan(i64) { return false; }
 };
+template <> struct ArgKey<i32> {
+    typedef i32 type;
+    static __device__ __forceinline__ i32 get(i32 x) { return x; }
+    static __device__ __forceinline__ bool nan(i32) { return false; }
+};
 template <> struct ArgKey<u8> {
     typedef int type;
     static __device__ __forceinline__ int get(u8 x) { return (int)x; }
     static __device__ __forceinline__ bool nan(int) { return false; }
 };
 
-// Merges candidate (v, j) into (best, idx): the extreme value, the first
-// index among equals; idx < 0 means no candidate yet.
+// Merges candidate (v, j) into (best, idx): a NaN beats every number (the
+// first NaN wins, as in PyTorch and the CPU), else the extreme value, the
+// first index among equals; idx < 0 means no candidate yet.
 template <typename K>
 __device__ __forceinline__ void arg_take(K& best, i64& idx, K v, i64 j, int is_max) {
     if (j < 0) return;
-    if (idx < 0 || (is_max ? v > best : v < best) || (v == best && j < idx)) { best = v; idx = j; }
+    if (idx < 0) { best = v; idx = j; return; }
+    bool vn = v != v, bn = best != best;
+    if (vn || bn) {
+        if (vn && (!bn || j < idx)) { best = v; idx = j; }
+        return;
+    }
+    if ((is_max ? v > best : v < best) || (v == best && j < idx)) { best = v; idx = j; }
 }
 
 // Block-wide (best, idx) over the reduced indices [lo, hi) of output `o`,
@@ -520,9 +604,7 @@ __device__ void arg_block(const T* src, i64 base, i64 stride, u64 lo, u64 hi, in
     K best = K();
     i64 idx = -1;
     for (u64 r = lo + threadIdx.x; r < hi; r += blockDim.x) {
-        K v = ArgKey<T>::get(src[base + (i64)r * stride]);
-        if (ArgKey<T>::nan(v)) continue;
-        arg_take<K>(best, idx, v, (i64)r, is_max);
+        arg_take<K>(best, idx, ArgKey<T>::get(src[base + (i64)r * stride]), (i64)r, is_max);
     }
     sk[threadIdx.x] = best;
     si[threadIdx.x] = idx;
@@ -539,8 +621,8 @@ __device__ void arg_block(const T* src, i64 base, i64 stride, u64 lo, u64 hi, in
     }
 }
 
-// argmax/argmin over one dimension: the first index of the extreme value,
-// NaNs never win, except that a NaN first element stays (the CPU's scan).
+// argmax/argmin over one dimension: the index of the first NaN if any, else
+// the first index of the extreme value (the CPU's scan).
 template <typename T>
 __device__ void arg_reduce_impl(const T* src, Lay outer, i64 stride, i64* out, u64 n_out, u64 n_in, int is_max) {
     __shared__ typename ArgKey<T>::type sk[256];
@@ -548,10 +630,7 @@ __device__ void arg_reduce_impl(const T* src, Lay outer, i64 stride, i64* out, u
     for (u64 o = blockIdx.x; o < n_out; o += gridDim.x) {
         i64 base = lay_off(outer, o);
         arg_block<T>(src, base, stride, 0, n_in, is_max, sk, si);
-        if (threadIdx.x == 0) {
-            bool first_nan = ArgKey<T>::nan(ArgKey<T>::get(src[base]));
-            out[o] = (first_nan || si[0] < 0) ? 0 : si[0];
-        }
+        if (threadIdx.x == 0) out[o] = si[0] < 0 ? 0 : si[0];
         __syncthreads();
     }
 }
@@ -582,8 +661,7 @@ __device__ void arg_final_impl(const T* src, Lay outer, const typename ArgKey<T>
         K best = K();
         i64 idx = -1;
         for (u64 p = 0; p < parts; ++p) arg_take<K>(best, idx, pk[o * parts + p], pi[o * parts + p], is_max);
-        bool first_nan = ArgKey<T>::nan(ArgKey<T>::get(src[lay_off(outer, o)]));
-        out[o] = (first_nan || idx < 0) ? 0 : idx;
+        out[o] = idx < 0 ? 0 : idx;
     }
 }
 
@@ -640,6 +718,10 @@ template <> __device__ __forceinline__ u64 read_id<i64>(const i64* ids, Lay li, 
     i64 v = ids[lay_off(li, j)];
     return v < 0 ? 0xFFFFFFFFFFFFFFFFull : (u64)v;
 }
+template <> __device__ __forceinline__ u64 read_id<i32>(const i32* ids, Lay li, u64 j) {
+    i32 v = ids[lay_off(li, j)];
+    return v < 0 ? 0xFFFFFFFFFFFFFFFFull : (u64)v;
+}
 template <> __device__ __forceinline__ u64 read_id<u8>(const u8* ids, Lay li, u64 j) { return (u64)ids[lay_off(li, j)]; }
 
 // out (outer, n, inner) = src (outer, d, inner) at the ids; out-of-range ids
@@ -677,9 +759,10 @@ __device__ void index_add_impl(const T* src, Lay sl, const I* ids, Lay li, T* ds
 }
 
 // ---- entry points, one family per NVRTC module (compiled on first use) ----
-#define KILN_ALL(X) X(f32, float) X(f64, double) X(i64, i64) X(u8, u8) X(f16, f16_t) X(bf16, bf16_t)
-#define KILN_ALL_B(X, A, B) X(A, B, f32, float) X(A, B, f64, double) X(A, B, i64, i64) X(A, B, u8, u8) X(A, B, f16, f16_t) X(A, B, bf16, bf16_t)
-#define KILN_NUM(X) X(f32, float) X(f64, double) X(i64, i64) X(u8, u8)
+#define KILN_ALL(X) X(f32, float) X(f64, double) X(i64, i64) X(i32, i32) X(u8, u8) X(f16, f16_t) X(bf16, bf16_t)
+#define KILN_ALL_B(X, A, B) \
+    X(A, B, f32, float) X(A, B, f64, double) X(A, B, i64, i64) X(A, B, i32, i32) X(A, B, u8, u8) X(A, B, f16, f16_t) X(A, B, bf16, bf16_t)
+#define KILN_NUM(X) X(f32, float) X(f64, double) X(i64, i64) X(i32, i32) X(u8, u8)
 
 
 //@family create
@@ -730,6 +813,10 @@ KILN_ALL(KILN_CREATE)
                                                    u64 n, u64 inner) {                                                   \
         index_add_impl<T, i64>(s, sl, ids, li, d, outer, dd, n, inner);                                                  \
     }                                                                                                                    \
+    extern "C" __global__ void index_add_##N##_i32(const T* s, Lay sl, const i32* ids, Lay li, T* d, u64 outer, u64 dd, \
+                                                   u64 n, u64 inner) {                                                   \
+        index_add_impl<T, i32>(s, sl, ids, li, d, outer, dd, n, inner);                                                  \
+    }                                                                                                                    \
     extern "C" __global__ void index_add_##N##_u8(const T* s, Lay sl, const u8* ids, Lay li, T* d, u64 outer, u64 dd,   \
                                                   u64 n, u64 inner) {                                                    \
         index_add_impl<T, u8>(s, sl, ids, li, d, outer, dd, n, inner);                                                   \
@@ -745,6 +832,7 @@ KILN_NUM(KILN_ELEMENTWISE)
 KILN_MATMUL(f32, float)
 KILN_MATMUL(f64, double)
 KILN_MATMUL(i64, i64)
+KILN_MATMUL(i32, i32)
 KILN_MATMUL(u8, u8)
 KILN_MATMUL(f16, f16_t)
 
@@ -753,6 +841,10 @@ KILN_MATMUL(f16, f16_t)
     extern "C" __global__ void index_select_##N##_i64(const T* s, Lay sl, const i64* ids, Lay li, T* o, u64 outer,     \
                                                       u64 d, u64 n, u64 inner) {                                        \
         index_select_impl<T, i64>(s, sl, ids, li, o, outer, d, n, inner);                                              \
+    }                                                                                                                   \
+    extern "C" __global__ void index_select_##N##_i32(const T* s, Lay sl, const i32* ids, Lay li, T* o, u64 outer,     \
+                                                      u64 d, u64 n, u64 inner) {                                        \
+        index_select_impl<T, i32>(s, sl, ids, li, o, outer, d, n, inner);                                              \
     }                                                                                                                   \
     extern "C" __global__ void index_select_##N##_u8(const T* s, Lay sl, const u8* ids, Lay li, T* o, u64 outer, u64 d, \
                                                      u64 n, u64 inner) {                                                \

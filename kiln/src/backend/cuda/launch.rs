@@ -306,7 +306,7 @@ fn reduce(be: &CudaBackend, op: ReduceOp, src: &Src, dims: &[usize], out: &crate
         let parts = split_parts(be, n_out, n_in);
         if parts > 1 {
             // Long and few: many blocks, then one pass over their candidates.
-            let key_size = if src.storage.dtype == DType::U8 { 4 } else { 8 };
+            let key_size = if matches!(src.storage.dtype, DType::U8 | DType::I32) { 4 } else { 8 };
             let keys = be.temp(n_out * parts * key_size)?;
             let idxs = be.temp(n_out * parts * 8)?;
             let mut args = Args::default();
