@@ -27,5 +27,5 @@ KILN_NUMPY_PYTHON="$venv/bin/python" KILN_DIFF_CASES="${KILN_DIFF_CASES:-20000}"
     cargo test -p kiln --test differential -- --nocapture 2>&1 | grep -E "differential|DIFF|test result|panicked|^  [a-z]"
 
 echo "== chapter tests with one and two simulated GPUs"
-KILN_SIM_GPUS=1 cargo test -p kiln --test chapter --test chapter_fixes --test chapter_cells
-KILN_SIM_GPUS=2 cargo test -p kiln --test chapter --test chapter_fixes --test chapter_cells
+KILN_SIM_GPUS=1 cargo test -p kiln --test chapter --test chapter_fixes --test chapter_cells --test chapter_exercises
+KILN_SIM_GPUS=2 cargo test -p kiln --test chapter --test chapter_fixes --test chapter_cells --test chapter_exercises

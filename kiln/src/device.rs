@@ -44,10 +44,14 @@ impl std::fmt::Display for Device {
 
 impl std::str::FromStr for Device {
     type Err = Error;
-    /// Parses `cpu`, `gpu`, `gpu(1)`, `gpu:1`, `cuda:1`.
+    /// Parses `cpu`, `gpu`, `gpu(1)`, `gpu:1`, `cuda:1`, and TensorFlow's `/CPU:0`,
+    /// `/GPU:1`, `/device:GPU:1`.
     fn from_str(s: &str) -> Result<Device> {
         let t = s.trim().to_ascii_lowercase();
-        if t == "cpu" {
+        // TensorFlow's `/CPU:0`, `/GPU:1` and `/device:GPU:1` name the same devices.
+        let t = t.strip_prefix('/').unwrap_or(&t);
+        let t = t.strip_prefix("device:").unwrap_or(t);
+        if matches!(t, "cpu" | "cpu:0" | "cpu(0)") {
             return Ok(Device::Cpu);
         }
         for prefix in ["gpu", "cuda"] {
