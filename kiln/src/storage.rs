@@ -255,29 +255,40 @@ impl<'a> OperandLocks<'a> {
         let first = inputs.first().copied();
         let second = inputs.get(1).copied().filter(|b| !first.is_some_and(|a| std::ptr::eq(a, *b)));
         let shared = inputs.len() == 2 && second.is_none();
-        // Up to three storages, sorted by address (an insertion sort of three
-        // is a few compares: this runs on every operation).
+        let read = |s: &'a Storage| s.buffer.read().unwrap_or_else(|e| e.into_inner());
+        let write = || output.buffer.write().unwrap_or_else(|e| e.into_inner());
         let addr = |s: &Storage| s as *const Storage as usize;
-        let mut order = [(0usize, 0u8); 3];
-        let mut n = 0;
-        for (storage, which) in [(Some(output), 0u8), (first, 1), (second, 2)] {
-            if let Some(st) = storage {
-                let key = (addr(st), which);
-                let mut i = n;
-                while i > 0 && order[i - 1] > key {
-                    order[i] = order[i - 1];
-                    i -= 1;
+        let (out_at, mut g1, mut g2, mut out) = (addr(output), None, None, None);
+        match (first, second) {
+            (None, _) => out = Some(write()),
+            (Some(a), None) => {
+                if addr(a) < out_at {
+                    g1 = Some(read(a));
+                    out = Some(write());
+                } else {
+                    out = Some(write());
+                    g1 = Some(read(a));
                 }
-                order[i] = key;
-                n += 1;
             }
-        }
-        let (mut g1, mut g2, mut out) = (None, None, None);
-        for &(_, which) in &order[..n] {
-            match (which, first, second) {
-                (1, Some(a), _) => g1 = Some(a.buffer.read().unwrap_or_else(|e| e.into_inner())),
-                (2, _, Some(b)) => g2 = Some(b.buffer.read().unwrap_or_else(|e| e.into_inner())),
-                _ => out = Some(output.buffer.write().unwrap_or_else(|e| e.into_inner())),
+            (Some(a), Some(b)) => {
+                // Three storages: a three-compare sorting network, then lock in order.
+                let mut keys = [(out_at, 0u8), (addr(a), 1), (addr(b), 2)];
+                if keys[0] > keys[1] {
+                    keys.swap(0, 1);
+                }
+                if keys[1] > keys[2] {
+                    keys.swap(1, 2);
+                }
+                if keys[0] > keys[1] {
+                    keys.swap(0, 1);
+                }
+                for (_, which) in keys {
+                    match which {
+                        0 => out = Some(write()),
+                        1 => g1 = Some(read(a)),
+                        _ => g2 = Some(read(b)),
+                    }
+                }
             }
         }
         let output = out.ok_or_else(|| bug("the output was not locked"))?;
