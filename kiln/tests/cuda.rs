@@ -570,3 +570,37 @@ fn no_cuda_device_is_listed_without_nvrtc() {
     assert!(why.contains("NVRTC") && why.contains("unusable"), "{why}");
     println!("without NVRTC: {why}");
 }
+
+/// A `KILN_NVRTC_LIB` that cannot be loaded must not fall back to another
+/// NVRTC: no CUDA device is listed, and the reason names the path. Runs this
+/// test binary again with the variable set (NVRTC is loaded once a process).
+#[test]
+fn a_kiln_nvrtc_lib_that_cannot_be_loaded_leaves_no_cuda_device_and_is_named() {
+    const BOGUS: &str = "/nonexistent/kiln-test/libnvrtc.so.12";
+    if std::env::var("KILN_NVRTC_LIB").ok().as_deref() == Some(BOGUS) {
+        assert!(cuda_devices().is_empty(), "a CUDA device is listed although KILN_NVRTC_LIB={BOGUS} cannot be loaded");
+        let why = kiln::why_not_gpu(0).expect("a reason").to_string();
+        assert!(why.contains(BOGUS) && why.contains("unusable"), "{why}");
+        let nvrtc = kiln::cuda_check::nvrtc_version().expect_err("another NVRTC was used");
+        assert!(nvrtc.contains(BOGUS), "{nvrtc}");
+        println!("CHILD-OK with a bogus KILN_NVRTC_LIB: {why}");
+        return;
+    }
+    let devs = cuda_devices();
+    if devs.is_empty() {
+        common::skip_no_cuda("needs a CUDA device (and its NVRTC) to show that a bogus KILN_NVRTC_LIB takes it away");
+        return;
+    }
+    let name = common::test_name();
+    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["--exact", name.as_str(), "--nocapture", "--test-threads=1"])
+        .env("KILN_NVRTC_LIB", BOGUS)
+        .env_remove("KILN_TEST_REPORT")
+        .output()
+        .expect("the test binary runs again");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("CHILD-OK"), "with KILN_NVRTC_LIB={BOGUS}:\n{stdout}\n{stderr}");
+    for d in devs {
+        common::report_ran(d);
+    }
+}
