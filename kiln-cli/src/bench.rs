@@ -1,6 +1,7 @@
 //! `kiln bench`: the benchmark workloads (W1–W5, the asynchronous-op
-//! overhead) and the chapter's exercises (Ex1–Ex4), timed as warm-up runs
-//! then the median of N runs. `--json` prints one JSON object per line.
+//! overhead, the per-op overhead by op kind) and the chapter's exercises
+//! (Ex1–Ex4), timed as warm-up runs then the median of N runs. `--json`
+//! prints one JSON object per line.
 
 use crate::fail;
 use crate::util::{fmt_ms, fmt_rate, table, Align, Progress, Result};
@@ -13,7 +14,7 @@ use std::time::Instant;
 /// Options of `kiln bench`.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Workloads to run, case-insensitive: W1 W2 W3 W4 W5 Async Ex1 Ex2 Ex3 Ex4 (all when none is named).
+    /// Workloads to run, case-insensitive: W1 W2 W3 W4 W5 Async Overhead Ex1 Ex2 Ex3 Ex4 (all when none is named).
     #[arg(value_name = "WORKLOAD")]
     pub workloads: Vec<String>,
     /// One JSON object per line instead of a table.
@@ -45,19 +46,21 @@ enum Workload {
     W4,
     W5,
     Async,
+    Overhead,
     Ex1,
     Ex2,
     Ex3,
     Ex4,
 }
 
-const ALL: [Workload; 10] = [
+const ALL: [Workload; 11] = [
     Workload::W1,
     Workload::W2,
     Workload::W3,
     Workload::W4,
     Workload::W5,
     Workload::Async,
+    Workload::Overhead,
     Workload::Ex1,
     Workload::Ex2,
     Workload::Ex3,
@@ -73,6 +76,7 @@ impl Workload {
             Workload::W4 => "W4",
             Workload::W5 => "W5",
             Workload::Async => "Async",
+            Workload::Overhead => "Overhead",
             Workload::Ex1 => "Ex1",
             Workload::Ex2 => "Ex2",
             Workload::Ex3 => "Ex3",
@@ -284,6 +288,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Workload::W4 => w4(&mut ctx),
             Workload::W5 => w5(&mut ctx),
             Workload::Async => async_op(&mut ctx),
+            Workload::Overhead => overhead(&mut ctx),
             Workload::Ex1 => ex1(&mut ctx),
             Workload::Ex2 => ex2(&mut ctx),
             Workload::Ex3 => ex3(&mut ctx),
@@ -573,6 +578,61 @@ fn async_op(ctx: &mut Ctx) -> Result<()> {
         .with("enqueue_us_per_op", round(enqueue.median_ms * 1e3 / iters as f64, 4))
         .with("target_us_per_op", 2.0);
     ctx.emit(row);
+    Ok(())
+}
+
+/// One case of the per-op overhead benchmark: its op kind, what it does, the device it
+/// runs on, and one call of the op.
+type OverheadCase<'a> = (&'static str, &'static str, Device, Box<dyn Fn() -> kiln::Result<Tensor> + 'a>);
+
+/// Per-op overhead by op kind: `iters` calls of one small op in a loop (so the time is
+/// nearly all dispatch, bookkeeping and allocation), warm-up then the median of N loops,
+/// reported in ns per op. The op kinds: unary, binary with broadcast, reduction, matmul
+/// 4x4, `to` onto the tensor's own device (the same tensor back, no copy), and `to`
+/// between the CPU and a GPU (a simulated one when the machine has none).
+fn overhead(ctx: &mut Ctx) -> Result<()> {
+    let dev = ctx.device;
+    let iters = if ctx.quick { 1000 } else { 10_000 };
+    let runs = ctx.runs(7);
+    let one = Tensor::new(&[0.5f32], &dev)?;
+    let m44 = Tensor::rand((4, 4), &dev)?;
+    let n44 = Tensor::rand((4, 4), &dev)?;
+    let v16 = Tensor::rand(16, &dev)?;
+    if !one.to(&dev)?.same_storage(&one) {
+        return Err(fail!("Overhead: to() onto the tensor's own device made a copy"));
+    }
+    // The other side of the transfers: a GPU when the ops run on the CPU, the CPU otherwise.
+    let (host, gpu_dev) = if dev.is_gpu() { (cpu(), dev) } else { (dev, best_gpu(ctx)) };
+    let on_host = Tensor::new(&[0.5f32], &host)?;
+    let on_gpu = Tensor::new(&[0.5f32], &gpu_dev)?;
+    let cases: Vec<OverheadCase> = vec![
+        ("unary", "exp of 1 element", dev, Box::new(|| one.exp())),
+        ("binary_broadcast", "(1,) + (4,4)", dev, Box::new(|| &one + &m44)),
+        ("reduction", "sum_all of 16 elements", dev, Box::new(|| v16.sum_all())),
+        ("matmul_4x4", "(4,4) @ (4,4)", dev, Box::new(|| m44.matmul(&n44))),
+        ("to_same_device", "to() onto its own device: the same tensor", dev, Box::new(|| one.to(&dev))),
+        ("to_cpu_to_gpu", "to() of 1 element, cpu to gpu", gpu_dev, Box::new(|| on_host.to(&gpu_dev))),
+        ("to_gpu_to_cpu", "to() of 1 element, gpu to cpu", gpu_dev, Box::new(|| on_gpu.to(&host))),
+    ];
+    for (op, what, on, f) in &cases {
+        let stats = ctx.measure(&format!("{op} x{iters}"), 1, runs, || {
+            let mut last = None;
+            for _ in 0..iters {
+                last = Some(keep(f()?));
+            }
+            // Asynchronous devices: the loop counts once the queued work has run.
+            kiln::synchronize(on)?;
+            kiln::synchronize(&dev)?;
+            keep(last);
+            Ok(())
+        })?;
+        let ns = stats.median_ms * 1e6 / iters as f64;
+        let row = Row::new("Overhead", format!("{iters}x {op}: {what}"), on, stats, ns, "ns/op")
+            .with("op", *op)
+            .with("ns_per_op", round(ns, 2))
+            .with("iters", iters);
+        ctx.emit(row);
+    }
     Ok(())
 }
 

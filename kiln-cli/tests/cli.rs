@@ -164,6 +164,51 @@ fn bench_json_has_the_required_keys_and_counts_transfers() {
 }
 
 #[test]
+fn bench_overhead_prints_a_row_per_op_kind() {
+    let o = kiln(&["bench", "Overhead", "--quick", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_rows(&stdout(&o));
+    let ops: Vec<&str> = rows.iter().filter_map(|r| r["op"].as_str()).collect();
+    assert_eq!(
+        ops,
+        ["unary", "binary_broadcast", "reduction", "matmul_4x4", "to_same_device", "to_cpu_to_gpu", "to_gpu_to_cpu"],
+        "{}",
+        stdout(&o)
+    );
+    for r in &rows {
+        for key in [
+            "workload",
+            "variant",
+            "device",
+            "threads",
+            "median_ms",
+            "min_ms",
+            "max_ms",
+            "runs",
+            "rate",
+            "unit",
+            "op",
+            "ns_per_op",
+            "iters",
+        ] {
+            assert!(r.get(key).is_some(), "{key} missing: {r}");
+        }
+        assert_eq!(r["workload"], "Overhead");
+        assert_eq!(r["threads"], 1);
+        assert_eq!(r["unit"], "ns/op");
+        assert_eq!(r["iters"], 1000);
+        let ns = r["ns_per_op"].as_f64().unwrap_or(-1.0);
+        assert!(ns > 0.0, "{r}");
+        // ns per op is the loop's median over its iterations.
+        let from_median = r["median_ms"].as_f64().unwrap_or(0.0) * 1e6 / 1000.0;
+        assert!((ns - from_median).abs() <= 0.01 + 1e-6 * from_median, "{r}");
+    }
+    let device = |op: &str| rows.iter().find(|r| r["op"] == op).map(|r| r["device"].as_str().unwrap_or("").to_string());
+    assert_eq!(device("unary").as_deref(), Some("cpu"));
+    assert_eq!(device("to_cpu_to_gpu").as_deref(), Some("gpu(0)"));
+}
+
+#[test]
 fn bench_ex2_saves_and_loads_on_every_device() {
     let o = kiln(&["bench", "Ex2", "--json", "--quick"]);
     assert!(o.status.success(), "{}", stderr(&o));

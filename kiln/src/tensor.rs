@@ -484,6 +484,11 @@ impl Tensor {
                 }
             }
             out
+        } else if let Some(out) = src_backend.copy_to_peer(&self.src(), &dst)? {
+            // Two CUDA devices with peer access: a device-to-device copy on
+            // the source's stream that the destination's stream waits for;
+            // the host does not wait.
+            out
         } else {
             // Through the host: the source's backend reads (waiting for its
             // queue), the destination's takes the elements.

@@ -570,3 +570,81 @@ fn no_cuda_device_is_listed_without_nvrtc() {
     assert!(why.contains("NVRTC") && why.contains("unusable"), "{why}");
     println!("without NVRTC: {why}");
 }
+
+/// A `KILN_NVRTC_LIB` that cannot be loaded must not fall back to another
+/// NVRTC: no CUDA device is listed, and the reason names the path. Runs this
+/// test binary again with the variable set (NVRTC is loaded once a process).
+#[test]
+fn a_kiln_nvrtc_lib_that_cannot_be_loaded_leaves_no_cuda_device_and_is_named() {
+    const BOGUS: &str = "/nonexistent/kiln-test/libnvrtc.so.12";
+    if std::env::var("KILN_NVRTC_LIB").ok().as_deref() == Some(BOGUS) {
+        assert!(cuda_devices().is_empty(), "a CUDA device is listed although KILN_NVRTC_LIB={BOGUS} cannot be loaded");
+        let why = kiln::why_not_gpu(0).expect("a reason").to_string();
+        assert!(why.contains(BOGUS) && why.contains("unusable"), "{why}");
+        let nvrtc = kiln::cuda_check::nvrtc_version().expect_err("another NVRTC was used");
+        assert!(nvrtc.contains(BOGUS), "{nvrtc}");
+        println!("CHILD-OK with a bogus KILN_NVRTC_LIB: {why}");
+        return;
+    }
+    let devs = cuda_devices();
+    if devs.is_empty() {
+        common::skip_no_cuda("needs a CUDA device (and its NVRTC) to show that a bogus KILN_NVRTC_LIB takes it away");
+        return;
+    }
+    let name = common::test_name();
+    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["--exact", name.as_str(), "--nocapture", "--test-threads=1"])
+        .env("KILN_NVRTC_LIB", BOGUS)
+        .env_remove("KILN_TEST_REPORT")
+        .output()
+        .expect("the test binary runs again");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("CHILD-OK"), "with KILN_NVRTC_LIB={BOGUS}:\n{stdout}\n{stderr}");
+    for d in devs {
+        common::report_ran(d);
+    }
+}
+
+#[test]
+fn cuda_to_cuda_copies_are_peer_copies_that_do_not_block_the_host() {
+    let _alone = DEVICES.write().unwrap_or_else(|e| e.into_inner());
+    let devs = cuda_devices();
+    if devs.len() < 2 {
+        common::skip_no_cuda(&format!("needs two CUDA devices, has {}", devs.len()));
+        return;
+    }
+    let (a, b) = (devs[0], devs[1]);
+    let run = || -> Result<()> {
+        let host = Tensor::from_vec((0..300_000).map(|i| i as f32 * 0.5).collect::<Vec<_>>(), (600, 500), &cpu())?;
+        let x = host.to(&a)?;
+        kiln::synchronize(&a)?;
+        let hold = kiln::hold_queue(&a)?.expect("a CUDA device has a queue to hold");
+        // Queued behind the hold: each copy must come after it, and return
+        // without waiting for it.
+        let y = x.add_scalar(1.0)?;
+        let copies = within(20, "CUDA-to-CUDA copies while the source's queue is held", move || -> Result<_> {
+            let before = kiln::thread_transfer_stats();
+            let whole = y.copy_to(&b)?;
+            let transposed = y.t()?.copy_to(&b)?; // not contiguous: gathered on the source first
+            Ok((whole, transposed, kiln::thread_transfer_stats().since(&before)))
+        });
+        drop(hold);
+        let (whole, transposed, stats) = copies.expect("a CUDA-to-CUDA copy waited for the source's held queue")?;
+        let d2d = stats.direction(kiln::Direction::DeviceToDevice);
+        assert_eq!((d2d.count, d2d.bytes), (2, 2 * 1_200_000), "two device-to-device copies booked once each");
+        assert_eq!(stats.direction(kiln::Direction::HostToDevice).count, 0, "no host-to-device leg");
+        assert_eq!(stats.direction(kiln::Direction::DeviceToHost).count, 0, "no device-to-host leg");
+        assert_eq!((whole.device(), transposed.device()), (b, b));
+        let expected = host.add_scalar(1.0)?;
+        same(&whole, &expected, "copied to the other device")?;
+        same(&transposed, &expected.t()?, "transposed, copied to the other device")?;
+        // Work on the destination after the copy sees its values.
+        same(&whole.mul_scalar(2.0)?, &expected.mul_scalar(2.0)?, "used on the other device")?;
+        Ok(())
+    };
+    if let Err(e) = run() {
+        panic!("CUDA-to-CUDA copy {a} -> {b}: {e}");
+    }
+    common::report_ran(a);
+    common::report_ran(b);
+}

@@ -75,6 +75,17 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn hold_queue(&self) -> Result<Option<QueueHold>> {
         Ok(None)
     }
+    /// This backend as a CUDA device (for copies between two of them).
+    fn as_cuda(&self) -> Option<&cuda::CudaBackend> {
+        None
+    }
+    /// Copies the view `src` (on this device) into a new storage on `dst`
+    /// without the host: after the work queued here so far, with `dst`'s later
+    /// work waiting for it, returning before it has run. `Ok(None)` when the
+    /// two devices cannot (the caller then goes through the host).
+    fn copy_to_peer(&self, _src: &Src, _dst: &Arc<dyn Backend>) -> Result<Option<Arc<Storage>>> {
+        Ok(None)
+    }
     /// Frees memory kept for reuse (the pool's host cache by default).
     fn empty_cache(&self) -> Result<()> {
         self.pool().empty_cache();

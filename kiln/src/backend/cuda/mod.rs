@@ -154,6 +154,9 @@ pub(crate) struct CudaBackend {
     modules: Mutex<HashMap<&'static str, std::result::Result<Raw<cu::CUmodule>, String>>>,
     functions: Mutex<HashMap<String, Raw<cu::CUfunction>>>,
     blas: Mutex<Option<std::result::Result<Blas, String>>>,
+    /// Whether this context may access a peer's memory, by peer ordinal
+    /// (enabled on first ask).
+    peers: Mutex<HashMap<usize, bool>>,
 }
 
 /// Finds the CUDA devices. Never panics and never aborts: a missing library
@@ -251,6 +254,7 @@ impl CudaBackend {
                 modules: Mutex::new(HashMap::new()),
                 functions: Mutex::new(HashMap::new()),
                 blas: Mutex::new(None),
+                peers: Mutex::new(HashMap::new()),
             })
         }
     }
@@ -712,6 +716,72 @@ impl CudaBackend {
         Ok(super::QueueHold { _release: tx })
     }
 
+    /// Whether this device may access `peer`'s memory: asks the driver and
+    /// enables peer access from this context on the first call per peer.
+    fn peer_access(&self, peer: &CudaBackend) -> bool {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&ok) = peers.get(&peer.ordinal) {
+            return ok;
+        }
+        let ok = self
+            .guarded("enabling peer access", || {
+                let (mut a, mut b, mut can): (cu::CUdevice, cu::CUdevice, c_int) = (0, 0, 0);
+                // SAFETY: out-pointers to locals; this context is bound and
+                // the peer's lives as long as the process.
+                unsafe {
+                    ck(cu::cuDeviceGet(&mut a, self.ordinal as c_int), "cuDeviceGet").map_err(|e| self.err(e))?;
+                    ck(cu::cuDeviceGet(&mut b, peer.ordinal as c_int), "cuDeviceGet").map_err(|e| self.err(e))?;
+                    ck(cu::cuDeviceCanAccessPeer(&mut can, a, b), "cuDeviceCanAccessPeer").map_err(|e| self.err(e))?;
+                    Ok(can != 0
+                        && matches!(
+                            cu::cuCtxEnablePeerAccess(peer.ctx.0, 0),
+                            cu::CUresult::CUDA_SUCCESS | cu::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+                        ))
+                }
+            })
+            .unwrap_or(false);
+        peers.insert(peer.ordinal, ok);
+        ok
+    }
+
+    /// Queues a copy of `src` into `dst` (device memory of `peer`) on this
+    /// stream, and makes `peer`'s stream wait for it with an event.
+    fn queue_peer_copy(&self, src: &Src, peer: &CudaBackend, dst: u64) -> Result<()> {
+        let size = src.storage.dtype.size_in_bytes();
+        let bytes = src.layout.elem_count() * size;
+        let base = dev_ptr(self, &src.storage)?;
+        let gathered;
+        let from = match src.layout.contiguous_range() {
+            Some((a, _)) => base + (a * size) as u64,
+            None => {
+                // Made contiguous here first; the block returns to this
+                // device's cache, reused only by work queued after the copy.
+                gathered = self.temp(bytes)?;
+                launch::gather(self, src, gathered.ptr())?;
+                gathered.ptr()
+            }
+        };
+        let mut ev: cu::CUevent = std::ptr::null_mut();
+        // SAFETY: both ranges are device memory of at least `bytes` bytes,
+        // kept for the copy by stream order on both devices; the event is
+        // destroyed once the wait on it is queued (the driver defers that).
+        unsafe {
+            if bytes > 0 {
+                ck(cu::cuMemcpyPeerAsync(dst, peer.ctx.0, from, self.ctx.0, bytes, self.stream.0), "cuMemcpyPeerAsync")
+                    .map_err(|e| self.err(e))?;
+            }
+            ck(cu::cuEventCreate(&mut ev, 2), "cuEventCreate").map_err(|e| self.err(e))?;
+            let mut queued = ck(cu::cuEventRecord(ev, self.stream.0), "cuEventRecord").map_err(|e| self.err(e));
+            if queued.is_ok() {
+                queued = peer
+                    .bind()
+                    .and_then(|()| ck(cu::cuStreamWaitEvent(peer.stream.0, ev, 0), "cuStreamWaitEvent").map_err(|e| peer.err(e)));
+            }
+            let _ = cu::cuEventDestroy_v2(ev);
+            queued
+        }
+    }
+
     /// Launches `name` with a 1-D grid.
     pub(crate) fn launch_raw(&self, name: &str, grid: u32, block: u32, args: &mut launch::Args) -> Result<()> {
         let f = self.function(name)?;
@@ -972,6 +1042,23 @@ impl Backend for CudaBackend {
     }
     fn empty_cache(&self) -> Result<()> {
         self.guarded("emptying the cache", || self.free_cache())
+    }
+    fn as_cuda(&self) -> Option<&CudaBackend> {
+        Some(self)
+    }
+    fn copy_to_peer(&self, src: &Src, dst: &Arc<dyn Backend>) -> Result<Option<Arc<crate::storage::Storage>>> {
+        let Some(peer) = dst.as_cuda() else { return Ok(None) };
+        if peer.ordinal == self.ordinal || !self.peer_access(peer) {
+            return Ok(None);
+        }
+        let out = super::alloc(dst, src.storage.dtype, src.layout.elem_count())?;
+        let dst_ptr = dev_ptr(peer, &out)?;
+        let queued = self.guarded("peer copy", || self.queue_peer_copy(src, peer, dst_ptr));
+        if queued.is_err() {
+            // The copy may be queued: `out` must not return to the cache before it ran.
+            let _ = self.synchronize();
+        }
+        queued.map(|()| Some(out))
     }
     fn hold_queue(&self) -> Result<Option<super::QueueHold>> {
         self.guarded("holding the queue", || self.hold().map(Some))

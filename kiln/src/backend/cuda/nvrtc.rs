@@ -1,5 +1,6 @@
 //! Run-time compilation of the kernel families with NVRTC, found at run
-//! time like the driver. Results are kept in a disk cache
+//! time like the driver (through kiln's own handle of the library, so that
+//! `KILN_NVRTC_LIB` names the one used). Results are kept in a disk cache
 //! (`$KILN_CACHE_DIR`, else `$XDG_CACHE_HOME/kiln`, else `~/.cache/kiln`)
 //! keyed by the source, the options and the NVRTC version, because a family
 //! takes seconds to compile.
@@ -29,120 +30,196 @@ impl Image {
 /// results round like the CPU's.
 pub(crate) const COMMON_OPTIONS: [&str; 2] = ["--fmad=false", "--std=c++17"];
 
-/// Loads the NVRTC library named by `KILN_NVRTC_LIB` (a full path) first, so
-/// that a library outside the loader's search path is found by its soname.
-fn preload_from_env() {
-    if let Ok(path) = std::env::var("KILN_NVRTC_LIB") {
-        if let Ok(c) = CString::new(path.clone()) {
-            // SAFETY: dlopen with a valid C string; the handle is kept for the
-            // life of the process on purpose.
-            let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
-            if handle.is_null() {
-                eprintln!("kiln: KILN_NVRTC_LIB={path} could not be loaded");
-            }
-        }
+type Prog = sys::nvrtcProgram;
+type Res = sys::nvrtcResult;
+
+/// The NVRTC functions kiln calls, looked up in kiln's own handle of the
+/// library, so that the library `KILN_NVRTC_LIB` names is the one used (with
+/// cudarc's loader a toolkit's `libnvrtc.so` symlink on the search path could
+/// win over it).
+struct Api {
+    create: unsafe extern "C" fn(*mut Prog, *const c_char, *const c_char, c_int, *const *const c_char, *const *const c_char) -> Res,
+    compile: unsafe extern "C" fn(Prog, c_int, *const *const c_char) -> Res,
+    ptx_size: unsafe extern "C" fn(Prog, *mut usize) -> Res,
+    ptx: unsafe extern "C" fn(Prog, *mut c_char) -> Res,
+    cubin_size: Option<unsafe extern "C" fn(Prog, *mut usize) -> Res>,
+    cubin: Option<unsafe extern "C" fn(Prog, *mut c_char) -> Res>,
+    log_size: unsafe extern "C" fn(Prog, *mut usize) -> Res,
+    log: unsafe extern "C" fn(Prog, *mut c_char) -> Res,
+    destroy: unsafe extern "C" fn(*mut Prog) -> Res,
+    version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> Res,
+    error_string: unsafe extern "C" fn(Res) -> *const c_char,
+    num_archs: Option<unsafe extern "C" fn(*mut c_int) -> Res>,
+    archs: Option<unsafe extern "C" fn(*mut c_int) -> Res>,
+}
+
+/// A symbol's address as the function pointer type `F`.
+///
+/// # Safety
+/// `p` must be the address of a function whose C signature `F` spells.
+unsafe fn fn_ptr<F: Copy>(p: *mut std::ffi::c_void) -> F {
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut std::ffi::c_void>());
+    std::mem::transmute_copy(&p)
+}
+
+fn dlerror() -> String {
+    // SAFETY: dlerror returns null or a C string valid until the next dl call.
+    let e = unsafe { libc::dlerror() };
+    if e.is_null() {
+        "unknown error".into()
+    } else {
+        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
     }
 }
 
-/// Whether an NVRTC library can be loaded. Never panics.
-pub(crate) fn available() -> bool {
-    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *PRESENT.get_or_init(|| {
-        preload_from_env();
-        // SAFETY: only tries to dlopen candidate names.
-        catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false)
-    })
+impl Api {
+    /// Looks the functions up in `handle` (from dlopen of `lib`).
+    ///
+    /// # Safety
+    /// `handle` must be a live dlopen handle of an NVRTC library.
+    unsafe fn from_handle(handle: *mut std::ffi::c_void, lib: &str) -> Result<Api, String> {
+        let sym = |name: &str| -> Option<*mut std::ffi::c_void> {
+            let c = CString::new(name).ok()?;
+            let p = libc::dlsym(handle, c.as_ptr());
+            (!p.is_null()).then_some(p)
+        };
+        let need = |name: &str| sym(name).ok_or_else(|| format!("the NVRTC library {lib} lacks {name}"));
+        // SAFETY (every fn_ptr): each symbol is the NVRTC function of that
+        // name, whose C signature the pointer type spells.
+        Ok(Api {
+            create: fn_ptr(need("nvrtcCreateProgram")?),
+            compile: fn_ptr(need("nvrtcCompileProgram")?),
+            ptx_size: fn_ptr(need("nvrtcGetPTXSize")?),
+            ptx: fn_ptr(need("nvrtcGetPTX")?),
+            cubin_size: sym("nvrtcGetCUBINSize").map(|p| fn_ptr(p)),
+            cubin: sym("nvrtcGetCUBIN").map(|p| fn_ptr(p)),
+            log_size: fn_ptr(need("nvrtcGetProgramLogSize")?),
+            log: fn_ptr(need("nvrtcGetProgramLog")?),
+            destroy: fn_ptr(need("nvrtcDestroyProgram")?),
+            version: fn_ptr(need("nvrtcVersion")?),
+            error_string: fn_ptr(need("nvrtcGetErrorString")?),
+            num_archs: sym("nvrtcGetNumSupportedArchs").map(|p| fn_ptr(p)),
+            archs: sym("nvrtcGetSupportedArchs").map(|p| fn_ptr(p)),
+        })
+    }
+}
+
+/// Opens NVRTC: exactly the library `KILN_NVRTC_LIB` names when it is set
+/// (and no other when that fails), else the first of cudarc's candidate
+/// names the loader finds. The handle is kept for the life of the process.
+fn load() -> Result<Api, String> {
+    if let Some(path) = std::env::var_os("KILN_NVRTC_LIB").filter(|p| !p.is_empty()) {
+        let shown = path.to_string_lossy().into_owned();
+        let c = CString::new(path.into_encoded_bytes()).map_err(|_| format!("KILN_NVRTC_LIB={shown} contains a NUL byte"))?;
+        // SAFETY: dlopen with a valid C string.
+        let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+        if handle.is_null() {
+            return Err(format!(
+                "KILN_NVRTC_LIB={shown} could not be loaded ({}); fix the path or unset KILN_NVRTC_LIB to use the NVRTC on the library path",
+                dlerror()
+            ));
+        }
+        // SAFETY: a live handle of the library the user named as NVRTC.
+        return unsafe { Api::from_handle(handle, &shown) }.map_err(|e| format!("KILN_NVRTC_LIB={shown}: {e}"));
+    }
+    for name in cudarc::get_lib_name_candidates("nvrtc") {
+        let Ok(c) = CString::new(name.as_str()) else { continue };
+        // SAFETY: dlopen with a valid C string.
+        let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if !handle.is_null() {
+            // SAFETY: a live handle of a library named like NVRTC.
+            return unsafe { Api::from_handle(handle, &name) };
+        }
+    }
+    Err(MISSING.into())
+}
+
+/// The loaded NVRTC, or why there is none. Never panics.
+fn api() -> Result<&'static Api, String> {
+    static API: std::sync::OnceLock<Result<Api, String>> = std::sync::OnceLock::new();
+    API.get_or_init(load).as_ref().map_err(|e| e.clone())
 }
 
 const MISSING: &str = "NVRTC (libnvrtc.so) was not found, so kiln cannot compile its CUDA kernels; install the CUDA toolkit \
 or `pip install nvidia-cuda-nvrtc-cu12` and add its lib folder to LD_LIBRARY_PATH (or set KILN_NVRTC_LIB to the library's path)";
 
-fn check(r: sys::nvrtcResult, what: &str) -> Result<(), String> {
-    if r == sys::nvrtcResult::NVRTC_SUCCESS {
+fn check(api: &Api, r: Res, what: &str) -> Result<(), String> {
+    if r == Res::NVRTC_SUCCESS {
         return Ok(());
     }
     // SAFETY: nvrtcGetErrorString returns a static C string.
-    let msg = unsafe { CStr::from_ptr(sys::nvrtcGetErrorString(r)) }.to_string_lossy().into_owned();
+    let msg = unsafe { CStr::from_ptr((api.error_string)(r)) }.to_string_lossy().into_owned();
     Err(format!("{what}: {msg}"))
 }
 
 /// NVRTC's version (major, minor).
 pub(crate) fn version() -> Result<(i32, i32), String> {
-    if !available() {
-        return Err(MISSING.into());
-    }
-    catch_unwind(|| {
-        let (mut major, mut minor) = (0, 0);
-        // SAFETY: out-pointers to locals.
-        check(unsafe { sys::nvrtcVersion(&mut major, &mut minor) }, "nvrtcVersion")?;
-        Ok((major, minor))
-    })
-    .unwrap_or_else(|_| Err(MISSING.into()))
+    let api = api()?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: out-pointers to locals.
+    check(api, unsafe { (api.version)(&mut major, &mut minor) }, "nvrtcVersion")?;
+    Ok((major, minor))
 }
 
 /// The `sm_XY` numbers this NVRTC can target.
 pub(crate) fn supported_archs() -> Result<Vec<i32>, String> {
-    if !available() {
-        return Err(MISSING.into());
-    }
-    catch_unwind(|| {
-        let mut n: c_int = 0;
-        // SAFETY: out-pointer to a local, then a buffer of the size NVRTC gave.
-        check(unsafe { sys::nvrtcGetNumSupportedArchs(&mut n) }, "nvrtcGetNumSupportedArchs")?;
-        let mut archs = vec![0 as c_int; n.max(0) as usize];
-        check(unsafe { sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) }, "nvrtcGetSupportedArchs")?;
-        Ok(archs)
-    })
-    .unwrap_or_else(|_| Err("NVRTC lacks nvrtcGetSupportedArchs (it is older than CUDA 11.2)".into()))
+    let api = api()?;
+    let (Some(num_archs), Some(archs_of)) = (api.num_archs, api.archs) else {
+        return Err("NVRTC lacks nvrtcGetSupportedArchs (it is older than CUDA 11.2)".into());
+    };
+    let mut n: c_int = 0;
+    // SAFETY: out-pointer to a local, then a buffer of the size NVRTC gave.
+    check(api, unsafe { num_archs(&mut n) }, "nvrtcGetNumSupportedArchs")?;
+    let mut archs = vec![0 as c_int; n.max(0) as usize];
+    check(api, unsafe { archs_of(archs.as_mut_ptr()) }, "nvrtcGetSupportedArchs")?;
+    Ok(archs)
 }
 
 /// Compiles `source` with `options`. `cubin` asks for machine code
 /// (`--gpu-architecture=sm_XY` among the options), else PTX is returned.
 pub(crate) fn compile(name: &str, source: &str, options: &[String], cubin: bool) -> Result<Image, String> {
-    if !available() {
-        return Err(MISSING.into());
-    }
-    catch_unwind(AssertUnwindSafe(|| compile_inner(name, source, options, cubin)))
-        .unwrap_or_else(|_| Err("NVRTC panicked while compiling (a symbol is missing from libnvrtc?)".into()))
+    let api = api()?;
+    catch_unwind(AssertUnwindSafe(|| compile_inner(api, name, source, options, cubin)))
+        .unwrap_or_else(|_| Err("NVRTC panicked while compiling".into()))
 }
 
-fn compile_inner(name: &str, source: &str, options: &[String], cubin: bool) -> Result<Image, String> {
+fn compile_inner(api: &Api, name: &str, source: &str, options: &[String], cubin: bool) -> Result<Image, String> {
     let src = CString::new(source).map_err(|_| "kernel source contains a NUL byte".to_string())?;
     let cname = CString::new(format!("kiln_{name}.cu")).map_err(|_| "bad program name".to_string())?;
     let opts: Vec<CString> = options.iter().filter_map(|o| CString::new(o.as_str()).ok()).collect();
     let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
-    let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
+    let mut prog: Prog = std::ptr::null_mut();
     // SAFETY: every pointer is to a live C string; the program is destroyed
     // below on every path after creation.
     unsafe {
-        check(
-            sys::nvrtcCreateProgram(&mut prog, src.as_ptr(), cname.as_ptr(), 0, std::ptr::null(), std::ptr::null()),
-            "nvrtcCreateProgram",
-        )?;
+        check(api, (api.create)(&mut prog, src.as_ptr(), cname.as_ptr(), 0, std::ptr::null(), std::ptr::null()), "nvrtcCreateProgram")?;
         let result = (|| {
-            let r = sys::nvrtcCompileProgram(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr());
-            if r != sys::nvrtcResult::NVRTC_SUCCESS {
+            let r = (api.compile)(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr());
+            if r != Res::NVRTC_SUCCESS {
                 let mut size = 0usize;
-                let _ = sys::nvrtcGetProgramLogSize(prog, &mut size);
+                let _ = (api.log_size)(prog, &mut size);
                 let mut log = vec![0u8; size.max(1)];
-                let _ = sys::nvrtcGetProgramLog(prog, log.as_mut_ptr() as *mut c_char);
+                let _ = (api.log)(prog, log.as_mut_ptr() as *mut c_char);
                 let log = String::from_utf8_lossy(&log).trim_end_matches('\0').to_string();
                 return Err(format!("NVRTC failed to compile kernel family `{name}` with {options:?}:\n{log}"));
             }
             let mut size = 0usize;
             if cubin {
-                check(sys::nvrtcGetCUBINSize(prog, &mut size), "nvrtcGetCUBINSize")?;
+                let (Some(cubin_size), Some(get_cubin)) = (api.cubin_size, api.cubin) else {
+                    return Err("NVRTC lacks nvrtcGetCUBIN (it is older than CUDA 11.1)".into());
+                };
+                check(api, cubin_size(prog, &mut size), "nvrtcGetCUBINSize")?;
                 let mut out = vec![0u8; size];
-                check(sys::nvrtcGetCUBIN(prog, out.as_mut_ptr() as *mut c_char), "nvrtcGetCUBIN")?;
+                check(api, get_cubin(prog, out.as_mut_ptr() as *mut c_char), "nvrtcGetCUBIN")?;
                 Ok(Image::Cubin(out))
             } else {
-                check(sys::nvrtcGetPTXSize(prog, &mut size), "nvrtcGetPTXSize")?;
+                check(api, (api.ptx_size)(prog, &mut size), "nvrtcGetPTXSize")?;
                 let mut out = vec![0u8; size];
-                check(sys::nvrtcGetPTX(prog, out.as_mut_ptr() as *mut c_char), "nvrtcGetPTX")?;
+                check(api, (api.ptx)(prog, out.as_mut_ptr() as *mut c_char), "nvrtcGetPTX")?;
                 Ok(Image::Ptx(out))
             }
         })();
-        let _ = sys::nvrtcDestroyProgram(&mut prog);
+        let _ = (api.destroy)(&mut prog);
         result
     }
 }
