@@ -87,8 +87,18 @@ pub fn no_grad() -> NoGradGuard {
 }
 
 /// Attaches a node to `t` when recording and some input requires grad.
-pub(crate) fn record(mut t: Tensor, op: impl FnOnce() -> BackOp, inputs: &[&Tensor]) -> Tensor {
-    if inputs.iter().any(|i| i.node.is_some()) && is_grad_enabled() {
+#[inline]
+pub(crate) fn record(t: Tensor, op: impl FnOnce() -> BackOp, inputs: &[&Tensor]) -> Tensor {
+    // Most operations record nothing: decide that without a call.
+    if inputs.iter().all(|i| i.node.is_none()) {
+        return t;
+    }
+    record_node(t, op)
+}
+
+#[inline(never)]
+fn record_node(mut t: Tensor, op: impl FnOnce() -> BackOp) -> Tensor {
+    if is_grad_enabled() {
         t.node = Some(Arc::new(Node { op: op(), grad: Mutex::new(None), moved: Mutex::new(None) }));
     }
     t

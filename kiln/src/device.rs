@@ -2,12 +2,12 @@
 //! `try_gpu(i)`, `try_all_gpus()`, and the registry of backends behind them.
 //! GPUs are numbered real ones first (CUDA), then simulated ones.
 
-use crate::backend::cpu::CpuBackend;
+use crate::backend::cpu::CPU;
 use crate::backend::sim::SimBackend;
 use crate::backend::Backend;
 use crate::memory::{parse_bytes, MemoryStats};
 use crate::{Error, Result};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{OnceLock, RwLock};
 
 /// Where a tensor lives: the CPU or the i-th GPU. Naming a device never
 /// fails; using one that does not exist returns [`Error::NoSuchDevice`].
@@ -200,15 +200,17 @@ pub const DEFAULT_SIM_GPU_MEMORY: usize = 2 << 30;
 
 /// The status of the real-GPU backend, decided once per process.
 pub(crate) struct RealGpus {
-    pub(crate) backends: Vec<Arc<dyn Backend>>,
+    pub(crate) backends: Vec<&'static dyn Backend>,
     /// Why there are none, when there are none.
     pub(crate) absent: Option<FallbackReason>,
 }
 
+/// Backends are created once and never dropped: storages and kernels refer
+/// to them as `&'static dyn Backend`, without reference counts.
 struct Registry {
-    cpu: Arc<dyn Backend>,
+    cpu: &'static dyn Backend,
     real: RealGpus,
-    gpus: RwLock<Vec<Arc<dyn Backend>>>,
+    gpus: RwLock<Vec<&'static dyn Backend>>,
 }
 
 fn registry() -> &'static Registry {
@@ -224,9 +226,9 @@ fn registry() -> &'static Registry {
             .unwrap_or(DEFAULT_SIM_GPU_MEMORY);
         for s in 0..count {
             let index = gpus.len();
-            gpus.push(Arc::new(SimBackend::new(Device::Gpu(index), s, capacity)));
+            gpus.push(Box::leak(Box::new(SimBackend::new(Device::Gpu(index), s, capacity))));
         }
-        Registry { cpu: Arc::new(CpuBackend::new()), real, gpus: RwLock::new(gpus) }
+        Registry { cpu: &CPU, real, gpus: RwLock::new(gpus) }
     })
 }
 
@@ -270,25 +272,25 @@ fn add_simulated_gpus(n: usize, capacity: usize) -> Vec<Device> {
     while sims.len() < n {
         let index = gpus.len();
         let device = Device::Gpu(index);
-        gpus.push(Arc::new(SimBackend::new(device, sims.len(), capacity)));
+        gpus.push(Box::leak(Box::new(SimBackend::new(device, sims.len(), capacity))));
         sims.push(device);
     }
     sims.truncate(n);
     sims
 }
 
-pub(crate) fn backend(device: Device) -> Result<Arc<dyn Backend>> {
+pub(crate) fn backend(device: Device) -> Result<&'static dyn Backend> {
     let reg = registry();
     match device {
-        Device::Cpu => Ok(reg.cpu.clone()),
+        Device::Cpu => Ok(reg.cpu),
         Device::Gpu(i) => {
             let gpus = reg.gpus.read().unwrap_or_else(|e| e.into_inner());
-            gpus.get(i).cloned().ok_or_else(|| Error::NoSuchDevice { device, available: all_devices(&gpus) })
+            gpus.get(i).copied().ok_or_else(|| Error::NoSuchDevice { device, available: all_devices(&gpus) })
         }
     }
 }
 
-fn all_devices(gpus: &[Arc<dyn Backend>]) -> Vec<Device> {
+fn all_devices(gpus: &[&'static dyn Backend]) -> Vec<Device> {
     std::iter::once(Device::Cpu).chain((0..gpus.len()).map(Device::Gpu)).collect()
 }
 
@@ -358,7 +360,7 @@ pub fn try_all_gpus() -> Vec<Device> {
 pub fn devices() -> Vec<DeviceInfo> {
     let reg = registry();
     let gpus = reg.gpus.read().unwrap_or_else(|e| e.into_inner()).clone();
-    std::iter::once(reg.cpu.clone()).chain(gpus).map(|b| info(&*b)).collect()
+    std::iter::once(reg.cpu).chain(gpus).map(info).collect()
 }
 
 fn info(b: &dyn Backend) -> DeviceInfo {

@@ -64,7 +64,7 @@ pub(crate) struct MemoryPool {
 }
 
 impl MemoryPool {
-    pub(crate) fn new(device: Device, capacity: Option<usize>, cache_limit: usize) -> Self {
+    pub(crate) const fn new(device: Device, capacity: Option<usize>, cache_limit: usize) -> Self {
         MemoryPool {
             device,
             capacity,
@@ -143,8 +143,8 @@ impl MemoryPool {
                 return Ok(buf);
             }
         }
-        if len <= 64 {
-            return Ok(CpuBuffer::zeros(dtype, len));
+        if len <= SMALL_LEN {
+            return Ok(small_take(dtype, len).unwrap_or_else(|| CpuBuffer::zeros(dtype, len)));
         }
         CpuBuffer::try_zeros(dtype, len).ok_or_else(|| {
             // The host refused: give back what is cached and say so.
@@ -176,7 +176,13 @@ impl MemoryPool {
     }
 
     /// Takes back a host buffer whose storage was dropped.
+    #[inline]
     pub(crate) fn recycle(&self, buf: CpuBuffer) {
+        let len = buf.len();
+        if len <= SMALL_LEN {
+            small_put(buf);
+            return;
+        }
         let bytes = buf.size_in_bytes();
         if bytes < CACHE_MIN_BYTES || bytes > self.cache_limit {
             return;
@@ -218,6 +224,66 @@ impl MemoryPool {
             capacity: self.capacity,
         }
     }
+}
+
+// ---- small host buffers, recycled per thread ------------------------------
+//
+// A small operation's output buffer costs a malloc and a free, as much as
+// the rest of the operation. Buffers of at most `SMALL_LEN` elements are
+// therefore kept on the thread that dropped them, by dtype and length, and
+// handed to the next allocation of that dtype and length on that thread.
+// Accounting is unaffected (bytes are booked and unbooked by the pool as
+// before); a kept buffer is not in use and too small to report as cached.
+// Their contents are stale, which the allocation contract allows: every
+// kernel writes all of its output.
+
+/// Buffers of at most this many elements are recycled per thread.
+const SMALL_LEN: usize = 64;
+/// Buffers kept per (dtype, length) and thread.
+const SMALL_KEEP: usize = 8;
+/// Dtypes, for the slot index.
+const DTYPES: usize = 7;
+
+thread_local! {
+    static SMALL: std::cell::RefCell<Vec<Vec<CpuBuffer>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+#[inline]
+fn small_slot(dtype: DType, len: usize) -> usize {
+    let d = match dtype {
+        DType::F32 => 0,
+        DType::F64 => 1,
+        DType::I64 => 2,
+        DType::I32 => 3,
+        DType::U8 => 4,
+        DType::F16 => 5,
+        DType::BF16 => 6,
+    };
+    d * (SMALL_LEN + 1) + len
+}
+
+/// A kept buffer of `dtype` and `len` elements (`len <= SMALL_LEN`), if any.
+#[inline]
+fn small_take(dtype: DType, len: usize) -> Option<CpuBuffer> {
+    // `try_with`/`try_borrow_mut`: during thread exit, or if re-entered, the
+    // allocator is used instead.
+    SMALL.try_with(|s| s.try_borrow_mut().ok()?.get_mut(small_slot(dtype, len))?.pop()).ok().flatten()
+}
+
+/// Keeps a small buffer for reuse on this thread, or frees it when its slot is full.
+#[inline]
+fn small_put(buf: CpuBuffer) {
+    let slot = small_slot(buf.dtype(), buf.len());
+    let _ = SMALL.try_with(|s| {
+        let Ok(mut slots) = s.try_borrow_mut() else { return };
+        if slots.is_empty() {
+            slots.resize_with(DTYPES * (SMALL_LEN + 1), Vec::new);
+        }
+        let kept = &mut slots[slot];
+        if kept.len() < SMALL_KEEP {
+            kept.push(buf);
+        }
+    });
 }
 
 /// Parses sizes like `2GiB`, `512MiB`, `1.5GB` or a plain byte count.

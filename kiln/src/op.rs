@@ -4,15 +4,34 @@
 //! has a user error to report, so an asynchronous queue can run it later.
 //! Everything else (norms, softmax, losses, stacking...) is composed from these.
 
-use crate::shape::Layout;
+use crate::shape::{Dims, Layout};
 use crate::storage::Storage;
+use std::borrow::Cow;
 use std::sync::Arc;
+
+/// A storage as a kernel names it. On a synchronous device the kernel runs
+/// before the call returns, so it borrows the caller's tensors (no reference
+/// count is touched); a kernel that waits in a device's queue owns a
+/// reference instead ([`Kernel::into_owned`]), so dropping the tensors
+/// meanwhile is safe.
+pub(crate) type StorageRef<'a> = Cow<'a, Arc<Storage>>;
 
 /// A view of a storage: the operand of a kernel.
 #[derive(Clone)]
-pub(crate) struct Src {
-    pub storage: Arc<Storage>,
-    pub layout: Layout,
+pub(crate) struct Src<'a> {
+    pub storage: StorageRef<'a>,
+    pub layout: Cow<'a, Layout>,
+}
+
+impl<'a> Src<'a> {
+    /// A view with a layout of its own (a broadcast, say) of a borrowed storage.
+    pub(crate) fn with_layout(storage: &'a Arc<Storage>, layout: Layout) -> Src<'a> {
+        Src { storage: Cow::Borrowed(storage), layout: Cow::Owned(layout) }
+    }
+    /// The same view, owning its storage reference and layout.
+    pub(crate) fn to_owned(&self) -> Src<'static> {
+        Src { storage: Cow::Owned(Arc::clone(&self.storage)), layout: Cow::Owned(Layout::clone(&self.layout)) }
+    }
 }
 
 /// Elementwise functions of one operand (and maybe a scalar).
@@ -190,35 +209,75 @@ pub(crate) enum Distribution {
     Normal { mean: f64, std: f64 },
 }
 
-/// One primitive kernel, with its operands and its output storage.
-/// Outputs are contiguous and freshly allocated, except for `Copy` and
-/// `IndexAdd`, which write into `dst` in place.
-pub(crate) enum Kernel {
+/// One primitive kernel: what to compute from which operands. Where the
+/// result goes is given beside it ([`Out`], or the storage a backend's
+/// `launch` gets): a new buffer for most kernels, an existing storage for
+/// `Copy` into a view and `IndexAdd`, which write in place.
+pub(crate) enum Kernel<'a> {
     /// out[i] = value
-    Fill { out: Arc<Storage>, value: f64 },
+    Fill { value: f64 },
     /// out[i] = start + i·step
-    Arange { out: Arc<Storage>, start: f64, step: f64 },
+    Arange { start: f64, step: f64 },
     /// Counter-based random numbers: element i uses counter `offset + i`.
-    Random { out: Arc<Storage>, seed: u64, offset: u64, dist: Distribution },
+    Random { seed: u64, offset: u64, dist: Distribution },
     /// out = op(src)
-    Unary { op: UnaryOp, src: Src, out: Arc<Storage> },
+    Unary { op: UnaryOp, src: Src<'a> },
     /// out = lhs op rhs; both layouts are already broadcast to the output shape.
-    Binary { op: BinaryOp, lhs: Src, rhs: Src, out: Arc<Storage> },
+    Binary { op: BinaryOp, lhs: Src<'a>, rhs: Src<'a> },
     /// out has src's shape with the `dims` set to 1.
-    Reduce { op: ReduceOp, src: Src, dims: Vec<usize>, out: Arc<Storage> },
+    Reduce { op: ReduceOp, src: Src<'a>, dims: Dims },
     /// out[b] = lhs[b] @ rhs[b]; lhs is (batch.., m, k), rhs (batch.., k, n).
-    Matmul { lhs: Src, rhs: Src, out: Arc<Storage>, m: usize, n: usize, k: usize },
-    /// dst[dst_layout] = src (any dtypes: this is also the cast).
-    Copy { src: Src, dst: Arc<Storage>, dst_layout: Layout },
+    Matmul { lhs: Src<'a>, rhs: Src<'a>, m: usize, n: usize, k: usize },
+    /// out[dst_layout] = src (any dtypes: this is also the cast).
+    Copy { src: Src<'a>, dst_layout: Cow<'a, Layout> },
     /// out = src.index_select(dim, ids)
-    IndexSelect { src: Src, ids: Src, dim: usize, out: Arc<Storage> },
-    /// dst (contiguous) .index_select(dim, ids) += src
-    IndexAdd { src: Src, ids: Src, dim: usize, dst: Arc<Storage> },
+    IndexSelect { src: Src<'a>, ids: Src<'a>, dim: usize },
+    /// out (contiguous) .index_select(dim, ids) += src
+    IndexAdd { src: Src<'a>, ids: Src<'a>, dim: usize },
     /// out = cond ? on_true : on_false (layouts broadcast to the output shape).
-    Where { cond: Src, on_true: Src, on_false: Src, out: Arc<Storage> },
+    Where { cond: Src<'a>, on_true: Src<'a>, on_false: Src<'a> },
 }
 
-impl Kernel {
+/// Where a host kernel writes.
+pub(crate) enum Out<'a> {
+    /// A buffer nobody else can see yet: the new tensor of an operation on a
+    /// synchronous device, computed before its storage exists. No lock.
+    Fresh(&'a mut crate::storage::CpuBuffer),
+    /// A storage others may see (an in-place write, or a kernel that ran
+    /// later on a device's queue): write-locked together with the inputs.
+    Storage(&'a Storage),
+}
+
+impl Out<'_> {
+    /// Elements of the output.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Out::Fresh(b) => b.len(),
+            Out::Storage(s) => s.len,
+        }
+    }
+}
+
+impl Kernel<'_> {
+    /// The kernel with owned operand references, to wait in a device's queue.
+    pub(crate) fn to_owned(&self) -> Kernel<'static> {
+        match self {
+            Kernel::Fill { value } => Kernel::Fill { value: *value },
+            Kernel::Arange { start, step } => Kernel::Arange { start: *start, step: *step },
+            Kernel::Random { seed, offset, dist } => Kernel::Random { seed: *seed, offset: *offset, dist: *dist },
+            Kernel::Unary { op, src } => Kernel::Unary { op: *op, src: src.to_owned() },
+            Kernel::Binary { op, lhs, rhs } => Kernel::Binary { op: *op, lhs: lhs.to_owned(), rhs: rhs.to_owned() },
+            Kernel::Reduce { op, src, dims } => Kernel::Reduce { op: *op, src: src.to_owned(), dims: dims.clone() },
+            Kernel::Matmul { lhs, rhs, m, n, k } => Kernel::Matmul { lhs: lhs.to_owned(), rhs: rhs.to_owned(), m: *m, n: *n, k: *k },
+            Kernel::Copy { src, dst_layout } => Kernel::Copy { src: src.to_owned(), dst_layout: Cow::Owned(Layout::clone(dst_layout)) },
+            Kernel::IndexSelect { src, ids, dim } => Kernel::IndexSelect { src: src.to_owned(), ids: ids.to_owned(), dim: *dim },
+            Kernel::IndexAdd { src, ids, dim } => Kernel::IndexAdd { src: src.to_owned(), ids: ids.to_owned(), dim: *dim },
+            Kernel::Where { cond, on_true, on_false } => {
+                Kernel::Where { cond: cond.to_owned(), on_true: on_true.to_owned(), on_false: on_false.to_owned() }
+            }
+        }
+    }
+
     /// The kernel's name, for errors reported after it ran.
     pub(crate) fn name(&self) -> &'static str {
         match self {
@@ -242,22 +301,17 @@ impl Kernel {
         }
     }
 
-    /// True when the kernel writes no element: its output is empty, or it
-    /// writes in place from an empty source. Such kernels are skipped, so no
-    /// backend walks the dimensions of an empty tensor.
-    pub(crate) fn is_empty(&self) -> bool {
-        match self {
-            Kernel::Fill { out, .. }
-            | Kernel::Arange { out, .. }
-            | Kernel::Random { out, .. }
-            | Kernel::Unary { out, .. }
-            | Kernel::Binary { out, .. }
-            | Kernel::Reduce { out, .. }
-            | Kernel::Matmul { out, .. }
-            | Kernel::IndexSelect { out, .. }
-            | Kernel::Where { out, .. } => out.len == 0,
-            Kernel::Copy { src, dst, dst_layout } => dst.len == 0 || src.layout.elem_count() == 0 || dst_layout.elem_count() == 0,
-            Kernel::IndexAdd { src, dst, .. } => dst.len == 0 || src.layout.elem_count() == 0,
-        }
+    /// True when the kernel writes no element of an output of `out_len`
+    /// elements: the output is empty, or it writes in place from an empty
+    /// source. Such kernels are skipped, so no backend walks the dimensions
+    /// of an empty tensor.
+    #[inline]
+    pub(crate) fn writes_nothing(&self, out_len: usize) -> bool {
+        out_len == 0
+            || match self {
+                Kernel::Copy { src, dst_layout } => src.layout.elem_count() == 0 || dst_layout.elem_count() == 0,
+                Kernel::IndexAdd { src, .. } => src.layout.elem_count() == 0,
+                _ => false,
+            }
     }
 }

@@ -7,6 +7,7 @@ use crate::op::{BinaryOp, Kernel, ReduceOp, UnaryOp};
 use crate::shape::{broadcast_shapes, Layout};
 use crate::tensor::{check_compute, check_dim, check_same_device, check_same_dtype, Dim};
 use crate::{DType, Error, Result, Shape, Tensor};
+use std::borrow::Cow;
 
 /// Whether an integer tensor of `dtype` must compute `op` in f32.
 fn promotes_integers(op: UnaryOp, dtype: DType) -> bool {
@@ -68,9 +69,7 @@ impl Tensor {
         if !dtype.is_float() && promotes_integers(op, dtype) {
             return self.to_dtype(DType::F32)?.unary(op);
         }
-        let out = self.alloc_like(dtype, self.shape())?;
-        self.launch(Kernel::Unary { op, src: self.src(), out: out.clone() })?;
-        let t = Tensor::from_storage(out, self.shape().clone());
+        let t = self.run_new(Kernel::Unary { op, src: self.src() }, dtype, self.shape().clone())?;
         Ok(backprop::record(t, || BackOp::Unary(op, self.clone()), &[self]))
     }
 
@@ -186,15 +185,13 @@ impl Tensor {
             (self.src(), rhs.src())
         } else {
             let mut l = self.src();
-            l.layout = self.layout.broadcast_as(&shape)?;
+            l.layout = Cow::Owned(self.layout.broadcast_as(&shape)?);
             let mut r = rhs.src();
-            r.layout = rhs.layout.broadcast_as(&shape)?;
+            r.layout = Cow::Owned(rhs.layout.broadcast_as(&shape)?);
             (l, r)
         };
         let dtype = if op.is_comparison() { DType::U8 } else { self.dtype() };
-        let out = self.alloc_like(dtype, &shape)?;
-        self.launch(Kernel::Binary { op, lhs: l, rhs: r, out: out.clone() })?;
-        let t = Tensor::from_storage(out, shape);
+        let t = self.run_new(Kernel::Binary { op, lhs: l, rhs: r }, dtype, shape)?;
         if op.is_comparison() {
             return Ok(t);
         }
@@ -258,9 +255,7 @@ impl Tensor {
         }
         let kept: Shape = Shape((0..self.rank()).map(|d| if dims.contains(&d) { 1 } else { self.dims()[d] }).collect());
         let dtype = if arg { DType::I64 } else { self.dtype() };
-        let out = self.alloc_like(dtype, &kept)?;
-        self.launch(Kernel::Reduce { op, src: self.src(), dims: dims.to_vec(), out: out.clone() })?;
-        let mut t = Tensor::from_storage(out, kept);
+        let mut t = self.run_new(Kernel::Reduce { op, src: self.src(), dims: crate::shape::Dims::from_slice(dims) }, dtype, kept)?;
         if !arg {
             t = backprop::record(t, || BackOp::Reduce(op, self.clone(), dims.to_vec()), &[self]);
         }
@@ -495,14 +490,12 @@ impl Tensor {
                 Shape::from(dims)
             };
             let mut sa = a.src();
-            sa.layout = a.layout.broadcast_as(&with([m, k]))?;
+            sa.layout = Cow::Owned(a.layout.broadcast_as(&with([m, k]))?);
             let mut sb = b.src();
-            sb.layout = b.layout.broadcast_as(&with([k, n]))?;
+            sb.layout = Cow::Owned(b.layout.broadcast_as(&with([k, n]))?);
             (sa, sb, with([m, n]))
         };
-        let out = self.alloc_like(self.dtype(), &out_shape)?;
-        self.launch(Kernel::Matmul { lhs: sa, rhs: sb, out: out.clone(), m, n, k })?;
-        let mut t = Tensor::from_storage(out, out_shape);
+        let mut t = self.run_new(Kernel::Matmul { lhs: sa, rhs: sb, m, n, k }, self.dtype(), out_shape)?;
         t = backprop::record(t, || BackOp::Matmul(a.clone(), b.clone()), &[&a, &b]);
         if drop_n {
             t = t.squeeze(t.rank() - 1)?;
@@ -525,9 +518,8 @@ impl Tensor {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
-        let out = self.alloc_like(dtype, self.shape())?;
-        self.launch(Kernel::Copy { src: self.src(), dst: out.clone(), dst_layout: Layout::contiguous(self.shape().clone()) })?;
-        let t = Tensor::from_storage(out, self.shape().clone());
+        let dst_layout = Cow::Owned(Layout::contiguous(self.shape().clone()));
+        let t = self.run_new(Kernel::Copy { src: self.src(), dst_layout }, dtype, self.shape().clone())?;
         if !dtype.is_float() {
             return Ok(t);
         }
@@ -550,14 +542,11 @@ impl Tensor {
         check_same_device("where", self, on_false)?;
         check_same_dtype("where", on_true, on_false)?;
         let shape = broadcast_shapes("where", &broadcast_shapes("where", self.shape(), on_true.shape())?, on_false.shape())?;
-        let bc = |t: &Tensor| -> Result<crate::op::Src> {
-            let mut s = t.src();
-            s.layout = t.layout.broadcast_as(&shape)?;
-            Ok(s)
-        };
-        let out = self.alloc_like(on_true.dtype(), &shape)?;
-        self.launch(Kernel::Where { cond: bc(self)?, on_true: bc(on_true)?, on_false: bc(on_false)?, out: out.clone() })?;
-        let t = Tensor::from_storage(out, shape);
+        fn bc<'t>(t: &'t Tensor, shape: &Shape) -> Result<crate::op::Src<'t>> {
+            Ok(crate::op::Src::with_layout(&t.storage, t.layout.broadcast_as(shape)?))
+        }
+        let kernel = Kernel::Where { cond: bc(self, &shape)?, on_true: bc(on_true, &shape)?, on_false: bc(on_false, &shape)? };
+        let t = self.run_new(kernel, on_true.dtype(), shape)?;
         Ok(backprop::record(t, || BackOp::Where(self.clone(), on_true.clone(), on_false.clone()), &[on_true, on_false]))
     }
 }

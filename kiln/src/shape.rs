@@ -3,8 +3,81 @@
 
 use crate::{Error, Result};
 use smallvec::SmallVec;
+use std::ops::{Deref, DerefMut};
 
-pub(crate) type Dims = SmallVec<[usize; 4]>;
+/// Dimensions or strides: up to four inline, more on the heap.
+///
+/// Why not a plain `SmallVec`: shapes and layouts are copied on every
+/// operation, and `SmallVec`'s clone goes through a length-dependent
+/// `memcpy` call; an inline `Dims` is copied as a fixed block of bits.
+#[derive(Eq, Default, Debug)]
+pub(crate) struct Dims(SmallVec<[usize; 4]>);
+
+impl std::hash::Hash for Dims {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.as_slice().hash(state)
+    }
+}
+
+impl PartialEq for Dims {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        // Element by element: a slice comparison calls `memcmp`, which
+        // costs more than a rank-2 compare does.
+        let (a, b) = (self.as_slice(), other.as_slice());
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+    }
+}
+
+impl Clone for Dims {
+    #[inline]
+    fn clone(&self) -> Self {
+        if self.0.spilled() {
+            return Dims(SmallVec::from_slice(&self.0));
+        }
+        // SAFETY: an inline SmallVec of `usize` owns no heap memory and its
+        // elements are `Copy`: a bitwise copy is an independent, valid value
+        // (dropping either frees nothing).
+        unsafe { std::ptr::read(self) }
+    }
+}
+
+impl Deref for Dims {
+    type Target = SmallVec<[usize; 4]>;
+    #[inline]
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl DerefMut for Dims {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl FromIterator<usize> for Dims {
+    fn from_iter<I: IntoIterator<Item = usize>>(iter: I) -> Self {
+        Dims(iter.into_iter().collect())
+    }
+}
+
+impl Dims {
+    pub(crate) fn new() -> Self {
+        Dims(SmallVec::new())
+    }
+    #[inline]
+    pub(crate) fn from_slice(d: &[usize]) -> Self {
+        Dims(SmallVec::from_slice(d))
+    }
+    pub(crate) fn from_elem(x: usize, n: usize) -> Self {
+        Dims(SmallVec::from_elem(x, n))
+    }
+    pub(crate) fn from_vec(v: Vec<usize>) -> Self {
+        Dims(SmallVec::from_vec(v))
+    }
+}
 
 /// The extent of each dimension of a tensor.
 ///
@@ -14,17 +87,8 @@ pub(crate) type Dims = SmallVec<[usize; 4]>;
 /// assert_eq!(s.dims(), &[2, 3]);
 /// assert_eq!(s.elem_count(), 6);
 /// ```
-#[derive(PartialEq, Eq, Hash, Default)]
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
 pub struct Shape(pub(crate) Dims);
-
-// SmallVec's derived clone goes through `Extend`; a slice copy is several
-// times cheaper, and shapes are cloned on every operation.
-impl Clone for Shape {
-    #[inline]
-    fn clone(&self) -> Self {
-        Shape(SmallVec::from_slice(&self.0))
-    }
-}
 
 impl Shape {
     /// The dimensions.
@@ -36,6 +100,7 @@ impl Shape {
         self.0.len()
     }
     /// Number of elements (1 for a scalar).
+    #[inline]
     pub fn elem_count(&self) -> usize {
         // Saturating, so an absurd shape asks for usize::MAX elements and
         // fails as out-of-memory instead of wrapping to a small buffer.
@@ -48,12 +113,32 @@ impl Shape {
         checked_product(op, self.dims())
     }
     /// Row-major strides of a contiguous tensor of this shape.
-    pub fn contiguous_strides(&self) -> Dims {
-        let mut strides: Dims = SmallVec::from_elem(0, self.0.len());
+    ///
+    /// ```
+    /// assert_eq!(kiln::Shape::from((2, 3, 4)).contiguous_strides(), vec![12, 4, 1]);
+    /// ```
+    pub fn contiguous_strides(&self) -> Vec<usize> {
+        self.strides().to_vec()
+    }
+    /// [`contiguous_strides`](Self::contiguous_strides), inline.
+    #[inline]
+    pub(crate) fn strides(&self) -> Dims {
+        let dims = self.0.as_slice();
+        if dims.len() <= 4 {
+            // The common case, without SmallVec's per-element bookkeeping.
+            let mut s = [0usize; 4];
+            let mut acc = 1usize;
+            for i in (0..dims.len()).rev() {
+                s[i] = acc;
+                acc = acc.saturating_mul(dims[i]);
+            }
+            return Dims(SmallVec::from_buf_and_len(s, dims.len()));
+        }
+        let mut strides = Dims::from_elem(0, dims.len());
         let mut acc = 1;
-        for i in (0..self.0.len()).rev() {
+        for i in (0..dims.len()).rev() {
             strides[i] = acc;
-            acc = acc.saturating_mul(self.0[i]);
+            acc = acc.saturating_mul(dims[i]);
         }
         strides
     }
@@ -73,52 +158,52 @@ impl std::fmt::Display for Shape {
 
 impl From<()> for Shape {
     fn from(_: ()) -> Self {
-        Shape(SmallVec::new())
+        Shape(Dims::new())
     }
 }
 impl From<usize> for Shape {
     fn from(d: usize) -> Self {
-        Shape(SmallVec::from_slice(&[d]))
+        Shape(Dims::from_slice(&[d]))
     }
 }
 impl From<(usize,)> for Shape {
     fn from(d: (usize,)) -> Self {
-        Shape(SmallVec::from_slice(&[d.0]))
+        Shape(Dims::from_slice(&[d.0]))
     }
 }
 impl From<(usize, usize)> for Shape {
     fn from(d: (usize, usize)) -> Self {
-        Shape(SmallVec::from_slice(&[d.0, d.1]))
+        Shape(Dims::from_slice(&[d.0, d.1]))
     }
 }
 impl From<(usize, usize, usize)> for Shape {
     fn from(d: (usize, usize, usize)) -> Self {
-        Shape(SmallVec::from_slice(&[d.0, d.1, d.2]))
+        Shape(Dims::from_slice(&[d.0, d.1, d.2]))
     }
 }
 impl From<(usize, usize, usize, usize)> for Shape {
     fn from(d: (usize, usize, usize, usize)) -> Self {
-        Shape(SmallVec::from_slice(&[d.0, d.1, d.2, d.3]))
+        Shape(Dims::from_slice(&[d.0, d.1, d.2, d.3]))
     }
 }
 impl<const N: usize> From<[usize; N]> for Shape {
     fn from(d: [usize; N]) -> Self {
-        Shape(SmallVec::from_slice(&d))
+        Shape(Dims::from_slice(&d))
     }
 }
 impl From<&[usize]> for Shape {
     fn from(d: &[usize]) -> Self {
-        Shape(SmallVec::from_slice(d))
+        Shape(Dims::from_slice(d))
     }
 }
 impl From<&Vec<usize>> for Shape {
     fn from(d: &Vec<usize>) -> Self {
-        Shape(SmallVec::from_slice(d))
+        Shape(Dims::from_slice(d))
     }
 }
 impl From<Vec<usize>> for Shape {
     fn from(d: Vec<usize>) -> Self {
-        Shape(SmallVec::from_vec(d))
+        Shape(Dims::from_vec(d))
     }
 }
 impl From<&Shape> for Shape {
@@ -128,24 +213,17 @@ impl From<&Shape> for Shape {
 }
 
 /// Shape, strides (in elements) and start offset of a view into storage.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
     pub(crate) shape: Shape,
     pub(crate) strides: Dims,
     pub(crate) offset: usize,
 }
 
-impl Clone for Layout {
-    #[inline]
-    fn clone(&self) -> Self {
-        Layout { shape: self.shape.clone(), strides: SmallVec::from_slice(&self.strides), offset: self.offset }
-    }
-}
-
 impl Layout {
     /// A contiguous row-major layout starting at 0.
     pub fn contiguous(shape: Shape) -> Self {
-        let strides = shape.contiguous_strides();
+        let strides = shape.strides();
         Layout { shape, strides, offset: 0 }
     }
     /// The shape.
@@ -169,22 +247,25 @@ impl Layout {
         self.shape.elem_count()
     }
     /// True when the elements are dense and in row-major order.
+    #[inline]
     pub fn is_contiguous(&self) -> bool {
+        let (dims, strides) = (self.shape.0.as_slice(), self.strides.as_slice());
         let mut acc = 1;
-        for i in (0..self.strides.len()).rev() {
-            if self.shape.0[i] != 1 && self.strides[i] != acc {
+        for (&d, &s) in dims.iter().zip(strides).rev() {
+            if d != 1 && s != acc {
                 return false;
             }
-            acc = acc.saturating_mul(self.shape.0[i]);
+            acc = acc.saturating_mul(d);
         }
         true
     }
     /// True when two elements of the view are one memory location (a
     /// broadcast dimension: stride 0 and size above 1).
     pub(crate) fn has_internal_overlap(&self) -> bool {
-        self.elem_count() > 1 && self.shape.0.iter().zip(&self.strides).any(|(&d, &s)| d > 1 && s == 0)
+        self.elem_count() > 1 && self.shape.0.iter().zip(self.strides.iter()).any(|(&d, &s)| d > 1 && s == 0)
     }
     /// Offsets of the first and one-past-last element when contiguous.
+    #[inline]
     pub fn contiguous_range(&self) -> Option<(usize, usize)> {
         self.is_contiguous().then(|| (self.offset, self.offset + self.elem_count()))
     }
@@ -223,7 +304,7 @@ impl Layout {
             return Err(Error::shape("broadcast_to", src, dst));
         }
         let pad = dst.len() - src.len();
-        let mut strides: Dims = SmallVec::from_elem(0, dst.len());
+        let mut strides = Dims::from_elem(0, dst.len());
         for (i, &d) in dst.iter().enumerate() {
             if i < pad {
                 continue;
@@ -260,7 +341,7 @@ impl<'a> StridedOffsets<'a> {
         StridedOffsets {
             dims: l.dims(),
             strides: &l.strides,
-            index: SmallVec::from_elem(0, l.dims().len()),
+            index: Dims::from_elem(0, l.dims().len()),
             next: l.offset,
             remaining: l.elem_count(),
         }
@@ -321,7 +402,7 @@ fn too_large(op: &str, dims: &[usize]) -> Error {
 pub(crate) fn broadcast_shapes(op: &str, a: &Shape, b: &Shape) -> Result<Shape> {
     let (a, b) = (a.dims(), b.dims());
     let rank = a.len().max(b.len());
-    let mut out: Dims = SmallVec::from_elem(0, rank);
+    let mut out = Dims::from_elem(0, rank);
     for i in 0..rank {
         let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
         let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };

@@ -7,6 +7,7 @@ use crate::op::Kernel;
 use crate::shape::Layout;
 use crate::tensor::{check_dim, check_same_device, check_same_dtype, Dim};
 use crate::{DType, Error, Result, Shape, Tensor};
+use std::borrow::Cow;
 
 impl Tensor {
     fn view(&self, layout: Layout, op: impl FnOnce() -> BackOp) -> Tensor {
@@ -190,9 +191,7 @@ impl Tensor {
         let mut dims = self.dims().to_vec();
         dims[dim] = n;
         let shape = Shape::from(dims);
-        let out = self.alloc_like(self.dtype(), &shape)?;
-        self.launch(Kernel::IndexSelect { src: self.src(), ids: ids.src(), dim, out: out.clone() })?;
-        let t = Tensor::from_storage(out, shape);
+        let t = self.run_new(Kernel::IndexSelect { src: self.src(), ids: ids.src(), dim }, self.dtype(), shape)?;
         Ok(backprop::record(t, || BackOp::IndexSelect(self.clone(), ids.clone(), dim), &[self]))
     }
 
@@ -211,7 +210,7 @@ impl Tensor {
             return Err(Error::shape("index_add", src.dims(), &expect));
         }
         let out = self.force_copy()?;
-        self.launch(Kernel::IndexAdd { src: src.src(), ids: ids.src(), dim, dst: out.storage.clone() })?;
+        crate::backend::launch_into(&Kernel::IndexAdd { src: src.src(), ids: ids.src(), dim }, &out.storage)?;
         Ok(crate::backprop::record(out, || crate::backprop::BackOp::IndexAdd(self.clone(), ids.clone(), src.clone(), dim), &[self, src]))
     }
 
@@ -269,7 +268,7 @@ impl Tensor {
         let mut start = 0;
         for t in tensors {
             let n = t.dims()[dim];
-            first.launch(Kernel::Copy { src: t.src(), dst: out.clone(), dst_layout: full.narrow(dim, start, n) })?;
+            crate::backend::launch_into(&Kernel::Copy { src: t.src(), dst_layout: Cow::Owned(full.narrow(dim, start, n)) }, &out)?;
             start += n;
         }
         let t = Tensor::from_storage(out, shape);

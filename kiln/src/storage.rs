@@ -7,6 +7,7 @@
 //! queue, while the host already holds the tensor.
 
 use crate::backend::Backend;
+use crate::op::Out;
 use crate::{DType, Device, WithDType};
 use half::{bf16, f16};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -173,16 +174,25 @@ pub(crate) enum Buffer {
 pub(crate) struct Storage {
     pub(crate) dtype: DType,
     pub(crate) len: usize,
-    pub(crate) backend: Arc<dyn Backend>,
+    /// The device, kept beside the backend: every operation compares devices.
+    pub(crate) device: Device,
+    /// Backends live as long as the process (the registry never drops one),
+    /// so a storage points at its backend without a reference count.
+    pub(crate) backend: &'static dyn Backend,
     buffer: RwLock<Option<Buffer>>,
 }
 
 impl Storage {
-    pub(crate) fn new(backend: Arc<dyn Backend>, buffer: Buffer, dtype: DType, len: usize) -> Arc<Storage> {
-        Arc::new(Storage { dtype, len, backend, buffer: RwLock::new(Some(buffer)) })
+    pub(crate) fn new(backend: &'static dyn Backend, buffer: Buffer, dtype: DType, len: usize) -> Arc<Storage> {
+        Storage::new_on(backend, backend.device(), buffer, dtype, len)
     }
+    #[inline]
+    pub(crate) fn new_on(backend: &'static dyn Backend, device: Device, buffer: Buffer, dtype: DType, len: usize) -> Arc<Storage> {
+        Arc::new(Storage { dtype, len, device, backend, buffer: RwLock::new(Some(buffer)) })
+    }
+    #[inline]
     pub(crate) fn device(&self) -> Device {
-        self.backend.device()
+        self.device
     }
     pub(crate) fn bytes(&self) -> usize {
         self.len * self.dtype.size_in_bytes()
@@ -213,8 +223,8 @@ impl BufferRead<'_> {
     }
 }
 
-/// The locks of one kernel's operands: read locks on its inputs, a write lock
-/// on its output.
+/// The locks of one kernel's operands: read locks on its inputs, and a write
+/// lock on its output when the output is a storage others may see.
 ///
 /// Why one type for this: a kernel that holds one storage's lock while it
 /// waits for another's can deadlock against a kernel on another thread that
@@ -224,85 +234,102 @@ impl BufferRead<'_> {
 /// waiting: a cycle of waits is then impossible. An input that appears twice
 /// is locked once (a second read lock can queue behind a waiting writer).
 /// The output must not also be an input; callers that write in place copy a
-/// source sharing the output's storage first.
+/// source sharing the output's storage first. A fresh output
+/// ([`Out::Fresh`]) is nobody else's yet and takes no lock at all: the hot
+/// path of a small operation on the CPU locks its inputs only.
 pub(crate) struct OperandLocks<'a> {
     /// Read guards of the distinct inputs: a kernel reads at most two
     /// storages under lock (`Where`'s condition is gathered first).
     inputs: [Option<ReadGuard<'a>>; 2],
     /// True when input 1 is the same storage as input 0 (one guard serves both).
     shared: bool,
-    output: RwLockWriteGuard<'a, Option<Buffer>>,
+    output: OutputAccess<'a>,
+}
+
+enum OutputAccess<'a> {
+    Fresh(&'a mut CpuBuffer),
+    Locked(RwLockWriteGuard<'a, Option<Buffer>>),
 }
 
 type ReadGuard<'a> = RwLockReadGuard<'a, Option<Buffer>>;
 
+#[inline]
+fn read_lock(s: &Storage) -> ReadGuard<'_> {
+    s.buffer.read().unwrap_or_else(|e| e.into_inner())
+}
+
+#[inline]
+fn addr(s: &Storage) -> usize {
+    s as *const Storage as usize
+}
+
 impl<'a> OperandLocks<'a> {
-    /// Locks `inputs` (at most two) for reading and `output` for writing, in
-    /// address order. An input that is also the output is refused (a kiln
-    /// bug): locking it twice would deadlock the thread on itself.
-    pub(crate) fn new(inputs: &[&'a Storage], output: &'a Storage) -> crate::Result<Self> {
-        let bug = |msg: &str| crate::Error::KernelFailed {
-            device: output.device(),
-            op: "lock".into(),
-            msg: format!("{msg} (a kiln bug: please report it)"),
+    /// Locks `inputs` (at most two) for reading and, when it is a storage,
+    /// `out` for writing, all in address order. An input that is also the
+    /// output is refused (a kiln bug): locking it twice would deadlock the
+    /// thread on itself.
+    #[inline]
+    pub(crate) fn new(inputs: &[&'a Storage], out: Out<'a>) -> crate::Result<Self> {
+        let (first, second) = match *inputs {
+            [] => (None, None),
+            [a] => (Some(a), None),
+            [a, b] => (Some(a), (!std::ptr::eq(a, b)).then_some(b)),
+            _ => return Err(lock_bug(&out, "a kernel locks more than two inputs")),
         };
-        if inputs.len() > 2 {
-            return Err(bug("a kernel locks more than two inputs"));
-        }
-        if inputs.iter().any(|s| std::ptr::eq(*s, output)) {
-            return Err(bug("a kernel's output storage is also one of its inputs"));
-        }
-        let first = inputs.first().copied();
-        let second = inputs.get(1).copied().filter(|b| !first.is_some_and(|a| std::ptr::eq(a, *b)));
         let shared = inputs.len() == 2 && second.is_none();
-        let read = |s: &'a Storage| s.buffer.read().unwrap_or_else(|e| e.into_inner());
-        let write = || output.buffer.write().unwrap_or_else(|e| e.into_inner());
-        let addr = |s: &Storage| s as *const Storage as usize;
-        let (out_at, mut g1, mut g2, mut out) = (addr(output), None, None, None);
-        match (first, second) {
-            (None, _) => out = Some(write()),
-            (Some(a), None) => {
-                if addr(a) < out_at {
-                    g1 = Some(read(a));
-                    out = Some(write());
+        // Inputs in address order: two read locks taken the other way round
+        // can deadlock behind a writer waiting on one of them.
+        let (lo, hi) = match (first, second) {
+            (Some(a), Some(b)) if addr(b) < addr(a) => (Some(b), Some(a)),
+            other => other,
+        };
+        let swapped = first.is_some() && second.is_some() && lo.map(addr) != first.map(addr);
+        let (g_lo, g_hi, output) = match out {
+            Out::Fresh(buffer) => (lo.map(read_lock), hi.map(read_lock), OutputAccess::Fresh(buffer)),
+            Out::Storage(o) => {
+                if inputs.iter().any(|s| std::ptr::eq(*s, o)) {
+                    return Err(lock_bug(&out, "a kernel's output storage is also one of its inputs"));
+                }
+                let write = || OutputAccess::Locked(o.buffer.write().unwrap_or_else(|e| e.into_inner()));
+                // The output's place in the address order among the inputs.
+                let at = addr(o);
+                if lo.is_none_or(|l| at < addr(l)) {
+                    let w = write();
+                    (lo.map(read_lock), hi.map(read_lock), w)
+                } else if hi.is_none_or(|h| at < addr(h)) {
+                    let g = lo.map(read_lock);
+                    let w = write();
+                    (g, hi.map(read_lock), w)
                 } else {
-                    out = Some(write());
-                    g1 = Some(read(a));
+                    let (g1, g2) = (lo.map(read_lock), hi.map(read_lock));
+                    (g1, g2, write())
                 }
             }
-            (Some(a), Some(b)) => {
-                // Three storages: a three-compare sorting network, then lock in order.
-                let mut keys = [(out_at, 0u8), (addr(a), 1), (addr(b), 2)];
-                if keys[0] > keys[1] {
-                    keys.swap(0, 1);
-                }
-                if keys[1] > keys[2] {
-                    keys.swap(1, 2);
-                }
-                if keys[0] > keys[1] {
-                    keys.swap(0, 1);
-                }
-                for (_, which) in keys {
-                    match which {
-                        0 => out = Some(write()),
-                        1 => g1 = Some(read(a)),
-                        _ => g2 = Some(read(b)),
-                    }
-                }
-            }
-        }
-        let output = out.ok_or_else(|| bug("the output was not locked"))?;
-        Ok(OperandLocks { inputs: [g1, g2], shared, output })
+        };
+        let inputs = if swapped { [g_hi, g_lo] } else { [g_lo, g_hi] };
+        Ok(OperandLocks { inputs, shared, output })
     }
 
     /// The inputs (by their position in `new`) and the output, borrowed together.
+    #[inline]
     pub(crate) fn split(&mut self) -> (LockedInputs<'_, 'a>, &mut CpuBuffer) {
-        let out = match self.output.as_mut() {
-            Some(Buffer::Host(b)) => b,
-            _ => unreachable!("host kernel given a storage of another backend"),
+        let out = match &mut self.output {
+            OutputAccess::Fresh(b) => &mut **b,
+            OutputAccess::Locked(guard) => match guard.as_mut() {
+                Some(Buffer::Host(b)) => b,
+                _ => unreachable!("host kernel given a storage of another backend"),
+            },
         };
         (LockedInputs { inputs: &self.inputs, shared: self.shared }, out)
     }
+}
+
+fn lock_bug(out: &Out<'_>, msg: &str) -> crate::Error {
+    let device = match out {
+        Out::Storage(s) => s.device(),
+        Out::Fresh(_) => Device::Cpu,
+    };
+    crate::Error::KernelFailed { device, op: "lock".into(), msg: format!("{msg} (a kiln bug: please report it)") }
 }
 
 /// The read-locked inputs of an [`OperandLocks`].
@@ -326,7 +353,11 @@ impl Drop for Storage {
     fn drop(&mut self) {
         let buffer = self.buffer.get_mut().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(buffer) = buffer {
-            self.backend.release(buffer, self.bytes());
+            if self.device == Device::Cpu {
+                crate::backend::cpu::CPU.release(buffer, self.bytes());
+            } else {
+                self.backend.release(buffer, self.bytes());
+            }
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::op::{Distribution, Kernel, Src};
 use crate::shape::Layout;
 use crate::storage::{CpuBuffer, Storage};
 use crate::{ledger, rng, DType, Device, Error, Result, Shape, WithDType};
+use std::borrow::Cow;
 use std::panic::Location;
 use std::sync::Arc;
 
@@ -171,19 +172,27 @@ impl Tensor {
 
     /// A contiguous output of `shape` on the same device as `self`.
     pub(crate) fn alloc_like(&self, dtype: DType, shape: &Shape) -> Result<Arc<Storage>> {
-        backend::alloc(&self.storage.backend, dtype, shape.checked_elem_count("allocation")?)
+        backend::alloc_on(self.storage.backend, self.storage.device, dtype, shape.checked_elem_count("allocation")?)
     }
 
-    pub(crate) fn src(&self) -> Src {
-        Src { storage: self.storage.clone(), layout: self.layout.clone() }
+    /// This view as a kernel operand, borrowed (no reference count touched).
+    #[inline]
+    pub(crate) fn src(&self) -> Src<'_> {
+        Src { storage: Cow::Borrowed(&self.storage), layout: Cow::Borrowed(&self.layout) }
     }
 
-    pub(crate) fn backend(&self) -> &Arc<dyn Backend> {
-        &self.storage.backend
+    #[inline]
+    pub(crate) fn backend(&self) -> &'static dyn Backend {
+        self.storage.backend
     }
 
-    pub(crate) fn launch(&self, kernel: Kernel) -> Result<()> {
-        self.storage.backend.launch(kernel)
+    /// Runs `kernel` into a new contiguous tensor of `shape` and `dtype` on
+    /// this tensor's device (see [`backend::run_new`]).
+    #[inline(always)]
+    pub(crate) fn run_new(&self, kernel: Kernel<'_>, dtype: DType, shape: Shape) -> Result<Tensor> {
+        let len = shape.checked_elem_count(kernel.name())?;
+        let storage = backend::run_new(self.storage.backend, self.storage.device, &kernel, dtype, len)?;
+        Ok(Tensor::from_storage(storage, shape))
     }
 
     /// Uploads host elements to `device`, booking a host-to-device transfer
@@ -237,11 +246,10 @@ impl Tensor {
         Tensor::from_host_buffer(T::into_buffer(data.to_vec()), shape.into(), device)
     }
 
-    fn filled(kernel: impl FnOnce(Arc<Storage>) -> Kernel, shape: Shape, dtype: DType, device: &Device) -> Result<Tensor> {
+    fn filled(kernel: Kernel<'_>, shape: Shape, dtype: DType, device: &Device) -> Result<Tensor> {
         let len = shape.checked_elem_count("tensor creation")?;
         let b = device_backend(*device)?;
-        let out = backend::alloc(&b, dtype, len)?;
-        b.launch(kernel(out.clone()))?;
+        let out = backend::run_new(b, *device, &kernel, dtype, len)?;
         Ok(Tensor::from_storage(out, shape))
     }
 
@@ -254,7 +262,7 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn full(value: f64, shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
-        Tensor::filled(|out| Kernel::Fill { out, value }, shape.into(), dtype, device)
+        Tensor::filled(Kernel::Fill { value }, shape.into(), dtype, device)
     }
 
     /// Zeros.
@@ -307,7 +315,7 @@ impl Tensor {
             return Err(Error::invalid("arange", format!("start {start}, end {end} and step {step} must be finite with a non-zero step")));
         }
         let n = ((end - start) / step).ceil().max(0.0) as usize;
-        Tensor::filled(|out| Kernel::Arange { out, start, step }, Shape::from(n), dtype, device)
+        Tensor::filled(Kernel::Arange { start, step }, Shape::from(n), dtype, device)
     }
 
     /// `steps` evenly spaced values from `start` to `end` (both included), f32.
@@ -319,7 +327,7 @@ impl Tensor {
     /// ```
     pub fn linspace(start: f64, end: f64, steps: usize, device: &Device) -> Result<Tensor> {
         let step = if steps > 1 { (end - start) / (steps - 1) as f64 } else { 0.0 };
-        Tensor::filled(|out| Kernel::Arange { out, start, step }, Shape::from(steps), DType::F32, device)
+        Tensor::filled(Kernel::Arange { start, step }, Shape::from(steps), DType::F32, device)
     }
 
     /// The n×n identity matrix.
@@ -333,8 +341,8 @@ impl Tensor {
         let out = Tensor::zeros((n, n), dtype, device)?;
         let one = Tensor::ones((1,), dtype, device)?.broadcast_to(n)?;
         // The diagonal is a strided view of the matrix: stride n + 1.
-        let diagonal = Layout { shape: Shape::from(n), strides: smallvec::smallvec![n + 1], offset: 0 };
-        out.launch(Kernel::Copy { src: one.src(), dst: out.storage.clone(), dst_layout: diagonal })?;
+        let diagonal = Layout { shape: Shape::from(n), strides: crate::shape::Dims::from_slice(&[n + 1]), offset: 0 };
+        backend::launch_into(&Kernel::Copy { src: one.src(), dst_layout: Cow::Owned(diagonal) }, &out.storage)?;
         Ok(out)
     }
 
@@ -372,9 +380,8 @@ impl Tensor {
         }
         let len = shape.checked_elem_count("rand")?;
         let b = device_backend(*device)?;
-        let out = backend::alloc(&b, dtype, len)?;
         let (seed, offset) = rng::reserve(len);
-        b.launch(Kernel::Random { out: out.clone(), seed, offset, dist })?;
+        let out = backend::run_new(b, *device, &Kernel::Random { seed, offset, dist }, dtype, len)?;
         Ok(Tensor::from_storage(out, shape))
     }
 
@@ -476,15 +483,17 @@ impl Tensor {
             // host-to-device copy is not done this way: the host may
             // overwrite its tensor right after the call, so it is copied
             // before returning.
-            let out = backend::alloc(&dst, self.dtype(), shape.elem_count())?;
-            src_backend.launch(Kernel::Copy { src: self.src(), dst: out.clone(), dst_layout: Layout::contiguous(shape.clone()) })?;
+            let out = backend::alloc(dst, self.dtype(), shape.elem_count())?;
+            let dst_layout = Cow::Owned(Layout::contiguous(shape.clone()));
+            // On the source's backend: its queue runs the copy.
+            src_backend.launch(&Kernel::Copy { src: self.src(), dst_layout }, &out)?;
             if src_device != *device {
                 if let Some(event) = src_backend.record_event() {
                     dst.wait_event(event)?;
                 }
             }
             out
-        } else if let Some(out) = src_backend.copy_to_peer(&self.src(), &dst)? {
+        } else if let Some(out) = src_backend.copy_to_peer(&self.src(), dst)? {
             // Two CUDA devices with peer access: a device-to-device copy on
             // the source's stream that the destination's stream waits for;
             // the host does not wait.
@@ -625,7 +634,7 @@ impl Tensor {
         }
         let layout = src.layout.broadcast_as(self.shape()).map_err(|_| Error::shape("assign", src.dims(), self.dims()))?;
         let src = if src.same_storage(self) { src.force_copy()?.broadcast_to(self.shape())? } else { src.with_layout(layout) };
-        self.launch(Kernel::Copy { src: src.src(), dst: self.storage.clone(), dst_layout: self.layout.clone() })
+        backend::launch_into(&Kernel::Copy { src: src.src(), dst_layout: Cow::Borrowed(&self.layout) }, &self.storage)
     }
 
     /// A new tensor sharing storage with another layout (views).
@@ -635,9 +644,8 @@ impl Tensor {
 
     /// A contiguous copy on the same device, whatever the layout.
     pub(crate) fn force_copy(&self) -> Result<Tensor> {
-        let out = self.alloc_like(self.dtype(), self.shape())?;
-        self.launch(Kernel::Copy { src: self.src(), dst: out.clone(), dst_layout: Layout::contiguous(self.shape().clone()) })?;
-        Ok(Tensor::from_storage(out, self.shape().clone()))
+        let dst_layout = Cow::Owned(Layout::contiguous(self.shape().clone()));
+        self.run_new(Kernel::Copy { src: self.src(), dst_layout }, self.dtype(), self.shape().clone())
     }
 
     /// A tensor on the current default device (see [`crate::default_device_scope`]).

@@ -525,6 +525,38 @@ fn cuda_empty_cache_waits_for_queued_kernels_that_used_cached_blocks() {
     });
 }
 
+/// empty_cache takes the cached blocks before it waits for the stream: a
+/// block that another thread takes from the cache, queues work on and gives
+/// back while empty_cache waits must not be freed under that work.
+#[test]
+fn cuda_empty_cache_does_not_free_blocks_reused_while_it_waits() {
+    on_cuda_alone("free vs reuse", |d| {
+        let n = 1 << 16;
+        let x = Tensor::full(1.5, n, DType::F32, &d)?;
+        let z = Tensor::zeros(n, DType::F32, &d)?;
+        kiln::synchronize(&d)?;
+        let first = kiln::hold_queue(&d)?.expect("a CUDA device has a queue to hold");
+        drop(z); // its block goes to the cache
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(kiln::empty_cache(&d));
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200)); // empty_cache waits for the first hold
+        let second = kiln::hold_queue(&d)?.expect("a CUDA device has a queue to hold");
+        let y = x.add_scalar(1.0)?; // may take z's block from the cache; queued behind both holds
+        let w = y.add_scalar(1.0)?; // reads y
+        drop(y); // y's block returns to the cache while both kernels wait
+        drop(first);
+        // empty_cache returns once the work queued before it ran; the two
+        // kernels still wait for the second hold.
+        let emptied = rx.recv_timeout(std::time::Duration::from_secs(20));
+        drop(second);
+        emptied.expect("empty_cache did not return once the work queued before it had run")?;
+        assert!(w.to_vec::<f32>()?.iter().all(|&v| v == 3.5), "a kernel used a block that empty_cache freed");
+        Ok(())
+    });
+}
+
 #[test]
 fn cuda_uploads_do_not_wait_for_earlier_work() {
     on_cuda_alone("uploads overlap compute", |d| {
@@ -554,6 +586,36 @@ fn cuda_staging_buffers_are_not_reused_before_their_copy_ran() {
         drop(hold);
         let x = up.expect("the upload waited for the held queue")?;
         assert!(x.to_vec::<f32>()? == host, "40 MB uploaded while the queue was held came back different");
+        Ok(())
+    });
+}
+
+/// More pieces than a device keeps staging chunks (8 of 8 MiB): the ninth
+/// piece must wait for the copy of the first before refilling its chunk.
+#[test]
+fn cuda_an_upload_past_the_last_staging_chunk_waits_for_the_oldest_copy() {
+    on_cuda_alone("staging reuse past the last chunk", |d| {
+        let n = 20_000_000usize; // 80 MB: ten staging chunks' worth
+        let host: Vec<f32> = (0..n).map(|i| (i % 100_003) as f32).collect();
+        let hold = kiln::hold_queue(&d)?.expect("a CUDA device has a queue to hold");
+        let h2 = host.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(Tensor::from_vec(h2, n, &d));
+        });
+        // While the queue is held no copy runs, so the upload cannot get a
+        // chunk back: give it time to refill one too early, then release.
+        let early = rx.recv_timeout(std::time::Duration::from_secs(2));
+        drop(hold);
+        let finished_early = early.is_ok();
+        let x = match early {
+            Ok(r) => r?,
+            Err(_) => rx.recv_timeout(std::time::Duration::from_secs(120)).expect("the upload finished once the queue ran")?,
+        };
+        assert!(
+            x.to_vec::<f32>()? == host,
+            "80 MB uploaded while the queue was held came back different (the upload finished while held: {finished_early})"
+        );
         Ok(())
     });
 }

@@ -3,8 +3,8 @@
 
 use super::{host_kernels, Backend, Event};
 use crate::memory::MemoryPool;
-use crate::op::{Kernel, Src};
-use crate::storage::{Buffer, CpuBuffer};
+use crate::op::{Kernel, Out, Src};
+use crate::storage::{Buffer, CpuBuffer, Storage};
 use crate::{DType, Device, DeviceKind, Result};
 use std::sync::Arc;
 
@@ -15,9 +15,36 @@ pub(crate) struct CpuBackend {
     pool: MemoryPool,
 }
 
+/// The CPU backend. A `static` rather than an entry made at run time, so
+/// that the front end calls it directly (`backend::alloc_on`, `launch`,
+/// `Storage::drop`): the hot path of small operations is then inlined
+/// instead of going through the `Backend` trait object.
+pub(crate) static CPU: CpuBackend = CpuBackend { pool: MemoryPool::new(Device::Cpu, None, CPU_CACHE_LIMIT) };
+
 impl CpuBackend {
-    pub(crate) fn new() -> Self {
-        CpuBackend { pool: MemoryPool::new(Device::Cpu, None, CPU_CACHE_LIMIT) }
+    /// Allocates and books a host buffer (static dispatch of `alloc_buffer`).
+    #[inline]
+    pub(crate) fn alloc(&self, dtype: DType, len: usize) -> Result<Buffer> {
+        Ok(Buffer::Host(self.pool.alloc_host(dtype, len)?))
+    }
+    /// Runs a kernel at once (static dispatch of `launch`).
+    #[inline]
+    pub(crate) fn run(&self, kernel: &Kernel<'_>, out: Out<'_>) -> Result<()> {
+        host_kernels::run_caught(kernel, out, threads(), Device::Cpu)
+    }
+    /// Runs a kernel into a new host buffer of `len` elements, booked in the
+    /// pool; on failure nothing stays booked.
+    #[inline]
+    pub(crate) fn run_new(&self, kernel: &Kernel<'_>, dtype: DType, len: usize) -> Result<Buffer> {
+        let mut buffer = self.pool.alloc_host(dtype, len)?;
+        match self.run(kernel, Out::Fresh(&mut buffer)) {
+            Ok(()) => Ok(Buffer::Host(buffer)),
+            Err(err) => {
+                let bytes = buffer.size_in_bytes();
+                self.pool.release_host(buffer, bytes);
+                Err(err)
+            }
+        }
     }
 }
 
@@ -57,7 +84,7 @@ impl Backend for CpuBackend {
         crate::device::host_memory_available()
     }
     fn alloc_buffer(&self, dtype: DType, len: usize) -> Result<Buffer> {
-        Ok(Buffer::Host(self.pool.alloc_host(dtype, len)?))
+        self.alloc(dtype, len)
     }
     fn release(&self, buffer: Buffer, bytes: usize) {
         match buffer {
@@ -65,14 +92,14 @@ impl Backend for CpuBackend {
             Buffer::Device(_) => self.pool.unreserve(bytes),
         }
     }
-    fn launch(&self, kernel: Kernel) -> Result<()> {
-        host_kernels::run_caught(&kernel, threads(), Device::Cpu)
+    fn launch(&self, kernel: &Kernel<'_>, out: &Arc<Storage>) -> Result<()> {
+        self.run(kernel, Out::Storage(out))
     }
     fn upload(&self, data: CpuBuffer) -> Result<Buffer> {
         self.pool.reserve(data.size_in_bytes())?;
         Ok(Buffer::Host(data))
     }
-    fn download(&self, src: &Src) -> Result<CpuBuffer> {
+    fn download(&self, src: &Src<'_>) -> Result<CpuBuffer> {
         host_kernels::gather_caught(src, Device::Cpu)
     }
     fn record_event(&self) -> Option<Arc<dyn Event>> {

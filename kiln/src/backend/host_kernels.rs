@@ -4,14 +4,13 @@
 //! of the last dimension. Above `PAR_MIN` elements the work is split over the
 //! rayon pool when `threads > 1`. Besides the output, nothing is allocated.
 
-use crate::op::{BinaryOp, Distribution, Kernel, ReduceOp, Src, UnaryOp};
+use crate::op::{BinaryOp, Distribution, Kernel, Out, ReduceOp, Src, UnaryOp};
 use crate::shape::Layout;
 use crate::storage::{CpuBuffer, OperandLocks};
 use crate::{map_buffer, rng, Device, Error, Result, WithDType};
 use half::{bf16, f16};
 use rayon::prelude::*;
 use smallvec::SmallVec;
-use std::sync::Arc;
 
 /// Elementwise work below this many elements stays on one thread.
 const PAR_MIN: usize = 1 << 16;
@@ -222,24 +221,24 @@ pub(crate) fn powi<T: Num>(x: T, n: i32) -> T {
 /// nothing: it never walks the dimensions of an empty tensor, however large
 /// the others are. Temporaries are allocated fallibly: host exhaustion is
 /// `OutOfMemory`, never an abort.
-pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
-    if kernel.is_empty() {
+pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize) -> Result<()> {
+    if kernel.writes_nothing(out.len()) {
         return Ok(());
     }
     match kernel {
-        Kernel::Fill { out, value } => {
+        Kernel::Fill { value } => {
             let mut locks = OperandLocks::new(&[], out)?;
             map_buffer!(locks.split().1, v => fill(v, *value, threads))
         }
-        Kernel::Arange { out, start, step } => {
+        Kernel::Arange { start, step } => {
             let mut locks = OperandLocks::new(&[], out)?;
             map_buffer!(locks.split().1, v => arange(v, *start, *step))
         }
-        Kernel::Random { out, seed, offset, dist } => {
+        Kernel::Random { seed, offset, dist } => {
             let mut locks = OperandLocks::new(&[], out)?;
             map_buffer!(locks.split().1, v => random(v, *seed, *offset, *dist, threads))
         }
-        Kernel::Unary { op, src, out } => {
+        Kernel::Unary { op, src } => {
             let mut locks = OperandLocks::new(&[&src.storage], out)?;
             let (inputs, w) = locks.split();
             match (inputs.host(0), w) {
@@ -251,7 +250,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
                 _ => return Err(unsupported(kernel)),
             }
         }
-        Kernel::Binary { op, lhs, rhs, out } => {
+        Kernel::Binary { op, lhs, rhs } => {
             let mut locks = OperandLocks::new(&[&lhs.storage, &rhs.storage], out)?;
             let (inputs, w) = locks.split();
             macro_rules! go {
@@ -273,7 +272,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
                 _ => return Err(unsupported(kernel)),
             }
         }
-        Kernel::Reduce { op, src, dims, out } => {
+        Kernel::Reduce { op, src, dims } => {
             let mut locks = OperandLocks::new(&[&src.storage], out)?;
             let (inputs, w) = locks.split();
             match (*op, inputs.host(0), w) {
@@ -296,7 +295,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
                 _ => return Err(unsupported(kernel)),
             }
         }
-        Kernel::Matmul { lhs, rhs, out, m, n, k } => {
+        Kernel::Matmul { lhs, rhs, m, n, k } => {
             let mut locks = OperandLocks::new(&[&lhs.storage, &rhs.storage], out)?;
             let (inputs, w) = locks.split();
             if *k == 0 {
@@ -328,21 +327,21 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
                 _ => return Err(unsupported(kernel)),
             }
         }
-        Kernel::Copy { src, dst, dst_layout } => {
-            if Arc::ptr_eq(&src.storage, dst) {
+        Kernel::Copy { src, dst_layout } => {
+            if matches!(out, Out::Storage(dst) if std::ptr::eq(&**src.storage, dst)) {
                 // In place within one storage: read the source out first, so
                 // that no lock is held twice and overlapping views copy the
                 // values they had before the call.
                 let data = try_gather(src)?;
-                let mut locks = OperandLocks::new(&[], dst)?;
+                let mut locks = OperandLocks::new(&[], out)?;
                 copy_cast(&data, &Layout::contiguous(src.layout.shape.clone()), locks.split().1, dst_layout);
             } else {
-                let mut locks = OperandLocks::new(&[&src.storage], dst)?;
+                let mut locks = OperandLocks::new(&[&src.storage], out)?;
                 let (inputs, w) = locks.split();
                 copy_cast(inputs.host(0), &src.layout, w, dst_layout);
             }
         }
-        Kernel::IndexSelect { src, ids, dim, out } => {
+        Kernel::IndexSelect { src, ids, dim } => {
             let ids = index_list(ids)?;
             // A dense source is read in place; a strided one is gathered first.
             let gathered = if src.layout.is_contiguous() { None } else { Some(try_gather(src)?) };
@@ -364,10 +363,10 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
                 _ => return Err(unsupported(kernel)),
             }
         }
-        Kernel::IndexAdd { src, ids, dim, dst } => {
+        Kernel::IndexAdd { src, ids, dim } => {
             let ids = index_list(ids)?;
             let data = try_gather(src)?;
-            let mut locks = OperandLocks::new(&[], dst)?;
+            let mut locks = OperandLocks::new(&[], out)?;
             match (&data, locks.split().1) {
                 (CpuBuffer::F32(s), CpuBuffer::F32(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
                 (CpuBuffer::F64(s), CpuBuffer::F64(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
@@ -380,7 +379,7 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
                 _ => return Err(unsupported(kernel)),
             }
         }
-        Kernel::Where { cond, on_true, on_false, out } => {
+        Kernel::Where { cond, on_true, on_false } => {
             let c = try_gather(cond)?;
             let mut mask: Vec<bool> = Vec::new();
             mask.try_reserve_exact(c.len()).map_err(|_| host_oom(c.len()))?;
@@ -411,24 +410,28 @@ pub(crate) fn run(kernel: &Kernel, threads: usize) -> Result<()> {
 /// [`run`], with any failure (an error, or a panic: a kiln bug) reported as
 /// an error naming the kernel and `device`, so no panic crosses the API or
 /// kills a device's worker.
-pub(crate) fn run_caught(kernel: &Kernel, threads: usize, device: Device) -> Result<()> {
+pub(crate) fn run_caught(kernel: &Kernel<'_>, out: Out<'_>, threads: usize, device: Device) -> Result<()> {
     if crate::device::take_injected_failure(device) {
         return Err(Error::KernelFailed { device, op: kernel.name().to_string(), msg: "a failure injected by a test".into() });
     }
-    caught(kernel.name(), device, || run(kernel, threads))
+    caught(|| kernel.name(), device, || run(kernel, out, threads))
 }
 
 /// [`try_gather`], with failures reported as [`run_caught`] does.
-pub(crate) fn gather_caught(src: &Src, device: Device) -> Result<CpuBuffer> {
-    caught("read", device, || try_gather(src))
+pub(crate) fn gather_caught(src: &Src<'_>, device: Device) -> Result<CpuBuffer> {
+    caught(|| "read", device, || try_gather(src))
 }
 
-fn caught<T>(op: &str, device: Device, f: impl FnOnce() -> Result<T>) -> Result<T> {
+/// Runs `f`, turning a panic into `KernelFailed` naming the kernel (`op` is
+/// only asked for on failure: naming costs time on every launch otherwise).
+#[inline]
+fn caught<T>(op: impl FnOnce() -> &'static str, device: Device, f: impl FnOnce() -> Result<T>) -> Result<T> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(Error::KernelFailed { msg, .. })) => Err(Error::KernelFailed { device, op: op.to_string(), msg }),
+        Ok(Err(Error::KernelFailed { msg, .. })) => Err(Error::KernelFailed { device, op: op().to_string(), msg }),
         Ok(Err(err)) => Err(err),
         Err(panic) => {
+            let op = op();
             let msg = panic
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
@@ -613,11 +616,14 @@ fn unary_float<T: Float>(op: UnaryOp, s: &[T], l: &Layout, o: &mut [T], threads:
 fn rows(layout: &Layout) -> (Layout, usize, usize) {
     let dims = layout.dims();
     if dims.is_empty() {
-        return (Layout { shape: crate::Shape::from(()), strides: SmallVec::new(), offset: layout.offset }, 1, 1);
+        return (Layout { shape: crate::Shape::from(()), strides: crate::shape::Dims::new(), offset: layout.offset }, 1, 1);
     }
     let r = dims.len() - 1;
-    let outer =
-        Layout { shape: crate::Shape::from(&dims[..r]), strides: SmallVec::from_slice(&layout.strides[..r]), offset: layout.offset };
+    let outer = Layout {
+        shape: crate::Shape::from(&dims[..r]),
+        strides: crate::shape::Dims::from_slice(&layout.strides[..r]),
+        offset: layout.offset,
+    };
     (outer, dims[r], layout.strides[r])
 }
 
@@ -647,7 +653,8 @@ fn simplify_pair(la: &Layout, lb: &Layout) -> (Layout, Layout) {
         sa.push(la.strides[i]);
         sb.push(lb.strides[i]);
     }
-    let shape = crate::Shape(d);
+    let shape = crate::Shape(crate::shape::Dims::from_slice(&d));
+    let (sa, sb) = (crate::shape::Dims::from_slice(&sa), crate::shape::Dims::from_slice(&sb));
     (Layout { shape: shape.clone(), strides: sa, offset: la.offset }, Layout { shape, strides: sb, offset: lb.offset })
 }
 
@@ -855,9 +862,9 @@ fn reduce<T: Num>(op: ReduceOp, s: &[T], l: &Layout, dims: &[usize], out: &mut [
     }
     // Where each source element lands: the output's strides with 0 on the
     // reduced dimensions.
-    let out_dims: SmallVec<[usize; 4]> = (0..rank).map(|d| if dims.contains(&d) { 1 } else { l.dims()[d] }).collect();
-    let out_strides = crate::Shape(out_dims).contiguous_strides();
-    let bcast_strides: SmallVec<[usize; 4]> = (0..rank).map(|d| if dims.contains(&d) { 0 } else { out_strides[d] }).collect();
+    let out_dims: crate::shape::Dims = (0..rank).map(|d| if dims.contains(&d) { 1 } else { l.dims()[d] }).collect();
+    let out_strides = crate::Shape(out_dims).strides();
+    let bcast_strides: crate::shape::Dims = (0..rank).map(|d| if dims.contains(&d) { 0 } else { out_strides[d] }).collect();
     let out_layout = Layout { shape: l.shape.clone(), strides: bcast_strides, offset: 0 };
     let (l, out_layout) = simplify_pair(l, &out_layout);
     let (so, n, ss) = rows(&l);
@@ -941,8 +948,11 @@ fn batch_offsets(l: &Layout) -> SmallVec<[usize; 4]> {
     if r == 2 {
         return smallvec::smallvec![l.offset];
     }
-    let batch =
-        Layout { shape: crate::Shape::from(&l.dims()[..r - 2]), strides: SmallVec::from_slice(&l.strides[..r - 2]), offset: l.offset };
+    let batch = Layout {
+        shape: crate::Shape::from(&l.dims()[..r - 2]),
+        strides: crate::shape::Dims::from_slice(&l.strides[..r - 2]),
+        offset: l.offset,
+    };
     batch.offsets().collect()
 }
 

@@ -53,14 +53,14 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn alloc_buffer(&self, dtype: DType, len: usize) -> Result<Buffer>;
     /// Gives back the buffer of a dropped storage.
     fn release(&self, buffer: Buffer, bytes: usize);
-    /// Runs (or enqueues) a kernel whose operands all live on this device,
-    /// except for `Copy` sources that `can_read_host_buffers` allows.
-    fn launch(&self, kernel: Kernel) -> Result<()>;
+    /// Runs (or enqueues) a kernel writing `out`; its operands and `out` all
+    /// live on this device.
+    fn launch(&self, kernel: &Kernel<'_>, out: &Arc<Storage>) -> Result<()>;
     /// Host to device: takes ownership of host elements.
     fn upload(&self, data: CpuBuffer) -> Result<Buffer>;
     /// Device to host: waits for the producing work, returns the view's
     /// elements in row-major order.
-    fn download(&self, src: &Src) -> Result<CpuBuffer>;
+    fn download(&self, src: &Src<'_>) -> Result<CpuBuffer>;
     /// An event at the current end of the queue (None on synchronous devices).
     fn record_event(&self) -> Option<Arc<dyn Event>>;
     /// Makes later work on this device wait for `event` without blocking the host.
@@ -83,7 +83,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// without the host: after the work queued here so far, with `dst`'s later
     /// work waiting for it, returning before it has run. `Ok(None)` when the
     /// two devices cannot (the caller then goes through the host).
-    fn copy_to_peer(&self, _src: &Src, _dst: &Arc<dyn Backend>) -> Result<Option<Arc<Storage>>> {
+    fn copy_to_peer(&self, _src: &Src<'_>, _dst: &'static dyn Backend) -> Result<Option<Arc<Storage>>> {
         Ok(None)
     }
     /// Frees memory kept for reuse (the pool's host cache by default).
@@ -94,7 +94,49 @@ pub(crate) trait Backend: Send + Sync + 'static {
 }
 
 /// Allocates a storage of `len` elements on `backend`.
-pub(crate) fn alloc(backend: &Arc<dyn Backend>, dtype: DType, len: usize) -> Result<Arc<Storage>> {
-    let buffer = backend.alloc_buffer(dtype, len)?;
-    Ok(Storage::new(backend.clone(), buffer, dtype, len))
+pub(crate) fn alloc(backend: &'static dyn Backend, dtype: DType, len: usize) -> Result<Arc<Storage>> {
+    alloc_on(backend, backend.device(), dtype, len)
+}
+
+/// [`alloc`] when the caller knows the device: the CPU is called directly
+/// (see [`cpu::CPU`]), other devices through their backend.
+#[inline]
+pub(crate) fn alloc_on(backend: &'static dyn Backend, device: Device, dtype: DType, len: usize) -> Result<Arc<Storage>> {
+    let buffer = if device == Device::Cpu { cpu::CPU.alloc(dtype, len)? } else { backend.alloc_buffer(dtype, len)? };
+    Ok(Storage::new_on(backend, device, buffer, dtype, len))
+}
+
+/// Runs `kernel` into a new storage of `len` elements of `dtype` on `device`.
+///
+/// The hot path of every operation that makes a new tensor. On the CPU the
+/// kernel runs at once into a plain buffer that nobody else can see, so the
+/// output takes no lock, and the storage is made around the finished
+/// buffer; elsewhere the storage is allocated first and the kernel is
+/// launched (or enqueued) to write it.
+#[inline]
+pub(crate) fn run_new(
+    backend: &'static dyn Backend,
+    device: Device,
+    kernel: &Kernel<'_>,
+    dtype: DType,
+    len: usize,
+) -> Result<Arc<Storage>> {
+    if device == Device::Cpu {
+        let buffer = cpu::CPU.run_new(kernel, dtype, len)?;
+        return Ok(Storage::new_on(backend, device, buffer, dtype, len));
+    }
+    let out = alloc_on(backend, device, dtype, len)?;
+    backend.launch(kernel, &out)?;
+    Ok(out)
+}
+
+/// Runs (or enqueues) `kernel` writing into the existing storage `out`, on
+/// `out`'s device (the CPU directly).
+#[inline]
+pub(crate) fn launch_into(kernel: &Kernel<'_>, out: &Arc<Storage>) -> Result<()> {
+    if out.device == Device::Cpu {
+        cpu::CPU.run(kernel, crate::op::Out::Storage(out))
+    } else {
+        out.backend.launch(kernel, out)
+    }
 }

@@ -6,8 +6,8 @@
 
 use super::{host_kernels, Backend, Event};
 use crate::memory::MemoryPool;
-use crate::op::{Kernel, Src};
-use crate::storage::{Buffer, CpuBuffer};
+use crate::op::{Kernel, Out, Src};
+use crate::storage::{Buffer, CpuBuffer, Storage};
 use crate::{human_bytes, DType, Device, DeviceKind, Error, Result};
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -16,10 +16,10 @@ use std::sync::{Arc, Condvar, Mutex};
 /// One entry of a simulated GPU's queue.
 enum Job {
     /// A kernel: skipped while the queue is poisoned by an earlier failure.
-    Kernel(Box<Kernel>),
+    Kernel(Box<(Kernel<'static>, Arc<Storage>)>),
     /// A read to the host; answers with the elements, or with the failure
     /// that poisoned the queue (a read synchronises, so it reports it).
-    Read(Src, Sender<Result<CpuBuffer>>),
+    Read(Src<'static>, Sender<Result<CpuBuffer>>),
     /// Queue bookkeeping that always runs (event waits, holds).
     Control(Box<dyn FnOnce() + Send>),
 }
@@ -208,7 +208,8 @@ fn worker(device: Device, receiver: Receiver<Job>, progress: Arc<Progress>) {
                 // After a failure the queue skips kernels until the failure
                 // is reported: their inputs may be unwritten.
                 if !progress.poisoned.load(Ordering::Acquire) {
-                    if let Err(err) = host_kernels::run_caught(&kernel, 1, device) {
+                    let (kernel, out) = &*kernel;
+                    if let Err(err) = host_kernels::run_caught(kernel, Out::Storage(out), 1, device) {
                         progress.fail(err);
                     }
                 }
@@ -278,13 +279,13 @@ impl Backend for SimBackend {
             Buffer::Device(_) => self.pool.unreserve(bytes),
         }
     }
-    fn launch(&self, kernel: Kernel) -> Result<()> {
+    fn launch(&self, kernel: &Kernel<'_>, out: &Arc<Storage>) -> Result<()> {
         // A failed kernel poisons the queue until a synchronising call
         // reports it; launching meanwhile fails fast with that failure.
         if let Some(err) = self.progress.peek_failure() {
             return Err(err);
         }
-        self.submit(Job::Kernel(Box::new(kernel)))?;
+        self.submit(Job::Kernel(Box::new((kernel.to_owned(), out.clone()))))?;
         Ok(())
     }
     fn upload(&self, data: CpuBuffer) -> Result<Buffer> {
@@ -292,9 +293,9 @@ impl Backend for SimBackend {
         self.bus_latency();
         Ok(Buffer::Host(data))
     }
-    fn download(&self, src: &Src) -> Result<CpuBuffer> {
+    fn download(&self, src: &Src<'_>) -> Result<CpuBuffer> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.submit(Job::Read(src.clone(), tx))?;
+        self.submit(Job::Read(src.to_owned(), tx))?;
         let data = rx
             .recv()
             .map_err(|_| Error::Backend { device: self.device, msg: "a read from the simulated GPU did not complete".into() })??;

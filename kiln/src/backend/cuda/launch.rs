@@ -134,17 +134,20 @@ fn ptr(be: &CudaBackend, s: &crate::storage::Storage) -> Result<u64> {
 }
 
 /// Runs one kernel on `be`'s stream (the context is bound by the caller).
-pub(crate) fn run(be: &CudaBackend, kernel: &Kernel) -> Result<()> {
+pub(crate) fn run(be: &CudaBackend, kernel: &Kernel<'_>, out: &crate::storage::Storage) -> Result<()> {
+    if kernel.writes_nothing(out.len) {
+        return Ok(());
+    }
     match kernel {
-        Kernel::Fill { out, value } => {
+        Kernel::Fill { value } => {
             let name = format!("fill_{}", dtype_tag(out.dtype));
             elementwise(be, &name, out.len, Args::default().u64(ptr(be, out)?).u64(out.len as u64).f64(*value))
         }
-        Kernel::Arange { out, start, step } => {
+        Kernel::Arange { start, step } => {
             let name = format!("arange_{}", dtype_tag(out.dtype));
             elementwise(be, &name, out.len, Args::default().u64(ptr(be, out)?).u64(out.len as u64).f64(*start).f64(*step))
         }
-        Kernel::Random { out, seed, offset, dist } => {
+        Kernel::Random { seed, offset, dist } => {
             let name = format!("random_{}", dtype_tag(out.dtype));
             let (d, a, b) = match *dist {
                 Distribution::Uniform { lo, hi } => (0, lo, hi),
@@ -154,7 +157,7 @@ pub(crate) fn run(be: &CudaBackend, kernel: &Kernel) -> Result<()> {
             args.u64(ptr(be, out)?).u64(out.len as u64).u64(*seed).u64(*offset).i32(d).f64(a).f64(b);
             elementwise(be, &name, out.len, &mut args)
         }
-        Kernel::Unary { op, src, out } => {
+        Kernel::Unary { op, src } => {
             let (code, a, b, n) = unary_code(*op);
             let l = lay1(be, &src.layout)?;
             let name = format!("unary_{}", dtype_tag(src.storage.dtype));
@@ -162,7 +165,7 @@ pub(crate) fn run(be: &CudaBackend, kernel: &Kernel) -> Result<()> {
             args.u64(ptr(be, &src.storage)?).lay(&l).u64(ptr(be, out)?).u64(out.len as u64).i32(code).f64(a).f64(b).i32(n);
             elementwise(be, &name, out.len, &mut args)
         }
-        Kernel::Binary { op, lhs, rhs, out } => {
+        Kernel::Binary { op, lhs, rhs } => {
             let ls = lays(be, &[&lhs.layout, &rhs.layout])?;
             let kind = if op.is_comparison() { "compare" } else { "binary" };
             let name = format!("{kind}_{}", dtype_tag(lhs.storage.dtype));
@@ -176,10 +179,10 @@ pub(crate) fn run(be: &CudaBackend, kernel: &Kernel) -> Result<()> {
                 .i32(binary_code(*op));
             elementwise(be, &name, out.len, &mut args)
         }
-        Kernel::Reduce { op, src, dims, out } => reduce(be, *op, src, dims, out),
-        Kernel::Matmul { lhs, rhs, out, m, n, k } => matmul(be, lhs, rhs, out, *m, *n, *k),
-        Kernel::Copy { src, dst, dst_layout } => copy(be, src, ptr(be, dst)?, dst.dtype, dst_layout),
-        Kernel::IndexSelect { src, ids, dim, out } => {
+        Kernel::Reduce { op, src, dims } => reduce(be, *op, src, dims, out),
+        Kernel::Matmul { lhs, rhs, m, n, k } => matmul(be, lhs, rhs, out, *m, *n, *k),
+        Kernel::Copy { src, dst_layout } => copy(be, src, ptr(be, out)?, out.dtype, dst_layout),
+        Kernel::IndexSelect { src, ids, dim } => {
             let dims = src.layout.dims();
             let outer: usize = dims[..*dim].iter().product();
             let inner: usize = dims[dim + 1..].iter().product();
@@ -198,26 +201,26 @@ pub(crate) fn run(be: &CudaBackend, kernel: &Kernel) -> Result<()> {
                 .u64(inner as u64);
             elementwise(be, &name, outer * n * inner, &mut args)
         }
-        Kernel::IndexAdd { src, ids, dim, dst } => {
+        Kernel::IndexAdd { src, ids, dim } => {
             let dims = src.layout.dims();
             let outer: usize = dims[..*dim].iter().product();
             let inner: usize = dims[dim + 1..].iter().product();
             let n = dims[*dim].min(ids.layout.elem_count());
-            let d = dst.len / (outer * inner).max(1);
+            let d = out.len / (outer * inner).max(1);
             let name = format!("index_add_{}_{}", dtype_tag(src.storage.dtype), dtype_tag(ids.storage.dtype));
             let mut args = Args::default();
             args.u64(ptr(be, &src.storage)?)
                 .lay(&lay1(be, &src.layout)?)
                 .u64(ptr(be, &ids.storage)?)
                 .lay(&lay1(be, &ids.layout)?)
-                .u64(ptr(be, dst)?)
+                .u64(ptr(be, out)?)
                 .u64(outer as u64)
                 .u64(d as u64)
                 .u64(n as u64)
                 .u64(inner as u64);
             elementwise(be, &name, outer * inner, &mut args)
         }
-        Kernel::Where { cond, on_true, on_false, out } => {
+        Kernel::Where { cond, on_true, on_false } => {
             let ls = lays(be, &[&cond.layout, &on_true.layout, &on_false.layout])?;
             let name = format!("where_{}_{}", dtype_tag(cond.storage.dtype), dtype_tag(on_true.storage.dtype));
             let mut args = Args::default();
@@ -412,7 +415,7 @@ fn matmul(be: &CudaBackend, lhs: &Src, rhs: &Src, out: &crate::storage::Storage,
             let l = &s.layout;
             let (rs, cs) = (l.strides()[r - 2], l.strides()[r - 1]);
             if gemm_form(rows, cols, rs, cs).is_some() {
-                return Ok((ptr(be, &s.storage)?, l.clone()));
+                return Ok((ptr(be, &s.storage)?, l.clone().into_owned()));
             }
             let t = be.temp(l.elem_count() * size)?;
             gather(be, s, t.ptr())?;

@@ -20,7 +20,7 @@ use super::{Backend, Event};
 use crate::device::RealGpus;
 use crate::memory::MemoryPool;
 use crate::op::{Kernel, Src};
-use crate::storage::{Buffer, CpuBuffer};
+use crate::storage::{Buffer, CpuBuffer, Storage};
 use crate::{map_buffer, DType, Device, DeviceKind, Error, FallbackReason, Result};
 use cudarc::driver::sys as cu;
 use std::collections::HashMap;
@@ -181,7 +181,7 @@ pub(crate) fn probe() -> RealGpus {
     }
 }
 
-fn open_all() -> std::result::Result<Vec<Arc<dyn Backend>>, String> {
+fn open_all() -> std::result::Result<Vec<&'static dyn Backend>, String> {
     // SAFETY: plain driver calls with out-pointers to locals.
     unsafe {
         ck(cu::cuInit(0), "cuInit")?;
@@ -194,10 +194,10 @@ fn open_all() -> std::result::Result<Vec<Arc<dyn Backend>>, String> {
                 return Err(format!("{count} CUDA device(s) found but unusable: {why}"));
             }
         }
-        let mut backends: Vec<Arc<dyn Backend>> = Vec::new();
+        let mut backends: Vec<&'static dyn Backend> = Vec::new();
         for ordinal in 0..count.max(0) as usize {
             match CudaBackend::open(ordinal, Device::Gpu(backends.len())) {
-                Ok(b) => backends.push(Arc::new(b)),
+                Ok(b) => backends.push(Box::leak(Box::new(b))),
                 Err(e) => eprintln!("kiln: skipping CUDA device {ordinal}: {e}"),
             }
         }
@@ -972,8 +972,8 @@ impl Backend for CudaBackend {
             }
         }
     }
-    fn launch(&self, kernel: Kernel) -> Result<()> {
-        self.guarded("kernel launch", || launch::run(self, &kernel))
+    fn launch(&self, kernel: &Kernel<'_>, out: &Arc<Storage>) -> Result<()> {
+        self.guarded("kernel launch", || launch::run(self, kernel, out))
     }
     fn upload(&self, data: CpuBuffer) -> Result<Buffer> {
         let bytes = data.size_in_bytes();
@@ -990,7 +990,7 @@ impl Backend for CudaBackend {
             }
         }
     }
-    fn download(&self, src: &Src) -> Result<CpuBuffer> {
+    fn download(&self, src: &Src<'_>) -> Result<CpuBuffer> {
         self.guarded("device-to-host copy", || {
             let dtype = src.storage.dtype;
             let n = src.layout.elem_count();
@@ -1046,7 +1046,7 @@ impl Backend for CudaBackend {
     fn as_cuda(&self) -> Option<&CudaBackend> {
         Some(self)
     }
-    fn copy_to_peer(&self, src: &Src, dst: &Arc<dyn Backend>) -> Result<Option<Arc<crate::storage::Storage>>> {
+    fn copy_to_peer(&self, src: &Src<'_>, dst: &'static dyn Backend) -> Result<Option<Arc<crate::storage::Storage>>> {
         let Some(peer) = dst.as_cuda() else { return Ok(None) };
         if peer.ordinal == self.ordinal || !self.peer_access(peer) {
             return Ok(None);
