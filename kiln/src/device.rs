@@ -500,6 +500,13 @@ pub fn inject_kernel_failure(device: &Device) {
     INJECTED_FAILURES.fetch_or(failure_bit(*device), std::sync::atomic::Ordering::AcqRel);
 }
 
+/// True when a failure was injected for `device` and not yet taken (one
+/// relaxed load: the CPU's dense path steps aside for the general one).
+#[inline]
+pub(crate) fn injected_failure_pending(device: Device) -> bool {
+    INJECTED_FAILURES.load(std::sync::atomic::Ordering::Relaxed) & failure_bit(device) != 0
+}
+
 /// True (once) when a failure was injected for `device`.
 pub(crate) fn take_injected_failure(device: Device) -> bool {
     use std::sync::atomic::Ordering;

@@ -52,9 +52,20 @@ impl std::fmt::Display for MemoryStats {
 const CACHE_MIN_BYTES: usize = 1 << 20;
 
 /// The accounting of one device.
+///
+/// A device with a capacity (simulated GPUs, CUDA) books every allocation
+/// in one atomic counter, checked against the capacity. The CPU has no
+/// capacity, and its allocations are the hot path of small operations on
+/// many threads: it books them in per-thread slots instead ([`CpuSlots`]),
+/// which only their own thread writes, with plain loads and stores, so
+/// that no allocation takes an atomic read-modify-write or contends for a
+/// cache line. Totals are the sum of the slots.
 pub(crate) struct MemoryPool {
     device: Device,
     capacity: Option<usize>,
+    /// True for the CPU: booked in [`CpuSlots`], `in_use`/`live` hold only
+    /// what threads without a slot booked.
+    per_thread: bool,
     in_use: AtomicUsize,
     peak: AtomicUsize,
     live: AtomicUsize,
@@ -68,6 +79,7 @@ impl MemoryPool {
         MemoryPool {
             device,
             capacity,
+            per_thread: matches!(device, Device::Cpu) && capacity.is_none(),
             in_use: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
             live: AtomicUsize::new(0),
@@ -82,7 +94,11 @@ impl MemoryPool {
     }
 
     /// Books `bytes`, or fails with OutOfMemory leaving nothing booked.
+    #[inline]
     pub(crate) fn reserve(&self, bytes: usize) -> Result<()> {
+        if self.per_thread {
+            return self.reserve_per_thread(bytes);
+        }
         let mut current = self.in_use.load(Ordering::Relaxed);
         loop {
             // No allocation can exceed isize::MAX bytes, and a sum that does
@@ -115,6 +131,42 @@ impl MemoryPool {
         Ok(())
     }
 
+    /// [`reserve`](Self::reserve) on the CPU: in this thread's slot.
+    #[inline]
+    fn reserve_per_thread(&self, bytes: usize) -> Result<()> {
+        // No host holds a single buffer this large; refusing it here keeps
+        // the sum of all slots (at most SLOTS such requests in flight) from
+        // wrapping around.
+        if bytes > CPU_MAX_REQUEST {
+            return Err(self.out_of_memory(bytes, self.in_use_now()));
+        }
+        match CpuSlots::mine() {
+            Some(slot) => slot.add(bytes, 1),
+            None => {
+                self.in_use.fetch_add(bytes, Ordering::Relaxed);
+                self.live.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // A plain load first: in steady state the peak is not moving, and
+        // an atomic max on every allocation costs as much as the rest.
+        let total = self.in_use_now();
+        if total > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(total, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Bytes in use now: the counter, plus every slot on the CPU.
+    #[inline]
+    fn in_use_now(&self) -> usize {
+        let own = self.in_use.load(Ordering::Relaxed);
+        if self.per_thread {
+            own.wrapping_add(CpuSlots::sum(|s| s.in_use.load(Ordering::Relaxed)))
+        } else {
+            own
+        }
+    }
+
     fn out_of_memory(&self, requested: usize, in_use: usize) -> Error {
         Error::OutOfMemory {
             device: self.device,
@@ -125,7 +177,20 @@ impl MemoryPool {
     }
 
     /// Unbooks what one successful [`reserve`](Self::reserve) booked.
+    #[inline]
     pub(crate) fn unreserve(&self, bytes: usize) {
+        if self.per_thread {
+            // Possibly another thread's booking: this slot may go below
+            // zero (wrapping); the sum of all slots stays exact.
+            match CpuSlots::mine() {
+                Some(slot) => slot.add(bytes.wrapping_neg(), usize::MAX),
+                None => {
+                    self.in_use.fetch_sub(bytes, Ordering::Relaxed);
+                    self.live.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+            return;
+        }
         let before = self.in_use.fetch_sub(bytes, Ordering::AcqRel);
         debug_assert!(before >= bytes, "{}: unbooking {bytes} B with {before} B booked", self.device);
         self.live.fetch_sub(1, Ordering::Relaxed);
@@ -211,18 +276,113 @@ impl MemoryPool {
     }
 
     pub(crate) fn reset_peak(&self) {
-        self.peak.store(self.in_use.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.peak.store(self.in_use_now(), Ordering::Relaxed);
     }
 
     pub(crate) fn stats(&self) -> MemoryStats {
+        let in_use = self.in_use_now();
+        let mut live = self.live.load(Ordering::Relaxed);
+        if self.per_thread {
+            live = live.wrapping_add(CpuSlots::sum(|s| s.live.load(Ordering::Relaxed)));
+        }
         MemoryStats {
             device: self.device,
-            in_use: self.in_use.load(Ordering::Relaxed),
-            peak: self.peak.load(Ordering::Relaxed),
-            live_tensors: self.live.load(Ordering::Relaxed),
+            in_use,
+            // Per-thread booking records the peak of the slots' sum as seen
+            // by each allocating thread; never report less than in use now.
+            peak: self.peak.load(Ordering::Relaxed).max(in_use),
+            live_tensors: live,
             cached: self.cached.load(Ordering::Relaxed),
             capacity: self.capacity,
         }
+    }
+}
+
+// ---- the CPU's per-thread booking ------------------------------------------
+//
+// Each thread that allocates on the CPU claims a slot (a cache line of its
+// own) and books there with plain loads and stores; only that thread writes
+// it. A thread freeing another thread's tensor unbooks in its own slot,
+// which may go below zero (wrapping arithmetic); the sum over all slots is
+// exact once the threads have stopped, and exact at every step while one
+// thread allocates. When a thread exits its slot is released with its
+// counts in it, and the next thread to claim it goes on from there: totals
+// need no folding. Beyond `SLOTS` live threads, the pool's own atomic
+// counters take the rest. With several threads allocating at once, `peak`
+// is the highest sum an allocating thread saw, which may include a buffer
+// that another thread was freeing at that instant.
+
+/// A request above this is out of memory at once on the CPU (4 PiB).
+const CPU_MAX_REQUEST: usize = 1 << 52;
+/// Slots: threads allocating on the CPU at the same time without touching
+/// a shared counter.
+const SLOTS: usize = 256;
+
+#[repr(align(128))]
+struct Slot {
+    in_use: AtomicUsize,
+    live: AtomicUsize,
+    taken: std::sync::atomic::AtomicBool,
+}
+
+impl Slot {
+    const fn new() -> Self {
+        Slot { in_use: AtomicUsize::new(0), live: AtomicUsize::new(0), taken: std::sync::atomic::AtomicBool::new(false) }
+    }
+    /// Adds (wrapping) to this thread's own slot: no other thread writes it.
+    #[inline]
+    fn add(&self, bytes: usize, live: usize) {
+        self.in_use.store(self.in_use.load(Ordering::Relaxed).wrapping_add(bytes), Ordering::Relaxed);
+        self.live.store(self.live.load(Ordering::Relaxed).wrapping_add(live), Ordering::Relaxed);
+    }
+}
+
+struct CpuSlots;
+
+static CPU_SLOTS: [Slot; SLOTS] = [const { Slot::new() }; SLOTS];
+/// One past the highest slot ever claimed: sums read `CPU_SLOTS[..used]`.
+static CPU_SLOTS_USED: AtomicUsize = AtomicUsize::new(0);
+
+/// This thread's claim on a slot, released when the thread exits.
+struct SlotClaim(Option<usize>);
+
+impl Drop for SlotClaim {
+    fn drop(&mut self) {
+        if let Some(i) = self.0 {
+            // Release: the next thread to claim the slot sees its counts.
+            CPU_SLOTS[i].taken.store(false, Ordering::Release);
+        }
+    }
+}
+
+thread_local! {
+    static CPU_SLOT: SlotClaim = SlotClaim::claim();
+}
+
+impl SlotClaim {
+    fn claim() -> SlotClaim {
+        for (i, slot) in CPU_SLOTS.iter().enumerate() {
+            if slot.taken.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                CPU_SLOTS_USED.fetch_max(i + 1, Ordering::AcqRel);
+                return SlotClaim(Some(i));
+            }
+        }
+        SlotClaim(None)
+    }
+}
+
+impl CpuSlots {
+    /// This thread's slot; `None` while the thread is exiting or when every
+    /// slot is taken.
+    #[inline]
+    fn mine() -> Option<&'static Slot> {
+        CPU_SLOT.try_with(|c| c.0).ok().flatten().map(|i| &CPU_SLOTS[i])
+    }
+    /// The wrapping sum of `field` over every slot ever claimed.
+    #[inline]
+    fn sum(field: impl Fn(&Slot) -> usize) -> usize {
+        let used = CPU_SLOTS_USED.load(Ordering::Acquire);
+        CPU_SLOTS[..used].iter().fold(0usize, |acc, s| acc.wrapping_add(field(s)))
     }
 }
 

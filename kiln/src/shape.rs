@@ -112,6 +112,16 @@ impl Shape {
     pub(crate) fn checked_elem_count(&self, op: &str) -> Result<usize> {
         checked_product(op, self.dims())
     }
+    /// [`checked_elem_count`](Self::checked_elem_count), naming the op only on failure.
+    #[inline]
+    pub(crate) fn checked_elem_count_for(&self, op: impl FnOnce() -> &'static str) -> Result<usize> {
+        let dims = self.dims();
+        match dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)) {
+            Some(n) => Ok(n),
+            None if dims.contains(&0) => Ok(0),
+            None => checked_product(op(), dims),
+        }
+    }
     /// Row-major strides of a contiguous tensor of this shape.
     ///
     /// ```

@@ -188,7 +188,12 @@ impl Storage {
     }
     #[inline]
     pub(crate) fn new_on(backend: &'static dyn Backend, device: Device, buffer: Buffer, dtype: DType, len: usize) -> Arc<Storage> {
-        Arc::new(Storage { dtype, len, device, backend, buffer: RwLock::new(Some(buffer)) })
+        let storage = Storage { dtype, len, device, backend, buffer: RwLock::new(Some(buffer)) };
+        if device == Device::Cpu {
+            reuse_shell(storage)
+        } else {
+            Arc::new(storage)
+        }
     }
     #[inline]
     pub(crate) fn device(&self) -> Device {
@@ -199,6 +204,7 @@ impl Storage {
     }
     /// Read access to the buffer. Only kernels and transfers call this, in
     /// queue order, so a writer never holds it for long.
+    #[inline]
     pub(crate) fn read(&self) -> BufferRead<'_> {
         BufferRead(self.buffer.read().unwrap_or_else(|e| e.into_inner()))
     }
@@ -206,6 +212,22 @@ impl Storage {
 
 pub(crate) struct BufferRead<'a>(RwLockReadGuard<'a, Option<Buffer>>);
 
+/// Read locks on two storages (one lock when they are the same), taken in
+/// address order like [`OperandLocks`]; for kernels whose output is fresh.
+#[inline]
+pub(crate) fn read_two<'a>(a: &'a Storage, b: &'a Storage) -> (BufferRead<'a>, Option<BufferRead<'a>>) {
+    if std::ptr::eq(a, b) {
+        (a.read(), None)
+    } else if addr(a) < addr(b) {
+        let ga = a.read();
+        (ga, Some(b.read()))
+    } else {
+        let gb = b.read();
+        (a.read(), Some(gb))
+    }
+}
+
+#[inline]
 fn host_of(buffer: &Option<Buffer>) -> &CpuBuffer {
     match buffer.as_ref() {
         Some(Buffer::Host(b)) => b,
@@ -214,6 +236,7 @@ fn host_of(buffer: &Option<Buffer>) -> &CpuBuffer {
 }
 
 impl BufferRead<'_> {
+    #[inline]
     pub(crate) fn host(&self) -> &CpuBuffer {
         host_of(&self.0)
     }
@@ -346,6 +369,101 @@ impl<'g> LockedInputs<'g, '_> {
             Some(guard) => host_of(guard),
             None => unreachable!("input {i} was not passed to OperandLocks::new"),
         }
+    }
+}
+
+/// A tensor's reference to its storage: an `Arc<Storage>` whose last drop
+/// on the CPU keeps the emptied allocation on the thread, for the next
+/// storage made there.
+///
+/// Why: a small operation allocates one storage and frees another (its
+/// input of the step before); the two heap calls and the two atomic
+/// decrements of an `Arc`'s last drop cost more than the operation. The
+/// buffer itself is returned to the pool as usual, so memory accounting
+/// does not change. Nothing ever takes a `Weak` of a storage, so a strong
+/// count of 1 (seen behind an acquire fence) means the handle being
+/// dropped is the only way to reach it.
+pub(crate) struct StorageHandle(std::mem::ManuallyDrop<Arc<Storage>>);
+
+impl StorageHandle {
+    #[inline]
+    pub(crate) fn new(storage: Arc<Storage>) -> Self {
+        StorageHandle(std::mem::ManuallyDrop::new(storage))
+    }
+}
+
+impl std::ops::Deref for StorageHandle {
+    type Target = Arc<Storage>;
+    #[inline]
+    fn deref(&self) -> &Arc<Storage> {
+        &self.0
+    }
+}
+
+impl Clone for StorageHandle {
+    #[inline]
+    fn clone(&self) -> Self {
+        StorageHandle::new(Arc::clone(&self.0))
+    }
+}
+
+impl Drop for StorageHandle {
+    #[inline]
+    fn drop(&mut self) {
+        // SAFETY: the Arc is taken out once, here, and the field is never used again.
+        let arc = unsafe { std::mem::ManuallyDrop::take(&mut self.0) };
+        if arc.device == Device::Cpu && Arc::strong_count(&arc) == 1 && Arc::weak_count(&arc) == 0 {
+            // Pairs with the release decrement of any other handle dropped
+            // before: its accesses to the storage happen before ours.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            keep_shell(arc);
+        }
+    }
+}
+
+/// Emptied storage allocations kept per thread (at most this many).
+const SHELLS_KEPT: usize = 64;
+
+thread_local! {
+    static SHELLS: std::cell::RefCell<Vec<Arc<Storage>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Releases the buffer of the CPU storage `arc`, its only reference, and
+/// keeps the allocation for reuse.
+#[inline]
+fn keep_shell(arc: Arc<Storage>) {
+    // SAFETY: `arc` is the only reference to the storage (strong count 1,
+    // no weak references, after an acquire fence): nothing else can read
+    // or write it while we do.
+    let storage = unsafe { &mut *(Arc::as_ptr(&arc) as *mut Storage) };
+    let buffer = storage.buffer.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(buffer) = buffer {
+        crate::backend::cpu::CPU.release(buffer, storage.bytes());
+    }
+    // Dropped normally (its buffer is gone) when the thread keeps enough.
+    let _ = SHELLS.try_with(|shells| {
+        if let Ok(mut shells) = shells.try_borrow_mut() {
+            if shells.len() < SHELLS_KEPT {
+                shells.push(arc);
+            }
+        }
+    });
+}
+
+/// A kept allocation, refilled with `storage`, or a new one.
+#[inline]
+fn reuse_shell(storage: Storage) -> Arc<Storage> {
+    let shell = SHELLS.try_with(|s| s.try_borrow_mut().ok()?.pop()).ok().flatten();
+    match shell {
+        Some(arc) => {
+            // SAFETY: a kept shell is unique (it was kept as the only
+            // reference and nobody else ever saw it since) and holds a
+            // storage without a buffer, whose drop would do nothing: it is
+            // overwritten without being dropped.
+            unsafe { std::ptr::write(Arc::as_ptr(&arc) as *mut Storage, storage) };
+            arc
+        }
+        None => Arc::new(storage),
     }
 }
 

@@ -12,7 +12,7 @@ use crate::backprop::{self, BackOp, Node};
 use crate::device::{backend as device_backend, default_device};
 use crate::op::{Distribution, Kernel, Src};
 use crate::shape::Layout;
-use crate::storage::{CpuBuffer, Storage};
+use crate::storage::{CpuBuffer, Storage, StorageHandle};
 use crate::{ledger, rng, DType, Device, Error, Result, Shape, WithDType};
 use std::borrow::Cow;
 use std::panic::Location;
@@ -32,7 +32,7 @@ use std::sync::Arc;
 /// ```
 #[derive(Clone)]
 pub struct Tensor {
-    pub(crate) storage: Arc<Storage>,
+    pub(crate) storage: StorageHandle,
     pub(crate) layout: Layout,
     pub(crate) node: Option<Arc<Node>>,
 }
@@ -167,7 +167,7 @@ impl Tensor {
     // ---- construction -------------------------------------------------
 
     pub(crate) fn from_storage(storage: Arc<Storage>, shape: Shape) -> Tensor {
-        Tensor { storage, layout: Layout::contiguous(shape), node: None }
+        Tensor { storage: StorageHandle::new(storage), layout: Layout::contiguous(shape), node: None }
     }
 
     /// A contiguous output of `shape` on the same device as `self`.
@@ -190,7 +190,7 @@ impl Tensor {
     /// this tensor's device (see [`backend::run_new`]).
     #[inline(always)]
     pub(crate) fn run_new(&self, kernel: Kernel<'_>, dtype: DType, shape: Shape) -> Result<Tensor> {
-        let len = shape.checked_elem_count(kernel.name())?;
+        let len = shape.checked_elem_count_for(|| kernel.name())?;
         let storage = backend::run_new(self.storage.backend, self.storage.device, &kernel, dtype, len)?;
         Ok(Tensor::from_storage(storage, shape))
     }

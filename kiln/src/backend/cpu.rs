@@ -37,6 +37,9 @@ impl CpuBackend {
     #[inline]
     pub(crate) fn run_new(&self, kernel: &Kernel<'_>, dtype: DType, len: usize) -> Result<Buffer> {
         let mut buffer = self.pool.alloc_host(dtype, len)?;
+        if host_kernels::run_dense_small(kernel, &mut buffer).is_some() {
+            return Ok(Buffer::Host(buffer));
+        }
         match self.run(kernel, Out::Fresh(&mut buffer)) {
             Ok(()) => Ok(Buffer::Host(buffer)),
             Err(err) => {

@@ -407,6 +407,120 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize) -> Result<(
     Ok(())
 }
 
+/// Elementwise kernels whose operands are dense runs of at most this many
+/// elements take [`run_dense_small`] on the CPU: small models are made of
+/// them, and for them the general path's dispatch costs more than the
+/// arithmetic.
+pub(crate) const DENSE_SMALL_MAX: usize = 1 << 12;
+
+/// A `Unary` or `Binary` kernel over dense operands of at most
+/// [`DENSE_SMALL_MAX`] elements into a fresh buffer: the same per-element
+/// functions as [`run`], without its general dispatch (layout walks,
+/// threading, lock sorting over any operand count). `None` when the kernel
+/// is not such a kernel; the caller then runs it through [`run_caught`].
+/// Cannot panic: every slice bound is checked against the storage first.
+#[inline]
+pub(crate) fn run_dense_small(kernel: &Kernel<'_>, out: &mut CpuBuffer) -> Option<()> {
+    let len = out.len();
+    if len > DENSE_SMALL_MAX || crate::device::injected_failure_pending(Device::Cpu) {
+        return None;
+    }
+    match kernel {
+        Kernel::Binary { op, lhs, rhs } => {
+            let (a0, b0) = (dense_start(&lhs.layout, len)?, dense_start(&rhs.layout, len)?);
+            let (ga, gb) = crate::storage::read_two(&lhs.storage, &rhs.storage);
+            let (a, b) = (ga.host(), gb.as_ref().map_or(ga.host(), |g| g.host()));
+            macro_rules! go {
+                ($a:expr, $b:expr) => {{
+                    let (a, b) = ($a.get(a0..a0 + len)?, $b.get(b0..b0 + len)?);
+                    match out {
+                        CpuBuffer::U8(o) if op.is_comparison() => dense_compare(*op, a, b, o),
+                        o if !op.is_comparison() => dense_binary(*op, a, b, slice_of(o)?),
+                        _ => return None,
+                    }
+                }};
+            }
+            match (a, b) {
+                (CpuBuffer::F32(a), CpuBuffer::F32(b)) => go!(a, b),
+                (CpuBuffer::F64(a), CpuBuffer::F64(b)) => go!(a, b),
+                (CpuBuffer::I64(a), CpuBuffer::I64(b)) => go!(a, b),
+                (CpuBuffer::I32(a), CpuBuffer::I32(b)) => go!(a, b),
+                (CpuBuffer::U8(a), CpuBuffer::U8(b)) => go!(a, b),
+                _ => return None,
+            }
+            Some(())
+        }
+        Kernel::Unary { op, src } => {
+            let s0 = dense_start(&src.layout, len)?;
+            let g = src.storage.read();
+            let flat = Layout::contiguous(crate::Shape::from(len));
+            match (g.host(), out) {
+                (CpuBuffer::F32(s), CpuBuffer::F32(o)) => unary_float(*op, s.get(s0..s0 + len)?, &flat, o, 1),
+                (CpuBuffer::F64(s), CpuBuffer::F64(o)) => unary_float(*op, s.get(s0..s0 + len)?, &flat, o, 1),
+                (CpuBuffer::I64(s), CpuBuffer::I64(o)) if !op.float_only() => unary_num(*op, s.get(s0..s0 + len)?, &flat, o, 1),
+                (CpuBuffer::I32(s), CpuBuffer::I32(o)) if !op.float_only() => unary_num(*op, s.get(s0..s0 + len)?, &flat, o, 1),
+                (CpuBuffer::U8(s), CpuBuffer::U8(o)) if !op.float_only() => unary_num(*op, s.get(s0..s0 + len)?, &flat, o, 1),
+                _ => return None,
+            }
+            Some(())
+        }
+        _ => None,
+    }
+}
+
+/// Where a view of `len` elements starts, when its elements are one dense run.
+#[inline]
+fn dense_start(layout: &Layout, len: usize) -> Option<usize> {
+    (layout.is_contiguous() && layout.elem_count() == len).then_some(layout.offset)
+}
+
+/// A typed view of an output buffer, when its dtype is `T`.
+#[inline]
+fn slice_of<T: WithDType>(b: &mut CpuBuffer) -> Option<&mut [T]> {
+    (b.dtype() == T::DTYPE).then(|| slice_mut(b))
+}
+
+/// out = a op b over dense runs of equal length.
+#[inline]
+fn dense_binary<T: Num>(op: BinaryOp, a: &[T], b: &[T], out: &mut [T]) {
+    let zip = |out: &mut [T], f: &dyn Fn(T, T) -> T| {
+        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+            *o = f(x, y);
+        }
+    };
+    match op {
+        // The common case without the indirect call.
+        BinaryOp::Add => {
+            for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+                *o = x.add(y);
+            }
+        }
+        BinaryOp::Sub => zip(out, &|x, y| x.sub(y)),
+        BinaryOp::Mul => zip(out, &|x, y| x.mul(y)),
+        BinaryOp::Div => zip(out, &|x, y| x.div(y)),
+        BinaryOp::Pow => zip(out, &|x, y| x.pow(y)),
+        BinaryOp::Maximum => zip(out, &|x, y| x.max(y)),
+        BinaryOp::Minimum => zip(out, &|x, y| x.min(y)),
+        _ => {}
+    }
+}
+
+/// out = (a cmp b) as 0/1 over dense runs of equal length.
+#[inline]
+fn dense_compare<T: Num>(op: BinaryOp, a: &[T], b: &[T], out: &mut [u8]) {
+    let f: fn(T, T) -> bool = match op {
+        BinaryOp::Eq => |x, y| x == y,
+        BinaryOp::Ne => |x, y| x != y,
+        BinaryOp::Lt => |x, y| x < y,
+        BinaryOp::Le => |x, y| x <= y,
+        BinaryOp::Gt => |x, y| x > y,
+        _ => |x, y| x >= y,
+    };
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        *o = f(x, y) as u8;
+    }
+}
+
 /// [`run`], with any failure (an error, or a panic: a kiln bug) reported as
 /// an error naming the kernel and `device`, so no panic crosses the API or
 /// kills a device's worker.

@@ -28,7 +28,13 @@ enum Job {
 /// first failure of a kernel since the last synchronising call.
 struct Progress {
     submitted: AtomicU64,
-    completed: Mutex<u64>,
+    /// Jobs completed; written by the worker only.
+    completed: AtomicU64,
+    /// Threads blocked in `wait_for`: the worker takes `lock` and wakes
+    /// them only when there are some (a futex wake on every job costs more
+    /// than a small kernel).
+    waiters: AtomicUsize,
+    lock: Mutex<()>,
     done: Condvar,
     /// Set by the worker when a kernel fails (CUDA's sticky error); taken,
     /// and so cleared, by the next synchronising call.
@@ -41,9 +47,26 @@ struct Progress {
 
 impl Progress {
     fn wait_for(&self, seq: u64) {
-        let mut completed = self.completed.lock().unwrap_or_else(|e| e.into_inner());
-        while *completed < seq {
-            completed = self.done.wait(completed).unwrap_or_else(|e| e.into_inner());
+        if self.completed.load(Ordering::Acquire) >= seq {
+            return;
+        }
+        let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        // SeqCst with `job_done`: either the worker sees this waiter, or
+        // this check sees the worker's new count (no lost wake-up).
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        while self.completed.load(Ordering::SeqCst) < seq {
+            guard = self.done.wait(guard).unwrap_or_else(|e| e.into_inner());
+        }
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+    /// Counts one job as done and wakes the threads waiting, if any.
+    fn job_done(&self) {
+        self.completed.fetch_add(1, Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            // Taking the lock orders this wake-up after a waiter that saw
+            // the old count has gone to sleep.
+            let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.done.notify_all();
         }
     }
     fn fail(&self, err: Error) {
@@ -102,7 +125,9 @@ impl SimBackend {
         let (sender, receiver) = crossbeam_channel::bounded::<Job>(depth);
         let progress = Arc::new(Progress {
             submitted: AtomicU64::new(0),
-            completed: Mutex::new(0),
+            completed: AtomicU64::new(0),
+            waiters: AtomicUsize::new(0),
+            lock: Mutex::new(()),
             done: Condvar::new(),
             failure: Mutex::new(None),
             poisoned: AtomicBool::new(false),
@@ -235,9 +260,7 @@ fn worker(device: Device, receiver: Receiver<Job>, progress: Arc<Progress>) {
                 }
             }
         }
-        let mut completed = progress.completed.lock().unwrap_or_else(|e| e.into_inner());
-        *completed += 1;
-        progress.done.notify_all();
+        progress.job_done();
     }
 }
 
