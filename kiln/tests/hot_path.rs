@@ -1,0 +1,256 @@
+//! The hot path of small operations (issue 12): the CPU's per-thread memory
+//! booking, storage allocations kept per thread, the dense path of small
+//! elementwise kernels, and the simulated GPU's wake-ups. Each is checked
+//! for exactness against the general path or against hand-computed values.
+//!
+//! The tests of this binary book memory on the CPU, which is shared by the
+//! whole process: they run one at a time (`serial`).
+
+mod common;
+
+use kiln::{cpu, memory_stats, reset_peak_memory, BinaryOp, DType, Error, Tensor, UnaryOp};
+use std::sync::{Arc, Barrier, Mutex, MutexGuard};
+use std::time::Duration;
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `f` on another thread and fails if it has not finished in `secs`
+/// (a lost wake-up or a deadlock would otherwise hang the test).
+fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(secs)).unwrap_or_else(|_| panic!("{what}: not done after {secs} s (hang)"))
+}
+
+#[test]
+fn cpu_memory_booked_on_one_thread_and_freed_on_another_is_exact() {
+    let _s = serial();
+    let base = memory_stats(&cpu()).unwrap();
+    let sizes: Vec<usize> = (0..100).map(|i| 1 + i * 37 % 5000).collect();
+    let bytes: usize = sizes.iter().map(|n| n * 4).sum();
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<Tensor>>();
+    let made = std::thread::spawn(move || {
+        let ts: Vec<Tensor> = sizes.iter().map(|&n| Tensor::ones(n, DType::F32, &cpu()).unwrap()).collect();
+        tx.send(ts).unwrap();
+    });
+    made.join().unwrap();
+    let tensors = rx.recv().unwrap();
+    // The making thread has exited: its booking outlives it.
+    let held = memory_stats(&cpu()).unwrap();
+    assert_eq!((held.in_use, held.live_tensors), (base.in_use + bytes, base.live_tensors + 100));
+    // Freed on a third thread.
+    std::thread::spawn(move || drop(tensors)).join().unwrap();
+    let after = memory_stats(&cpu()).unwrap();
+    assert_eq!((after.in_use, after.live_tensors), (base.in_use, base.live_tensors));
+}
+
+#[test]
+fn cpu_memory_is_exact_with_more_live_threads_than_booking_slots() {
+    let _s = serial();
+    let base = memory_stats(&cpu()).unwrap();
+    // More threads at once than the 256 per-thread slots: the rest book in
+    // the shared counters.
+    let n = 300;
+    let all_hold = Arc::new(Barrier::new(n + 1));
+    let checked = Arc::new(Barrier::new(n + 1));
+    let threads: Vec<_> = (0..n)
+        .map(|i| {
+            let (all_hold, checked) = (all_hold.clone(), checked.clone());
+            std::thread::spawn(move || {
+                let t = Tensor::zeros(i + 1, DType::U8, &cpu()).unwrap();
+                all_hold.wait();
+                checked.wait();
+                drop(t);
+            })
+        })
+        .collect();
+    all_hold.wait();
+    let held = memory_stats(&cpu()).unwrap();
+    assert_eq!((held.in_use, held.live_tensors), (base.in_use + n * (n + 1) / 2, base.live_tensors + n));
+    checked.wait();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let after = memory_stats(&cpu()).unwrap();
+    assert_eq!((after.in_use, after.live_tensors), (base.in_use, base.live_tensors));
+}
+
+#[test]
+fn cpu_peak_is_the_largest_total_since_the_reset() {
+    let _s = serial();
+    let base = memory_stats(&cpu()).unwrap().in_use;
+    reset_peak_memory(&cpu()).unwrap();
+    assert_eq!(memory_stats(&cpu()).unwrap().peak, base);
+    let a = Tensor::zeros(1 << 20, DType::U8, &cpu()).unwrap();
+    drop(a);
+    let b = Tensor::zeros(3 << 20, DType::U8, &cpu()).unwrap();
+    let c = Tensor::zeros(1, DType::F64, &cpu()).unwrap();
+    drop(b);
+    let stats = memory_stats(&cpu()).unwrap();
+    assert_eq!((stats.in_use, stats.peak), (base + 8, base + (3 << 20) + 8));
+    drop(c);
+    reset_peak_memory(&cpu()).unwrap();
+    assert_eq!(memory_stats(&cpu()).unwrap().peak, base);
+}
+
+#[test]
+fn a_refused_cpu_request_books_nothing_on_any_thread() {
+    let _s = serial();
+    let base = memory_stats(&cpu()).unwrap();
+    let refused = std::thread::spawn(|| Tensor::zeros(1usize << 60, DType::U8, &cpu())).join().unwrap();
+    assert!(matches!(refused, Err(Error::OutOfMemory { .. })), "{refused:?}");
+    let after = memory_stats(&cpu()).unwrap();
+    assert_eq!((after.in_use, after.live_tensors), (base.in_use, base.live_tensors));
+}
+
+#[test]
+fn a_storage_still_referenced_is_never_reused() {
+    let _s = serial();
+    let x = Tensor::new(&[1f32, 2., 3., 4.], &cpu()).unwrap();
+    let alias = x.clone();
+    let view = x.narrow(0, 1, 2).unwrap();
+    drop(x);
+    // Many storages made and dropped on this thread: any reuse of the
+    // aliased storage would overwrite it.
+    let mut acc = Tensor::zeros(4, DType::F32, &cpu()).unwrap();
+    for _ in 0..1000 {
+        acc = (&acc + 1.0).unwrap();
+    }
+    assert_eq!(acc.to_vec::<f32>().unwrap(), vec![1000.0; 4]);
+    assert_eq!(alias.to_vec::<f32>().unwrap(), vec![1., 2., 3., 4.]);
+    assert_eq!(view.to_vec::<f32>().unwrap(), vec![2., 3.]);
+    assert!(view.same_storage(&alias));
+    // A storage dropped on another thread, then the last reference here.
+    let shared = Tensor::new(&[7i64, 8], &cpu()).unwrap();
+    let other = shared.clone();
+    std::thread::spawn(move || drop(other)).join().unwrap();
+    let again = Tensor::new(&[9i64, 10], &cpu()).unwrap();
+    assert_eq!(shared.to_vec::<i64>().unwrap(), vec![7, 8]);
+    drop(shared);
+    assert_eq!(again.to_vec::<i64>().unwrap(), vec![9, 10]);
+}
+
+/// Values of `dtype` for the comparison of the dense and general paths:
+/// zeros (integer division by zero), negatives, NaN and infinities for floats.
+fn values(dtype: DType, n: usize, salt: u64) -> Tensor {
+    let v: Vec<f64> = (0..n)
+        .map(|i| {
+            let k = (i as u64).wrapping_mul(2654435761).wrapping_add(salt) % 23;
+            match (dtype.is_float(), k) {
+                (true, 0) => f64::NAN,
+                (true, 1) => f64::INFINITY,
+                (true, 2) => -0.0,
+                (_, 3) => 0.0,
+                (false, _) if dtype == DType::U8 => (k * 11) as f64,
+                _ => k as f64 - 9.5 * dtype.is_float() as u8 as f64 - 9.0,
+            }
+        })
+        .collect();
+    Tensor::from_vec(v, n, &cpu()).unwrap().to_dtype(dtype).unwrap()
+}
+
+/// The same elements as `t` through a strided view (the general path).
+fn strided(t: &Tensor) -> Tensor {
+    let two = Tensor::stack(&[t, t], 1).unwrap(); // (n, 2), contiguous
+    two.narrow(1, 0, 1).unwrap().squeeze(1).unwrap() // stride 2: a view
+}
+
+fn same_bits(a: &Tensor, b: &Tensor, what: &str) {
+    assert_eq!(a.dtype(), b.dtype(), "{what}: dtype");
+    assert_eq!(a.dims(), b.dims(), "{what}: shape");
+    let (x, y) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
+    for (i, (p, q)) in x.iter().zip(&y).enumerate() {
+        assert!(p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()), "{what}: element {i}: dense {p}, general {q}");
+    }
+}
+
+#[test]
+fn the_dense_path_computes_what_the_general_path_computes() {
+    let _s = serial();
+    let binary = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Pow,
+        BinaryOp::Maximum,
+        BinaryOp::Minimum,
+        BinaryOp::Eq,
+        BinaryOp::Ne,
+        BinaryOp::Lt,
+        BinaryOp::Le,
+        BinaryOp::Gt,
+        BinaryOp::Ge,
+    ];
+    let unary = [UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Sqr, UnaryOp::Relu, UnaryOp::AddScalar(2.0), UnaryOp::MulScalar(-3.0), UnaryOp::Exp];
+    for dtype in [DType::F32, DType::F64, DType::I64, DType::I32, DType::U8] {
+        // 1 element, a short run, and a run just above the dense path's limit.
+        for n in [1, 37, 5000] {
+            let (a, b) = (values(dtype, n, 1), values(dtype, n, 7));
+            assert!(a.is_contiguous() && (n == 1 || !strided(&a).is_contiguous()));
+            for op in binary {
+                let dense = a.binary(&b, op);
+                let general = strided(&a).binary(&strided(&b), op);
+                match (dense, general) {
+                    (Ok(d), Ok(g)) => same_bits(&d, &g, &format!("{op:?} {dtype} n={n}")),
+                    (Err(d), Err(g)) => assert_eq!(d.to_string(), g.to_string()),
+                    (d, g) => panic!("{op:?} {dtype}: dense {d:?}, general {g:?}"),
+                }
+            }
+            for op in unary {
+                match (a.unary(op), strided(&a).unary(op)) {
+                    (Ok(d), Ok(g)) => same_bits(&d, &g, &format!("{op:?} {dtype} n={n}")),
+                    (Err(d), Err(g)) => assert_eq!(d.to_string(), g.to_string()),
+                    (d, g) => panic!("{op:?} {dtype}: dense {d:?}, general {g:?}"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_dense_path_reads_offsets_and_one_storage_twice() {
+    let _s = serial();
+    let x = Tensor::new(&[1f32, 2., 3., 4., 5., 6.], &cpu()).unwrap();
+    let tail = x.narrow(0, 3, 3).unwrap(); // dense, offset 3
+    let head = x.narrow(0, 0, 3).unwrap();
+    assert_eq!((&tail + &head).unwrap().to_vec::<f32>().unwrap(), vec![5., 7., 9.]);
+    assert_eq!((&tail * &tail).unwrap().to_vec::<f32>().unwrap(), vec![16., 25., 36.]);
+    assert_eq!((&x - &x).unwrap().to_vec::<f32>().unwrap(), vec![0.; 6]);
+    assert_eq!(tail.lt(&head).unwrap().to_vec::<u8>().unwrap(), vec![0, 0, 0]);
+}
+
+#[test]
+fn many_threads_waiting_on_a_busy_simulated_gpu_all_wake() {
+    let _s = serial();
+    let g = kiln::ensure_simulated_gpus(1, kiln::DEFAULT_SIM_GPU_MEMORY)[0];
+    within(60, "waiters on a simulated GPU", move || {
+        for round in 0..20 {
+            let hold = kiln::hold_queue(&g).unwrap().expect("a simulated GPU has a queue");
+            let mut x = Tensor::zeros(16, DType::F32, &g).unwrap();
+            for _ in 0..50 {
+                x = (&x + 1.0).unwrap();
+            }
+            let waiters: Vec<_> = (0..8).map(|_| std::thread::spawn(move || kiln::synchronize(&g))).collect();
+            std::thread::sleep(Duration::from_millis(2));
+            drop(hold);
+            for w in waiters {
+                w.join().unwrap().unwrap();
+            }
+            assert_eq!(x.to_vec::<f32>().unwrap(), vec![50.0; 16], "round {round}");
+        }
+        // Reads racing the worker, with no hold: each must see its own result.
+        let mut x = Tensor::zeros(1, DType::F32, &g).unwrap();
+        for i in 1..=2000 {
+            x = (&x + 1.0).unwrap();
+            if i % 7 == 0 {
+                assert_eq!(x.to_scalar::<f32>().unwrap(), i as f32);
+            }
+        }
+    });
+}
