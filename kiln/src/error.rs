@@ -103,7 +103,7 @@ pub enum Error {
         dtype: DType,
     },
     /// A device's memory is full.
-    #[error("out of memory on {device}: asked for {}, {} in use of {}; drop tensors you no longer need (on a GPU their memory returns once the work queued on them has run, which kiln waits for before failing), call `kiln::empty_cache()`, or use a smaller batch", human_bytes(*.requested), human_bytes(*.in_use), human_bytes(*.capacity))]
+    #[error("out of memory on {device}: asked for {}, {} in use of {}; drop tensors you no longer need (their memory is reusable by later work on the device at once, even while kernels queued on them still run), call `kiln::empty_cache(&{})?`, or use a smaller batch", human_bytes(*.requested), human_bytes(*.in_use), human_bytes(*.capacity), device_expr(*.device))]
     OutOfMemory {
         /// The device whose memory is full.
         device: Device,

@@ -180,6 +180,13 @@ pub(crate) struct Storage {
     /// so a storage points at its backend without a reference count.
     pub(crate) backend: &'static dyn Backend,
     buffer: RwLock<Option<Buffer>>,
+    /// True while the bytes are booked in the device's pool.
+    booked: std::sync::atomic::AtomicBool,
+    /// On a simulated GPU: the tensors' handles to this storage, apart from
+    /// the references its queued kernels hold (see [`StorageHandle`]).
+    handles: std::sync::atomic::AtomicUsize,
+    /// Whether `handles` is counted: storages of simulated GPUs.
+    stream_ordered: bool,
 }
 
 impl Storage {
@@ -188,7 +195,17 @@ impl Storage {
     }
     #[inline]
     pub(crate) fn new_on(backend: &'static dyn Backend, device: Device, buffer: Buffer, dtype: DType, len: usize) -> Arc<Storage> {
-        let storage = Storage { dtype, len, device, backend, buffer: RwLock::new(Some(buffer)) };
+        let stream_ordered = device != Device::Cpu && backend.kind() == crate::DeviceKind::Simulated;
+        let storage = Storage {
+            dtype,
+            len,
+            device,
+            backend,
+            buffer: RwLock::new(Some(buffer)),
+            booked: std::sync::atomic::AtomicBool::new(true),
+            handles: std::sync::atomic::AtomicUsize::new(0),
+            stream_ordered,
+        };
         if device == Device::Cpu {
             reuse_shell(storage)
         } else {
@@ -388,6 +405,9 @@ pub(crate) struct StorageHandle(std::mem::ManuallyDrop<Arc<Storage>>);
 impl StorageHandle {
     #[inline]
     pub(crate) fn new(storage: Arc<Storage>) -> Self {
+        if storage.stream_ordered {
+            storage.handles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         StorageHandle(std::mem::ManuallyDrop::new(storage))
     }
 }
@@ -407,11 +427,32 @@ impl Clone for StorageHandle {
     }
 }
 
+impl Storage {
+    /// Unbooks the bytes now, once: the last tensor of a simulated GPU's
+    /// storage is gone while kernels queued on it still hold it. Work
+    /// submitted later runs after those kernels (one in-order queue), so
+    /// the bytes may be booked again at once, as a GPU's stream-ordered
+    /// allocator reuses a freed block for later work on its stream; the
+    /// host buffer itself is freed when the kernels are done with it.
+    fn unbook_early(&self) {
+        if self.booked.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            self.backend.pool().unreserve(self.bytes());
+        }
+    }
+}
+
 impl Drop for StorageHandle {
     #[inline]
     fn drop(&mut self) {
         // SAFETY: the Arc is taken out once, here, and the field is never used again.
         let arc = unsafe { std::mem::ManuallyDrop::take(&mut self.0) };
+        if arc.stream_ordered {
+            // The last tensor handle, with queued kernels still holding the storage.
+            if arc.handles.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 && Arc::strong_count(&arc) > 1 {
+                arc.unbook_early();
+            }
+            return;
+        }
         if arc.device == Device::Cpu && Arc::strong_count(&arc) == 1 && Arc::weak_count(&arc) == 0 {
             // Pairs with the release decrement of any other handle dropped
             // before: its accesses to the storage happen before ours.
@@ -471,7 +512,10 @@ impl Drop for Storage {
     fn drop(&mut self) {
         let buffer = self.buffer.get_mut().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(buffer) = buffer {
-            if self.device == Device::Cpu {
+            if !*self.booked.get_mut() {
+                // Unbooked already (`unbook_early`): only the memory goes.
+                self.backend.release_unbooked(buffer);
+            } else if self.device == Device::Cpu {
                 crate::backend::cpu::CPU.release(buffer, self.bytes());
             } else {
                 self.backend.release(buffer, self.bytes());

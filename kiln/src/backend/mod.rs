@@ -53,6 +53,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn alloc_buffer(&self, dtype: DType, len: usize) -> Result<Buffer>;
     /// Gives back the buffer of a dropped storage.
     fn release(&self, buffer: Buffer, bytes: usize);
+    /// Frees the buffer of a storage whose bytes were unbooked already
+    /// (stream-ordered release on a simulated GPU).
+    fn release_unbooked(&self, buffer: Buffer) {
+        if let Buffer::Host(b) = buffer {
+            self.pool().recycle(b);
+        }
+    }
     /// Runs (or enqueues) a kernel writing `out`; its operands and `out` all
     /// live on this device.
     fn launch(&self, kernel: &Kernel<'_>, out: &Arc<Storage>) -> Result<()>;
