@@ -71,8 +71,22 @@ impl Tensor {
         self.transpose(self.rank() - 2, self.rank() - 1)
     }
 
-    /// Reorders the dimensions (a view).
-    pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
+    /// Reorders the dimensions (a view): dimension `i` of the result is
+    /// dimension `perm[i]` of `self`. Negative dimensions count from the end,
+    /// as in PyTorch.
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::zeros((2, 3, 4), kiln::DType::F32, &cpu())?;
+    /// assert_eq!(x.permute(&[2, 0, 1])?.dims(), &[4, 2, 3]);
+    /// assert_eq!(x.permute(&[-1, 0, 1])?.dims(), &[4, 2, 3]);
+    /// assert!(x.permute(&[-1, 0, 2]).is_err()); // -1 and 2 are one dimension
+    /// assert!(x.permute(&[3, 0, 1]).unwrap_err().to_string().contains("rank 3"));
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn permute(&self, perm: &[impl Dim]) -> Result<Tensor> {
+        let perm = crate::ops::resolve_dims("permute", perm, self.rank())?;
+        let perm = perm.as_slice();
         let mut seen = vec![false; self.rank()];
         if perm.len() != self.rank() || perm.iter().any(|&p| p >= self.rank() || std::mem::replace(&mut seen[p], true)) {
             return Err(Error::invalid("permute", format!("{perm:?} is not a permutation of the {} dimensions", self.rank())));
