@@ -293,3 +293,43 @@ fn negative_dimensions_in_lists_of_dimensions() {
         Ok(())
     });
 }
+
+/// Out-of-range and negative indices: an error on the CPU (as in PyTorch);
+/// on a GPU they are not read back (no hidden transfer or sync), so
+/// `index_select` gives zeros and `index_add` ignores the row (PyTorch
+/// device-asserts). Documented in the README's table and the ops' rustdoc.
+#[test]
+fn out_of_range_indices_are_an_error_on_the_cpu_and_inert_on_a_gpu() {
+    let x = |d: &Device| Tensor::new(&[[1f32, 2.], [3., 4.], [5., 6.]], d);
+    for ids in [Tensor::new(&[-1i64, 1, i64::MIN, 3], &cpu()), Tensor::new(&[-1, 1, i32::MIN, 3], &cpu())] {
+        let ids = ids.unwrap();
+        // The CPU refuses them, naming the index and the size.
+        match x(&cpu()).unwrap().index_select(&ids, 0) {
+            Err(e @ Error::InvalidArgument { .. }) => {
+                assert!(e.to_string().contains("index -1 is out of range for dimension 0 of size 3"), "{e}")
+            }
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        let src = Tensor::ones((4, 2), DType::F32, &cpu()).unwrap();
+        match Tensor::zeros((3, 2), DType::F32, &cpu()).unwrap().index_add(&ids, &src, 0) {
+            Err(e @ Error::InvalidArgument { .. }) => assert!(e.to_string().contains("out of range"), "{e}"),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        for d in kiln::ensure_simulated_gpus(2, 512 << 20) {
+            let (ids, x) = (ids.to(&d).unwrap(), x(&d).unwrap());
+            let (dst, ones) = (Tensor::zeros((3, 2), DType::F32, &d).unwrap(), Tensor::ones((4, 2), DType::F32, &d).unwrap());
+            let (picked, added) = {
+                // Nothing is read back to check the indices: no transfer
+                // at all, and no error at the next sync either.
+                let _none = kiln::transfer_guard(kiln::GuardLevel::Disallow);
+                let picked = x.index_select(&ids, 0).unwrap();
+                let added = dst.index_add(&ids, &ones, 0).unwrap();
+                kiln::synchronize(&d).unwrap();
+                (picked, added)
+            };
+            assert_eq!(picked.device(), d);
+            same(&picked, &[0., 0., 3., 4., 0., 0., 0., 0.]);
+            same(&added, &[0., 0., 1., 1., 0., 0.]);
+        }
+    }
+}
