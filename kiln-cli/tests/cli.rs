@@ -93,6 +93,33 @@ fn tour_walks_through_the_chapter() {
     }
 }
 
+/// The chapter, item 6 of issue 10: with one simulated GPU from the
+/// environment, the tour adds one more and says so (not "gpu(0), gpu(1)").
+#[test]
+fn tour_with_one_simulated_gpu_says_it_adds_one() {
+    let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("tour")
+        .env("RAYON_NUM_THREADS", "1")
+        .env_remove("KILN_BENCH_QUICK")
+        .env("KILN_SIM_GPUS", "1")
+        // No real GPU, so that the count below is the simulated one's.
+        .env("KILN_DISABLE_CUDA", "1")
+        .output()
+        .expect("the kiln binary runs");
+    let out = stdout(&o);
+    assert!(o.status.success(), "tour failed: {}", stderr(&o));
+    for needle in [
+        "num_gpus() = 1",
+        "This machine has 1 GPU(s); the tour adds a simulated GPU (gpu(1)) with kiln::ensure_simulated_gpus(2, ...)",
+        "num_gpus() = 2",
+        "add: operands are on different devices, gpu(0) and gpu(1)",
+    ] {
+        assert!(out.contains(needle), "tour output lacks {needle:?}:\n{out}");
+    }
+    assert!(!out.contains("simulated GPUs (gpu(0), gpu(1))"), "{out}");
+    assert!(!stderr(&o).contains("kiln: ignoring"), "{}", stderr(&o));
+}
+
 #[test]
 fn devices_json_lists_the_cpu_and_simulated_gpus() {
     let o = kiln(&["devices", "--json"]);
