@@ -431,3 +431,31 @@ fn simulated_gpu_settings_are_bounded_and_malformed_ones_warn_alike() {
         assert!(stdout(&o).lines().count() <= 3, "{var}={value} printed too much");
     }
 }
+
+/// Boolean settings warn like every other malformed setting (issue 9, item
+/// 11), once, and are read even when the flag they stand for is given.
+#[test]
+fn a_malformed_boolean_setting_warns_in_the_common_form() {
+    for (value, warns) in [("maybe", true), ("2", true), ("yes", false), ("0", false), ("", false)] {
+        let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["bench", "Async", "--quick", "--json"])
+            .env("RAYON_NUM_THREADS", "1")
+            .env_remove("KILN_SIM_GPUS")
+            .env("KILN_BENCH_QUICK", value)
+            .output()
+            .expect("the kiln binary runs");
+        assert!(o.status.success(), "KILN_BENCH_QUICK={value:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("kiln: ignoring ")).collect();
+        if warns {
+            assert_eq!(
+                warnings,
+                [format!("kiln: ignoring KILN_BENCH_QUICK=\"{value}\": expected 1 or 0 (also true/false, yes/no, on/off)")],
+                "{err}"
+            );
+        } else {
+            assert!(warnings.is_empty(), "KILN_BENCH_QUICK={value:?}: {err}");
+        }
+        assert_eq!(json_rows(&stdout(&o)).len(), 1, "KILN_BENCH_QUICK={value:?}: {}", stdout(&o));
+    }
+}
