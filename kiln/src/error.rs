@@ -95,7 +95,7 @@ pub enum Error {
         rhs: DType,
     },
     /// An operation that does not support a dtype.
-    #[error("{op}: not supported for dtype {dtype}; convert first with `.to_dtype(DType::F32)?`")]
+    #[error("{}", unsupported_dtype(op, *dtype))]
     UnsupportedDType {
         /// The operation that was refused.
         op: String,
@@ -103,7 +103,7 @@ pub enum Error {
         dtype: DType,
     },
     /// A device's memory is full.
-    #[error("out of memory on {device}: asked for {}, {} in use of {}; drop tensors you no longer need (on a GPU their memory returns once the work queued on them has run, which kiln waits for before failing), call `kiln::empty_cache()`, or use a smaller batch", human_bytes(*.requested), human_bytes(*.in_use), human_bytes(*.capacity))]
+    #[error("out of memory on {device}: asked for {}, {} in use of {}; drop tensors you no longer need (on a GPU their memory returns once the work queued on them has run, which kiln waits for before failing), call `kiln::empty_cache(&{})?`, or use a smaller batch", human_bytes(*.requested), human_bytes(*.in_use), human_bytes(*.capacity), device_expr(*.device))]
     OutOfMemory {
         /// The device whose memory is full.
         device: Device,
@@ -171,6 +171,16 @@ pub enum Error {
         /// What is wrong with it, naming the tensor when there is one.
         msg: String,
     },
+}
+
+/// The message of `UnsupportedDType`: an op on a tensor can convert its
+/// input first; a creation (random numbers) asks for another dtype.
+fn unsupported_dtype(op: &str, dtype: DType) -> String {
+    if op == "rand" {
+        format!("{op}: not supported for dtype {dtype}; random values are floats: ask for `kiln::DType::F32` (or F64, F16, BF16)")
+    } else {
+        format!("{op}: not supported for dtype {dtype}; convert first with `.to_dtype(kiln::DType::F32)?`")
+    }
 }
 
 /// The Rust expression that names a device: `kiln::cpu()`, `kiln::gpu(0)`.
