@@ -365,6 +365,11 @@ fn cpu_steps_are_all_or_nothing_under_host_memory_pressure() {
         .env("MALLOC_MMAP_THRESHOLD_", "65536")
         .env("MALLOC_TOP_PAD_", "65536")
         .env("MALLOC_TRIM_THRESHOLD_", "65536")
+        // The same as glibc tunables (newer glibc prefers them).
+        .env(
+            "GLIBC_TUNABLES",
+            "glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold=65536:glibc.malloc.top_pad=65536:glibc.malloc.trim_threshold=65536",
+        )
         .output()
         .unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
