@@ -254,7 +254,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         crate::util::check_writable(path, "the plot")?;
     }
-    let quick = args.quick || std::env::var("KILN_BENCH_QUICK").map(|v| !v.is_empty() && v != "0").unwrap_or(false);
+    // Read (and a malformed value warned about) even when --quick is given.
+    let quick_env = kiln::env_flag("KILN_BENCH_QUICK");
+    let quick = args.quick || quick_env.unwrap_or(false);
     let mut ctx = Ctx {
         json: args.json,
         quick,

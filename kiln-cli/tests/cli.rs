@@ -93,6 +93,33 @@ fn tour_walks_through_the_chapter() {
     }
 }
 
+/// The chapter, item 6 of issue 10: with one simulated GPU from the
+/// environment, the tour adds one more and says so (not "gpu(0), gpu(1)").
+#[test]
+fn tour_with_one_simulated_gpu_says_it_adds_one() {
+    let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("tour")
+        .env("RAYON_NUM_THREADS", "1")
+        .env_remove("KILN_BENCH_QUICK")
+        .env("KILN_SIM_GPUS", "1")
+        // No real GPU, so that the count below is the simulated one's.
+        .env("KILN_DISABLE_CUDA", "1")
+        .output()
+        .expect("the kiln binary runs");
+    let out = stdout(&o);
+    assert!(o.status.success(), "tour failed: {}", stderr(&o));
+    for needle in [
+        "num_gpus() = 1",
+        "This machine has 1 GPU(s); the tour adds a simulated GPU (gpu(1)) with kiln::ensure_simulated_gpus(2, ...)",
+        "num_gpus() = 2",
+        "add: operands are on different devices, gpu(0) and gpu(1)",
+    ] {
+        assert!(out.contains(needle), "tour output lacks {needle:?}:\n{out}");
+    }
+    assert!(!out.contains("simulated GPUs (gpu(0), gpu(1))"), "{out}");
+    assert!(!stderr(&o).contains("kiln: ignoring"), "{}", stderr(&o));
+}
+
 #[test]
 fn devices_json_lists_the_cpu_and_simulated_gpus() {
     let o = kiln(&["devices", "--json"]);
@@ -402,5 +429,33 @@ fn simulated_gpu_settings_are_bounded_and_malformed_ones_warn_alike() {
         assert_eq!(warnings.len(), 1, "{var}={value}: {err}");
         assert!(warnings[0].starts_with(&format!("kiln: ignoring {var}=\"{value}\": expected ")), "{}", warnings[0]);
         assert!(stdout(&o).lines().count() <= 3, "{var}={value} printed too much");
+    }
+}
+
+/// Boolean settings warn like every other malformed setting (issue 9, item
+/// 11), once, and are read even when the flag they stand for is given.
+#[test]
+fn a_malformed_boolean_setting_warns_in_the_common_form() {
+    for (value, warns) in [("maybe", true), ("2", true), ("yes", false), ("0", false), ("", false)] {
+        let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["bench", "Async", "--quick", "--json"])
+            .env("RAYON_NUM_THREADS", "1")
+            .env_remove("KILN_SIM_GPUS")
+            .env("KILN_BENCH_QUICK", value)
+            .output()
+            .expect("the kiln binary runs");
+        assert!(o.status.success(), "KILN_BENCH_QUICK={value:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("kiln: ignoring ")).collect();
+        if warns {
+            assert_eq!(
+                warnings,
+                [format!("kiln: ignoring KILN_BENCH_QUICK=\"{value}\": expected 1 or 0 (also true/false, yes/no, on/off)")],
+                "{err}"
+            );
+        } else {
+            assert!(warnings.is_empty(), "KILN_BENCH_QUICK={value:?}: {err}");
+        }
+        assert_eq!(json_rows(&stdout(&o)).len(), 1, "KILN_BENCH_QUICK={value:?}: {}", stdout(&o));
     }
 }

@@ -95,7 +95,7 @@ pub enum Error {
         rhs: DType,
     },
     /// An operation that does not support a dtype.
-    #[error("{op}: not supported for dtype {dtype}; convert first with `.to_dtype(DType::F32)?`")]
+    #[error("{}", unsupported_dtype(op, *dtype))]
     UnsupportedDType {
         /// The operation that was refused.
         op: String,
@@ -171,6 +171,16 @@ pub enum Error {
         /// What is wrong with it, naming the tensor when there is one.
         msg: String,
     },
+}
+
+/// The message of `UnsupportedDType`: an op on a tensor can convert its
+/// input first; a creation (random numbers) asks for another dtype.
+fn unsupported_dtype(op: &str, dtype: DType) -> String {
+    if op == "rand" {
+        format!("{op}: not supported for dtype {dtype}; random values are floats: ask for `kiln::DType::F32` (or F64, F16, BF16)")
+    } else {
+        format!("{op}: not supported for dtype {dtype}; convert first with `.to_dtype(kiln::DType::F32)?`")
+    }
 }
 
 /// The Rust expression that names a device: `kiln::cpu()`, `kiln::gpu(0)`.

@@ -5,9 +5,15 @@
 use crate::backprop::{self, BackOp};
 use crate::op::{BinaryOp, Kernel, ReduceOp, UnaryOp};
 use crate::shape::{broadcast_shapes, Layout};
-use crate::tensor::{check_compute, check_dim, check_same_device, check_same_dtype, Dim};
+use crate::tensor::{check_compute, check_same_device, check_same_dtype, Dim};
 use crate::{DType, Error, Result, Shape, Tensor};
 use std::borrow::Cow;
+
+/// The dimensions `dims` as indices in `0..rank` (negative ones count from
+/// the end), or an error naming `op` and the rank. Inline up to rank 4.
+pub(crate) fn resolve_dims(op: &str, dims: &[impl Dim], rank: usize) -> Result<smallvec::SmallVec<[usize; 4]>> {
+    dims.iter().map(|&d| d.index(op, rank)).collect()
+}
 
 /// Whether an integer tensor of `dtype` must compute `op` in f32.
 fn promotes_integers(op: UnaryOp, dtype: DType) -> bool {
@@ -230,8 +236,20 @@ impl Tensor {
     // ---- reductions ----------------------------------------------------
 
     /// Reduces over `dims` (all distinct, in range); keeps them as size 1
-    /// when `keepdim`.
-    pub fn reduce(&self, op: ReduceOp, dims: &[usize], keepdim: bool) -> Result<Tensor> {
+    /// when `keepdim`. A dimension is a `usize` or, as in PyTorch, a signed
+    /// integer counting from the end (`-1` is the last).
+    ///
+    /// ```
+    /// use kiln::{Tensor, ReduceOp, cpu};
+    /// let x = Tensor::new(&[[1f32, 5.], [3., 2.]], &cpu())?;
+    /// assert_eq!(x.reduce(ReduceOp::Max, &[-1], false)?.to_vec::<f32>()?, vec![5., 3.]);
+    /// assert_eq!(x.reduce(ReduceOp::Max, &[0usize], true)?.dims(), &[1, 2]);
+    /// // Out of range names the rank; naming a dimension twice is an error.
+    /// assert!(x.reduce(ReduceOp::Sum, &[-3], false).unwrap_err().to_string().contains("rank 2"));
+    /// assert!(x.reduce(ReduceOp::Sum, &[1, -1], false).is_err());
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn reduce(&self, op: ReduceOp, dims: &[impl Dim], keepdim: bool) -> Result<Tensor> {
         let name = match op {
             ReduceOp::Sum => "sum",
             ReduceOp::Max => "max",
@@ -240,8 +258,9 @@ impl Tensor {
             ReduceOp::ArgMin => "argmin",
         };
         check_compute(name, self.dtype())?;
+        let dims = resolve_dims(name, dims, self.rank())?;
+        let dims = dims.as_slice();
         for (i, &d) in dims.iter().enumerate() {
-            check_dim(name, d, self.rank())?;
             if dims[..i].contains(&d) {
                 return Err(Error::invalid(name, format!("dimension {d} is named twice")));
             }
@@ -294,15 +313,38 @@ impl Tensor {
         let dim = dim.index("sum", self.rank())?;
         self.reduce(ReduceOp::Sum, &[dim], true)
     }
-    /// Sum over several dimensions.
-    pub fn sum_dims(&self, dims: &[usize], keepdim: bool) -> Result<Tensor> {
+    /// Sum over several dimensions; negative ones count from the end, as in
+    /// PyTorch.
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::new(&[[1f32, 2.], [3., 4.]], &cpu())?;
+    /// assert_eq!(x.sum_dims(&[-1], false)?.to_vec::<f32>()?, vec![3., 7.]);
+    /// assert_eq!(x.sum_dims(&[0, -1], true)?.dims(), &[1, 1]);
+    /// let dims: Vec<usize> = vec![0];
+    /// assert_eq!(x.sum_dims(&dims, false)?.to_vec::<f32>()?, vec![4., 6.]);
+    /// assert!(x.sum_dims(&[2], false).unwrap_err().to_string().contains("rank 2"));
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn sum_dims(&self, dims: &[impl Dim], keepdim: bool) -> Result<Tensor> {
         self.reduce(ReduceOp::Sum, dims, keepdim)
     }
-    /// Mean over several dimensions (floats).
-    pub fn mean_dims(&self, dims: &[usize], keepdim: bool) -> Result<Tensor> {
+    /// Mean over several dimensions (floats); negative ones count from the
+    /// end, as in PyTorch.
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::new(&[[1f32, 2.], [3., 4.]], &cpu())?;
+    /// assert_eq!(x.mean_dims(&[-2], false)?.to_vec::<f32>()?, vec![2., 3.]);
+    /// assert!(x.mean_dims(&[-3], false).unwrap_err().to_string().contains("rank 2"));
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn mean_dims(&self, dims: &[impl Dim], keepdim: bool) -> Result<Tensor> {
         if !self.dtype().is_float() {
             return Err(Error::UnsupportedDType { op: "mean".into(), dtype: self.dtype() });
         }
+        let dims = resolve_dims("mean", dims, self.rank())?;
+        let dims = dims.as_slice();
         let picked: Vec<usize> = dims.iter().filter_map(|&d| self.dims().get(d).copied()).collect();
         let n = crate::shape::checked_product("mean", &picked)?;
         // The mean of nothing is 0/0 = NaN, as in PyTorch and numpy.

@@ -71,8 +71,22 @@ impl Tensor {
         self.transpose(self.rank() - 2, self.rank() - 1)
     }
 
-    /// Reorders the dimensions (a view).
-    pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
+    /// Reorders the dimensions (a view): dimension `i` of the result is
+    /// dimension `perm[i]` of `self`. Negative dimensions count from the end,
+    /// as in PyTorch.
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::zeros((2, 3, 4), kiln::DType::F32, &cpu())?;
+    /// assert_eq!(x.permute(&[2, 0, 1])?.dims(), &[4, 2, 3]);
+    /// assert_eq!(x.permute(&[-1, 0, 1])?.dims(), &[4, 2, 3]);
+    /// assert!(x.permute(&[-1, 0, 2]).is_err()); // -1 and 2 are one dimension
+    /// assert!(x.permute(&[3, 0, 1]).unwrap_err().to_string().contains("rank 3"));
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn permute(&self, perm: &[impl Dim]) -> Result<Tensor> {
+        let perm = crate::ops::resolve_dims("permute", perm, self.rank())?;
+        let perm = perm.as_slice();
         let mut seen = vec![false; self.rank()];
         if perm.len() != self.rank() || perm.iter().any(|&p| p >= self.rank() || std::mem::replace(&mut seen[p], true)) {
             return Err(Error::invalid("permute", format!("{perm:?} is not a permutation of the {} dimensions", self.rank())));
@@ -174,13 +188,25 @@ impl Tensor {
         Ok(self.view(l, || BackOp::Broadcast(self.clone())))
     }
 
-    /// Rows (entries along `dim`) picked by an i64 or u8 index tensor.
+    /// Rows (entries along `dim`) picked by a 1-D i64, i32 or u8 index
+    /// tensor on `self`'s device.
+    ///
+    /// **Out-of-range indices differ from PyTorch** (see the README's table
+    /// "Where kiln differs from PyTorch"): an index below 0 or at least the
+    /// size of `dim` is an `InvalidArgument` error on the CPU, as in PyTorch,
+    /// but on a GPU (simulated or CUDA) the indices are not read back to the
+    /// host, which would be a hidden transfer and a device sync: a bad index
+    /// selects zeros instead (PyTorch raises a device-side assert).
     ///
     /// ```
     /// use kiln::{Tensor, cpu};
     /// let x = Tensor::new(&[[1f32, 2.], [3., 4.], [5., 6.]], &cpu())?;
     /// let ids = Tensor::new(&[2i64, 0], &cpu())?;
     /// assert_eq!(x.index_select(&ids, 0)?.to_vec::<f32>()?, vec![5., 6., 1., 2.]);
+    /// assert_eq!(x.index_select(&Tensor::new(&[1, 1], &cpu())?, -1)?.to_vec::<f32>()?, vec![2., 2., 4., 4., 6., 6.]);
+    /// // On the CPU a bad index is an error.
+    /// assert!(x.index_select(&Tensor::new(&[3i64], &cpu())?, 0).is_err());
+    /// assert!(x.index_select(&Tensor::new(&[-1i64], &cpu())?, 0).is_err());
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn index_select(&self, ids: &Tensor, dim: impl Dim) -> Result<Tensor> {
@@ -196,7 +222,25 @@ impl Tensor {
     }
 
     /// Adds `src` into a copy of `self` at the entries of `dim` named by `ids`
-    /// (repeated indices accumulate). The adjoint of `index_select`.
+    /// (a 1-D i64, i32 or u8 tensor on `self`'s device; repeated indices
+    /// accumulate). The adjoint of `index_select`.
+    ///
+    /// **Out-of-range indices differ from PyTorch** (see the README's table
+    /// "Where kiln differs from PyTorch"): an index below 0 or at least the
+    /// size of `dim` is an `InvalidArgument` error on the CPU, as in PyTorch,
+    /// but on a GPU (simulated or CUDA) the indices are not read back to the
+    /// host: the rows of `src` at bad indices are ignored (PyTorch raises a
+    /// device-side assert).
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::zeros(3, kiln::DType::F32, &cpu())?;
+    /// let ids = Tensor::new(&[2, 0, 2], &cpu())?;
+    /// let src = Tensor::new(&[1f32, 2., 3.], &cpu())?;
+    /// assert_eq!(x.index_add(&ids, &src, 0)?.to_vec::<f32>()?, vec![2., 0., 4.]);
+    /// assert!(x.index_add(&Tensor::new(&[0, 3, 1], &cpu())?, &src, 0).is_err());
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
     pub fn index_add(&self, ids: &Tensor, src: &Tensor, dim: impl Dim) -> Result<Tensor> {
         let dim = dim.index("index_add", self.rank())?;
         check_same_device("index_add", self, ids)?;

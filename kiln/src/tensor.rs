@@ -247,8 +247,9 @@ impl Tensor {
     }
 
     fn filled(kernel: Kernel<'_>, shape: Shape, dtype: DType, device: &Device) -> Result<Tensor> {
-        let len = shape.checked_elem_count("tensor creation")?;
+        // The device first, as every operation checks it first.
         let b = device_backend(*device)?;
+        let len = shape.checked_elem_count("tensor creation")?;
         let out = backend::run_new(b, *device, &kernel, dtype, len)?;
         Ok(Tensor::from_storage(out, shape))
     }
@@ -375,11 +376,11 @@ impl Tensor {
     }
 
     fn random(dist: Distribution, shape: Shape, dtype: DType, device: &Device) -> Result<Tensor> {
+        let b = device_backend(*device)?;
         if !dtype.is_float() {
             return Err(Error::UnsupportedDType { op: "rand".into(), dtype });
         }
         let len = shape.checked_elem_count("rand")?;
-        let b = device_backend(*device)?;
         let (seed, offset) = rng::reserve(len);
         let out = backend::run_new(b, *device, &Kernel::Random { seed, offset, dist }, dtype, len)?;
         Ok(Tensor::from_storage(out, shape))

@@ -329,7 +329,7 @@ fn reductions_over_all_and_axes() {
         assert_f32(&x.sum_keepdim(0)?, d, &[1, 3], &[8., 5., 9.]);
         assert_f32(&x.sum_dims(&[0, 1], true)?, d, &[1, 1], &[22.]);
         assert_f32(&x.sum_dims(&[1, 0], false)?, d, &[], &[22.]);
-        assert_f32(&x.sum_dims(&[], false)?, d, &[2, 3], &[1., 5., 2., 7., 0., 7.]);
+        assert_f32(&x.sum_dims(&[0usize; 0], false)?, d, &[2, 3], &[1., 5., 2., 7., 0., 7.]);
         assert_f32(&x.mean_all()?, d, &[], &[22. / 6.]);
         assert_f32(&x.mean(0)?, d, &[3], &[4., 2.5, 4.5]);
         assert_f32(&x.mean_keepdim(1)?, d, &[2, 1], &[8. / 3., 14. / 3.]);

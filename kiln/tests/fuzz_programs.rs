@@ -1,12 +1,15 @@
 //! A seeded random-program fuzzer: thousands of small programs over random
-//! shapes (zero-size and absurdly large dimensions among them), every dtype,
-//! the CPU, a simulated GPU and a device that does not exist. Each program
+//! shapes (zero-size and absurdly large dimensions among them), every dtype
+//! (i32 included, for data and for indices), the CPU, a simulated GPU and
+//! devices that do not exist (creating on them, moving and copying to them,
+//! synchronising and querying them). Each program
 //! runs on the CPU and on the simulated GPU, and the test checks:
 //! - no panic crosses the API (each program runs under `catch_unwind`);
 //! - no hang (a watchdog ends the process, naming the program, when no step
 //!   finishes for 60 s);
 //! - every error is of a sensible kind (a user error or out-of-memory, never a
-//!   failed kernel or a backend failure);
+//!   failed kernel or a backend failure), and every use of a device that does
+//!   not exist is `NoSuchDevice`;
 //! - the CPU and the simulated GPU agree: the same errors, the same shapes,
 //!   and bit-identical values;
 //! - memory on both devices returns to its baseline once the program's
@@ -43,7 +46,9 @@ impl Rng {
     }
 }
 
-const DTYPES: [DType; 6] = [DType::F32, DType::F64, DType::I64, DType::U8, DType::F16, DType::BF16];
+const DTYPES: [DType; 7] = [DType::F32, DType::F64, DType::I64, DType::I32, DType::U8, DType::F16, DType::BF16];
+/// The dtypes an index tensor may have.
+const INDEX_DTYPES: [DType; 3] = [DType::I64, DType::I32, DType::U8];
 const HUGE: [usize; 5] = [1 << 33, 1 << 40, 1 << 62, 1 << 63, usize::MAX];
 
 fn dim(rng: &mut Rng) -> usize {
@@ -85,33 +90,137 @@ fn shape(rng: &mut Rng) -> Vec<usize> {
 /// One step of a program; operands name earlier values by index.
 #[derive(Clone, Debug)]
 enum Step {
-    Create { dims: Vec<usize>, dtype: DType, how: u8, value: f64 },
-    FromValues { dims: Vec<usize>, dtype: DType, values: Vec<f64> },
-    NoSuchDevice { dims: Vec<usize> },
-    Unary { a: usize, op: UnaryOp },
-    Binary { a: usize, b: usize, op: BinaryOp },
-    Reduce { a: usize, op: ReduceOp, dim: usize, keepdim: bool },
-    ReduceAll { a: usize, which: u8 },
-    Matmul { a: usize, b: usize },
-    Transpose { a: usize, d0: usize, d1: usize },
-    Narrow { a: usize, dim: usize, start: usize, len: usize },
-    Reshape { a: usize, dims: Vec<usize> },
-    Broadcast { a: usize, dims: Vec<usize> },
-    Unsqueeze { a: usize, dim: usize },
-    Squeeze { a: usize, dim: usize },
-    FlattenFrom { a: usize, from: usize },
-    Permute { a: usize, perm: Vec<usize> },
-    Cat { a: usize, b: usize, dim: usize },
-    Stack { a: usize, b: usize, dim: usize },
-    IndexSelect { a: usize, ids: Vec<i64>, dim: usize },
-    IndexAdd { a: usize, src: usize, ids: Vec<i64>, dim: usize },
-    Where { c: usize, a: usize, b: usize },
-    Cast { a: usize, dtype: DType },
-    Contiguous { a: usize },
-    Assign { dst: usize, src: usize },
-    RoundTrip { a: usize },
-    Print { a: usize },
-    ToVec2 { a: usize },
+    Create {
+        dims: Vec<usize>,
+        dtype: DType,
+        how: u8,
+        value: f64,
+    },
+    FromValues {
+        dims: Vec<usize>,
+        dtype: DType,
+        values: Vec<f64>,
+    },
+    /// A use of a device that does not exist, `which` of three: an index
+    /// far beyond the limit, `usize::MAX`, and the next unused index.
+    NoSuchDevice {
+        dims: Vec<usize>,
+        dtype: DType,
+        which: u8,
+        how: u8,
+    },
+    /// `to`/`copy_to` of an operand onto a device that does not exist.
+    ToMissing {
+        a: usize,
+        which: u8,
+        copy: bool,
+    },
+    Unary {
+        a: usize,
+        op: UnaryOp,
+    },
+    Binary {
+        a: usize,
+        b: usize,
+        op: BinaryOp,
+    },
+    Reduce {
+        a: usize,
+        op: ReduceOp,
+        dim: usize,
+        keepdim: bool,
+    },
+    ReduceAll {
+        a: usize,
+        which: u8,
+    },
+    Matmul {
+        a: usize,
+        b: usize,
+    },
+    Transpose {
+        a: usize,
+        d0: usize,
+        d1: usize,
+    },
+    Narrow {
+        a: usize,
+        dim: usize,
+        start: usize,
+        len: usize,
+    },
+    Reshape {
+        a: usize,
+        dims: Vec<usize>,
+    },
+    Broadcast {
+        a: usize,
+        dims: Vec<usize>,
+    },
+    Unsqueeze {
+        a: usize,
+        dim: usize,
+    },
+    Squeeze {
+        a: usize,
+        dim: usize,
+    },
+    FlattenFrom {
+        a: usize,
+        from: usize,
+    },
+    Permute {
+        a: usize,
+        perm: Vec<usize>,
+    },
+    Cat {
+        a: usize,
+        b: usize,
+        dim: usize,
+    },
+    Stack {
+        a: usize,
+        b: usize,
+        dim: usize,
+    },
+    IndexSelect {
+        a: usize,
+        ids: Vec<i64>,
+        ids_dtype: DType,
+        dim: usize,
+    },
+    IndexAdd {
+        a: usize,
+        src: usize,
+        ids: Vec<i64>,
+        ids_dtype: DType,
+        dim: usize,
+    },
+    Where {
+        c: usize,
+        a: usize,
+        b: usize,
+    },
+    Cast {
+        a: usize,
+        dtype: DType,
+    },
+    Contiguous {
+        a: usize,
+    },
+    Assign {
+        dst: usize,
+        src: usize,
+    },
+    RoundTrip {
+        a: usize,
+    },
+    Print {
+        a: usize,
+    },
+    ToVec2 {
+        a: usize,
+    },
 }
 
 const UNARY: [UnaryOp; 22] = [
@@ -172,14 +281,14 @@ fn program(rng: &mut Rng) -> Vec<Step> {
 
                 let values = (0..n).map(|_| value(rng)).collect();
                 Step::FromValues { dims, dtype: rng.pick(&DTYPES), values }
-            } else if rng.chance(2) {
-                Step::NoSuchDevice { dims: shape(rng) }
+            } else if rng.chance(4) {
+                Step::NoSuchDevice { dims: shape(rng), dtype: rng.pick(&DTYPES), which: rng.below(3) as u8, how: rng.below(14) as u8 }
             } else {
                 Step::Create { dims: shape(rng), dtype: rng.pick(&DTYPES), how: rng.below(6) as u8, value: value(rng) }
             }
         } else {
             let a = any(rng);
-            match rng.below(26) {
+            match rng.below(27) {
                 0 | 1 => Step::Unary { a, op: rng.pick(&UNARY) },
                 2..=4 => Step::Binary { a, b: any(rng), op: rng.pick(&BINARY) },
                 5 => Step::Reduce { a, op: rng.pick(&REDUCE), dim: rng.below(5), keepdim: rng.chance(50) },
@@ -215,13 +324,25 @@ fn program(rng: &mut Rng) -> Vec<Step> {
                 }
                 16 => Step::Cat { a, b: any(rng), dim: rng.below(4) },
                 17 => Step::Stack { a, b: any(rng), dim: rng.below(4) },
-                18 => Step::IndexSelect { a, ids: (0..rng.below(5)).map(|_| rng.below(6) as i64 - 1).collect(), dim: rng.below(4) },
-                19 => Step::IndexAdd { a, src: any(rng), ids: (0..rng.below(4)).map(|_| rng.below(5) as i64).collect(), dim: rng.below(3) },
+                18 => Step::IndexSelect {
+                    a,
+                    ids: (0..rng.below(5)).map(|_| rng.below(6) as i64 - 1).collect(),
+                    ids_dtype: rng.pick(&INDEX_DTYPES),
+                    dim: rng.below(4),
+                },
+                19 => Step::IndexAdd {
+                    a,
+                    src: any(rng),
+                    ids: (0..rng.below(4)).map(|_| rng.below(5) as i64).collect(),
+                    ids_dtype: rng.pick(&INDEX_DTYPES),
+                    dim: rng.below(3),
+                },
                 20 => Step::Where { c: any(rng), a, b: any(rng) },
                 21 => Step::Cast { a, dtype: rng.pick(&DTYPES) },
                 22 => Step::Contiguous { a },
                 23 => Step::Assign { dst: a, src: any(rng) },
                 24 => Step::RoundTrip { a },
+                25 => Step::ToMissing { a, which: rng.below(3) as u8, copy: rng.chance(50) },
                 _ => {
                     if rng.chance(50) {
                         Step::Print { a }
@@ -260,7 +381,8 @@ fn operands(step: &Step) -> Vec<usize> {
         | Step::Contiguous { a }
         | Step::RoundTrip { a }
         | Step::Print { a }
-        | Step::ToVec2 { a } => vec![*a],
+        | Step::ToVec2 { a }
+        | Step::ToMissing { a, .. } => vec![*a],
     }
 }
 
@@ -312,8 +434,66 @@ fn in_range(ids: &[i64], a: &Tensor, dim: usize) -> Vec<i64> {
     }
 }
 
-fn idx_tensor(ids: &[i64], device: &Device) -> kiln::Result<Tensor> {
-    Tensor::from_vec(ids.to_vec(), ids.len(), device)
+/// An index tensor of `dtype`, or of i64 when a value does not fit `dtype`
+/// (a wrapped index would be out of range: the CPU refuses it, a GPU skips
+/// it, and the devices would legitimately disagree).
+fn idx_tensor(ids: &[i64], dtype: DType, device: &Device) -> kiln::Result<Tensor> {
+    let max = match dtype {
+        DType::U8 => u8::MAX as i64,
+        DType::I32 => i32::MAX as i64,
+        _ => i64::MAX,
+    };
+    let t = Tensor::from_vec(ids.to_vec(), ids.len(), device)?;
+    if ids.iter().all(|&i| (0..=max).contains(&i)) {
+        t.to_dtype(dtype)
+    } else {
+        Ok(t)
+    }
+}
+
+/// A device that does not exist.
+fn missing(which: u8) -> Device {
+    match which {
+        0 => gpu(kiln::MAX_SIM_GPUS + 99),
+        1 => gpu(usize::MAX),
+        _ => gpu(kiln::num_gpus()),
+    }
+}
+
+/// Every way a program can name a device without a tensor on it, on `d`.
+fn on_device(d: Device, dims: &[usize], dtype: DType, how: u8) -> kiln::Result<Option<Tensor>> {
+    let n = count(dims).min(64);
+    Ok(Some(match how {
+        0 => Tensor::zeros(dims, dtype, &d)?,
+        1 => Tensor::ones(dims, dtype, &d)?,
+        2 => Tensor::full(2.5, dims, dtype, &d)?,
+        3 => Tensor::rand_uniform(-1.0, 1.0, dims, dtype, &d)?,
+        4 => Tensor::randn_with(0.0, 1.0, dims, dtype, &d)?,
+        5 => Tensor::arange_dtype(0.0, n as f64, 1.0, dtype, &d)?,
+        6 => Tensor::from_vec(vec![1i32; n], n, &d)?,
+        7 => Tensor::eye(n, dtype, &d)?,
+        8 => Tensor::linspace(0.0, 1.0, n, &d)?,
+        9 => {
+            kiln::synchronize(&d)?;
+            return Ok(None);
+        }
+        10 => {
+            kiln::memory_stats(&d)?;
+            return Ok(None);
+        }
+        11 => {
+            kiln::reset_peak_memory(&d)?;
+            return Ok(None);
+        }
+        12 => {
+            kiln::empty_cache(&d)?;
+            return Ok(None);
+        }
+        _ => {
+            let _scope = kiln::default_device_scope(d)?;
+            Tensor::new_default(&[1i32, 2, 3])?
+        }
+    }))
 }
 
 fn run_step(step: &Step, vals: &[Option<Tensor>], device: &Device, sim: Device) -> Option<kiln::Result<Option<Tensor>>> {
@@ -340,7 +520,15 @@ fn run_step(step: &Step, vals: &[Option<Tensor>], device: &Device, sim: Device) 
                 }
             },
             Step::FromValues { dims, dtype, values } => Tensor::from_vec(values.clone(), dims.as_slice(), device)?.to_dtype(*dtype)?,
-            Step::NoSuchDevice { dims } => Tensor::zeros(dims.as_slice(), DType::F32, &gpu(kiln::MAX_SIM_GPUS + 99))?,
+            Step::NoSuchDevice { dims, dtype, which, how } => return on_device(missing(*which), dims, *dtype, *how),
+            Step::ToMissing { a, which, copy } => {
+                let a = arg!(*a);
+                if *copy {
+                    a.copy_to(&missing(*which))?
+                } else {
+                    a.to(&missing(*which))?
+                }
+            }
             Step::Unary { a, op } => arg!(*a).unary(*op)?,
             Step::Binary { a, b, op } => arg!(*a).binary(&arg!(*b), *op)?,
             Step::Reduce { a, op, dim, keepdim } => arg!(*a).reduce(*op, &[*dim], *keepdim)?,
@@ -365,13 +553,13 @@ fn run_step(step: &Step, vals: &[Option<Tensor>], device: &Device, sim: Device) 
             Step::Permute { a, perm } => arg!(*a).permute(perm)?,
             Step::Cat { a, b, dim } => Tensor::cat(&[&arg!(*a), &arg!(*b)], *dim)?,
             Step::Stack { a, b, dim } => Tensor::stack(&[&arg!(*a), &arg!(*b)], *dim)?,
-            Step::IndexSelect { a, ids, dim } => {
+            Step::IndexSelect { a, ids, ids_dtype, dim } => {
                 let a = arg!(*a);
-                a.index_select(&idx_tensor(&in_range(ids, &a, *dim), device)?, *dim)?
+                a.index_select(&idx_tensor(&in_range(ids, &a, *dim), *ids_dtype, device)?, *dim)?
             }
-            Step::IndexAdd { a, src, ids, dim } => {
+            Step::IndexAdd { a, src, ids, ids_dtype, dim } => {
                 let a = arg!(*a);
-                a.index_add(&idx_tensor(&in_range(ids, &a, *dim), device)?, &arg!(*src), *dim)?
+                a.index_add(&idx_tensor(&in_range(ids, &a, *dim), *ids_dtype, device)?, &arg!(*src), *dim)?
             }
             Step::Where { c, a, b } => arg!(*c).where_cond(&arg!(*a), &arg!(*b))?,
             Step::Cast { a, dtype } => arg!(*a).to_dtype(*dtype)?,
@@ -396,6 +584,7 @@ fn run_step(step: &Step, vals: &[Option<Tensor>], device: &Device, sim: Device) 
                 let rows = match a.dtype() {
                     DType::F32 => a.to_vec2::<f32>()?.len(),
                     DType::I64 => a.to_vec2::<i64>()?.len(),
+                    DType::I32 => a.to_vec2::<i32>()?.len(),
                     _ => a.to_dtype(DType::F64)?.to_vec2::<f64>()?.len(),
                 };
                 assert_eq!(rows, a.dims()[0]);
@@ -404,6 +593,27 @@ fn run_step(step: &Step, vals: &[Option<Tensor>], device: &Device, sim: Device) 
         }))
     })();
     Some(r)
+}
+
+/// The error a step that names a device that does not exist may give
+/// instead of `NoSuchDevice`: the one the same call gives on `device`, where
+/// it has a bad argument besides (creation checks a shape's size or a
+/// dtype before the device: `rand` of an integer dtype, a shape whose
+/// element count does not fit). Anything else must be `NoSuchDevice`.
+fn argument_error(step: &Step, device: Device) -> Option<&'static str> {
+    match step {
+        Step::NoSuchDevice { dims, dtype, how, .. } => match on_device(device, dims, *dtype, *how) {
+            Err(e) if !matches!(e, Error::OutOfMemory { .. }) => Some(kind(&e)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Whether a step uses a device that does not exist (and must fail with
+/// `NoSuchDevice`, or the error of a bad argument besides).
+fn names_missing(step: &Step) -> bool {
+    matches!(step, Step::NoSuchDevice { .. } | Step::ToMissing { .. })
 }
 
 /// Reads a result for comparison; large results are compared by shape only.
@@ -423,6 +633,12 @@ fn execute(steps: &[Step], device: &Device, sim: Device, heartbeat: &AtomicU64) 
     let mut outcomes = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         let outcome = match run_step(step, &vals, device, sim) {
+            Some(Ok(_)) if names_missing(step) => return Err(format!("step {i} {step:?}: a device that does not exist was accepted")),
+            Some(Err(e))
+                if names_missing(step) && !matches!(e, Error::NoSuchDevice { .. }) && Some(kind(&e)) != argument_error(step, *device) =>
+            {
+                return Err(format!("step {i} {step:?}: a device that does not exist gave {e}, not NoSuchDevice"));
+            }
             None => {
                 vals.push(None);
                 Outcome::Skipped
@@ -522,10 +738,12 @@ fn random_programs_never_panic_hang_or_disagree() {
     let baseline: Vec<(usize, usize)> =
         devices.iter().map(|d| kiln::memory_stats(d).map(|s| (s.in_use, s.live_tensors)).unwrap()).collect();
     let mut defects = Vec::new();
-    let (mut steps_run, mut errors) = (0usize, 0usize);
+    let (mut steps_run, mut errors, mut missing_uses, mut i32_uses) = (0usize, 0usize, 0usize, 0usize);
     for seed in first..first + cases {
         let mut rng = Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D));
         let steps = program(&mut rng);
+        missing_uses += steps.iter().filter(|s| names_missing(s)).count();
+        i32_uses += steps.iter().filter(|s| format!("{s:?}").contains("I32")).count();
         *current.lock().unwrap_or_else(|e| e.into_inner()) = describe(seed, &steps);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             // The same random numbers on both devices.
@@ -569,7 +787,10 @@ fn random_programs_never_panic_hang_or_disagree() {
             break;
         }
     }
-    println!("fuzz: {cases} programs, {steps_run} steps, {errors} user errors, {} defects", defects.len());
+    println!(
+        "fuzz: {cases} programs, {steps_run} steps ({missing_uses} on devices that do not exist, {i32_uses} with i32), {errors} user errors, {} defects",
+        defects.len()
+    );
     assert!(
         defects.is_empty(),
         "{} defects; the first ones:\n{}",

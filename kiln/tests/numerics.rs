@@ -252,3 +252,84 @@ fn negative_dimensions_count_from_the_end() {
         Ok(())
     });
 }
+
+#[test]
+fn negative_dimensions_in_lists_of_dimensions() {
+    each(|d| {
+        let x = Tensor::new(&[[[1f32, 2.], [3., 4.], [5., 6.]]], &d)?; // (1, 3, 2)
+        assert_eq!(x.sum_dims(&[-1], false)?.dims(), &[1, 3]);
+        same(&x.sum_dims(&[-1], false)?, &[3., 7., 11.]);
+        same(&x.sum_dims(&[0, -2], true)?, &[9., 12.]);
+        assert_eq!(x.sum_dims(&[0, -2], true)?.dims(), &[1, 1, 2]);
+        same(&x.mean_dims(&[-1, -2], false)?, &[3.5]);
+        same(&x.reduce(kiln::ReduceOp::Max, &[-2], false)?, &[5., 6.]);
+        assert_eq!(x.reduce(kiln::ReduceOp::ArgMax, &[-1i64], false)?.to_vec::<i64>()?, vec![1, 1, 1]);
+        // usize lists (and Vec<usize>) still work.
+        let dims: Vec<usize> = vec![1, 2];
+        same(&x.sum_dims(&dims, false)?, &[21.]);
+        // permute: -1 is the last dimension.
+        let p = x.permute(&[-1, 0, 1])?;
+        assert_eq!(p.dims(), &[2, 1, 3]);
+        same(&p.contiguous()?, &[1., 3., 5., 2., 4., 6.]);
+        let m = Tensor::new(&[[1f32, 2., 3.], [4., 5., 6.]], &d)?;
+        same(&m.permute(&[-1, 0])?.contiguous()?, &[1., 4., 2., 5., 3., 6.]);
+        // Gradients flow through a negative-dimension reduction and permute.
+        let w = Tensor::new(&[[1f32, 2.], [3., 4.]], &d)?.requires_grad_();
+        w.permute(&[-1, -2])?.sqr()?.sum_dims(&[-1], false)?.sum_all()?.backward()?;
+        same(&w.grad().expect("a gradient"), &[2., 4., 6., 8.]);
+
+        // Out of range names the rank; a dimension named twice (once negative) is refused.
+        for res in
+            [x.sum_dims(&[-4], false), x.mean_dims(&[3], false), x.reduce(kiln::ReduceOp::Min, &[0, -4], false), x.permute(&[0, 1, 3])]
+        {
+            match res {
+                Err(e @ Error::InvalidArgument { .. }) => assert!(e.to_string().contains("rank 3"), "{e}"),
+                other => panic!("expected InvalidArgument naming the rank, got {other:?}"),
+            }
+        }
+        assert!(matches!(x.sum_dims(&[2, -1], false), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(x.permute(&[0, 2, -1]), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(x.permute(&[0, -1]), Err(Error::InvalidArgument { .. })));
+        Ok(())
+    });
+}
+
+/// Out-of-range and negative indices: an error on the CPU (as in PyTorch);
+/// on a GPU they are not read back (no hidden transfer or sync), so
+/// `index_select` gives zeros and `index_add` ignores the row (PyTorch
+/// device-asserts). Documented in the README's table and the ops' rustdoc.
+#[test]
+fn out_of_range_indices_are_an_error_on_the_cpu_and_inert_on_a_gpu() {
+    let x = |d: &Device| Tensor::new(&[[1f32, 2.], [3., 4.], [5., 6.]], d);
+    for ids in [Tensor::new(&[-1i64, 1, i64::MIN, 3], &cpu()), Tensor::new(&[-1, 1, i32::MIN, 3], &cpu())] {
+        let ids = ids.unwrap();
+        // The CPU refuses them, naming the index and the size.
+        match x(&cpu()).unwrap().index_select(&ids, 0) {
+            Err(e @ Error::InvalidArgument { .. }) => {
+                assert!(e.to_string().contains("index -1 is out of range for dimension 0 of size 3"), "{e}")
+            }
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        let src = Tensor::ones((4, 2), DType::F32, &cpu()).unwrap();
+        match Tensor::zeros((3, 2), DType::F32, &cpu()).unwrap().index_add(&ids, &src, 0) {
+            Err(e @ Error::InvalidArgument { .. }) => assert!(e.to_string().contains("out of range"), "{e}"),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        for d in kiln::ensure_simulated_gpus(2, 512 << 20) {
+            let (ids, x) = (ids.to(&d).unwrap(), x(&d).unwrap());
+            let (dst, ones) = (Tensor::zeros((3, 2), DType::F32, &d).unwrap(), Tensor::ones((4, 2), DType::F32, &d).unwrap());
+            let (picked, added) = {
+                // Nothing is read back to check the indices: no transfer
+                // at all, and no error at the next sync either.
+                let _none = kiln::transfer_guard(kiln::GuardLevel::Disallow);
+                let picked = x.index_select(&ids, 0).unwrap();
+                let added = dst.index_add(&ids, &ones, 0).unwrap();
+                kiln::synchronize(&d).unwrap();
+                (picked, added)
+            };
+            assert_eq!(picked.device(), d);
+            same(&picked, &[0., 0., 3., 4., 0., 0., 0., 0.]);
+            same(&added, &[0., 0., 1., 1., 0., 0.]);
+        }
+    }
+}

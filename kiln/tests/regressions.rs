@@ -109,3 +109,27 @@ fn printing_a_large_gpu_tensor_reads_only_what_is_shown() {
     assert!(text.contains("..."), "{text}");
     assert!(text.ends_with("9997., 9998., 9999.]], device=gpu(0))"), "{text}");
 }
+
+/// Error hints are Rust that compiles: `kiln::empty_cache` takes the device,
+/// and a creation of random integers has nothing to convert.
+#[test]
+fn out_of_memory_and_dtype_hints_compile() {
+    let dev = kiln::ensure_simulated_gpus(1, 256 << 20)[0];
+    let err = Tensor::zeros(1usize << 40, DType::U8, &dev).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+    assert!(err.to_string().contains(&format!("`kiln::empty_cache(&kiln::{dev})?`")), "{err}");
+    // What the hint says compiles and runs.
+    let hint = || -> kiln::Result<()> {
+        kiln::empty_cache(&kiln::gpu(0))?;
+        Ok(())
+    };
+    hint().unwrap();
+
+    let err = Tensor::rand_uniform(0.0, 1.0, 3, DType::I32, &cpu()).unwrap_err();
+    assert!(err.to_string().contains("random values are floats: ask for `kiln::DType::F32`"), "{err}");
+    let two = Tensor::new(&[2i64], &cpu()).unwrap();
+    let err = two.pow(&two).unwrap_err();
+    assert!(matches!(err, Error::UnsupportedDType { .. }) && err.to_string().contains("`.to_dtype(kiln::DType::F32)?`"), "{err}");
+    let hint = || -> kiln::Result<Tensor> { two.to_dtype(kiln::DType::F32)?.pow(&two.to_dtype(kiln::DType::F32)?) };
+    assert_eq!(hint().unwrap().to_vec::<f32>().unwrap(), vec![4.0]);
+}

@@ -361,6 +361,7 @@ fn kills_mid_save_leave_no_torn_file_and_no_leftovers() {
     let exe = std::env::current_exe().unwrap();
     let kills: u64 = std::env::var("KILN_TEST_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
     let mut rng = 0x1234_5678u64;
+    let (mut mid_save, mut whole) = (0, 0);
     for k in 0..kills {
         let mut child = std::process::Command::new(&exe)
             .args(["--exact", "save_loop_child", "--nocapture", "--test-threads=1"])
@@ -373,7 +374,12 @@ fn kills_mid_save_leave_no_torn_file_and_no_leftovers() {
         std::thread::sleep(Duration::from_millis(150 + (rng >> 33) % 200));
         child.kill().unwrap();
         child.wait().unwrap();
+        // A temporary file left behind: this kill landed in a save.
+        if std::fs::read_dir(&dir).unwrap().flatten().any(|e| e.file_name().to_string_lossy().ends_with(".tmp")) {
+            mid_save += 1;
+        }
         if path.exists() {
+            whole += 1;
             // Whatever was in place is a whole checkpoint with one value.
             let loaded = kiln::checkpoint::load_tensors(&path, &cpu()).unwrap_or_else(|e| panic!("kill {k}: torn checkpoint: {e}"));
             let w = loaded.iter().find(|(n, _)| n == "w").unwrap().1.to_vec::<f32>().unwrap();
@@ -383,6 +389,7 @@ fn kills_mid_save_leave_no_torn_file_and_no_leftovers() {
     kiln::checkpoint::save_tensors(&tensors(-1.0), &path).unwrap();
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).filter(|n| n != "model.safetensors").collect();
     assert!(left.is_empty(), "left behind after {kills} kills and a save: {left:?}");
+    println!("kills: {kills}; {mid_save} left a temporary file (killed mid-save); {whole} found a whole checkpoint in place; none left after the next save");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -162,7 +162,7 @@ pub(crate) struct CudaBackend {
 /// Finds the CUDA devices. Never panics and never aborts: a missing library
 /// or symbol becomes the reason why there is no GPU.
 pub(crate) fn probe() -> RealGpus {
-    if std::env::var("KILN_DISABLE_CUDA").map(|v| v == "1").unwrap_or(false) {
+    if crate::device::env_flag("KILN_DISABLE_CUDA").unwrap_or(false) {
         return RealGpus { backends: Vec::new(), absent: Some(FallbackReason::NoDevice("disabled by KILN_DISABLE_CUDA=1".into())) };
     }
     // SAFETY: only tries to dlopen the candidate library names.
@@ -647,7 +647,7 @@ impl CudaBackend {
                     let _ = cb::cublasDestroy_v2(h);
                     return Err(format!("cublasSetStream failed: {st:?}"));
                 }
-                if std::env::var("KILN_CUDA_TF32").map(|v| v == "1").unwrap_or(false) {
+                if crate::device::env_flag("KILN_CUDA_TF32").unwrap_or(false) {
                     let _ = cb::cublasSetMathMode(h, cb::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH);
                 }
                 Ok(Blas { handle: Raw(h) })

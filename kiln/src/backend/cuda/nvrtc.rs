@@ -225,7 +225,7 @@ fn compile_inner(api: &Api, name: &str, source: &str, options: &[String], cubin:
 }
 
 fn cache_dir() -> Option<PathBuf> {
-    if let Ok(d) = std::env::var("KILN_CACHE_DIR") {
+    if let Some(d) = std::env::var_os("KILN_CACHE_DIR").filter(|d| !d.is_empty()) {
         return Some(PathBuf::from(d));
     }
     let base = std::env::var_os("XDG_CACHE_HOME")
@@ -251,7 +251,7 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 /// Like [`compile`], through the disk cache (`KILN_NO_KERNEL_CACHE=1` skips it).
 pub(crate) fn compile_cached(name: &str, source: &str, options: &[String], cubin: bool) -> Result<Image, String> {
     let (major, minor) = version()?;
-    let use_cache = std::env::var("KILN_NO_KERNEL_CACHE").map(|v| v != "1").unwrap_or(true);
+    let use_cache = !crate::device::env_flag("KILN_NO_KERNEL_CACHE").unwrap_or(false);
     let path = cache_dir().filter(|_| use_cache).map(|d| {
         let key = fnv1a(&[source.as_bytes(), options.join(" ").as_bytes(), format!("{major}.{minor}").as_bytes(), &[cubin as u8]]);
         d.join("cuda").join(format!("{name}-{key:016x}.{}", if cubin { "cubin" } else { "ptx" }))
