@@ -10,22 +10,48 @@
 //! This binary never creates simulated GPUs, so that the GPU count seen here
 //! is the machine's (plus any `KILN_SIM_GPUS`).
 
+#[macro_use]
 mod common;
 
+use common::{Ran, Skip};
 use kiln::{cpu, DType, Device, DeviceKind, Error, FallbackReason, Result, Tensor};
 use std::sync::RwLock;
+
+fn main() -> std::process::ExitCode {
+    common::run_suite(trials![
+        gpu_count_is_cuda_devices_then_simulated_ones,
+        without_a_driver_try_gpu_falls_back_and_says_why,
+        with_a_driver_but_no_device_try_gpu_says_so,
+        nvrtc_compiles_every_kernel_family_for_sm90,
+        cuda_device_reports_itself,
+        cuda_creation_and_random_match_the_cpu,
+        cuda_elementwise_ops_match_the_cpu,
+        cuda_reductions_match_the_cpu,
+        cuda_matmul_matches_the_cpu,
+        cuda_copies_casts_and_indexing_match_the_cpu,
+        cuda_memory_is_booked_returned_and_bounded,
+        cuda_transfers_are_ledgered_and_round_trip,
+        cuda_negative_indices_select_nothing_like_the_other_devices,
+        cuda_integer_argmax_is_exact_above_2_pow_53,
+        cuda_full_reductions_over_many_blocks_match_the_cpu,
+        cuda_cached_bytes_are_reported_and_empty_cache_returns_them_from_any_thread,
+        cuda_empty_cache_waits_for_queued_kernels_that_used_cached_blocks,
+        cuda_empty_cache_does_not_free_blocks_reused_while_it_waits,
+        cuda_uploads_do_not_wait_for_earlier_work,
+        cuda_staging_buffers_are_not_reused_before_their_copy_ran,
+        cuda_an_upload_past_the_last_staging_chunk_waits_for_the_oldest_copy,
+        no_cuda_device_is_listed_without_nvrtc,
+        a_kiln_nvrtc_lib_that_cannot_be_loaded_leaves_no_cuda_device_and_is_named,
+        cuda_to_cuda_copies_are_peer_copies_that_do_not_block_the_host,
+    ])
+}
 
 fn cuda_devices() -> Vec<Device> {
     kiln::devices().into_iter().filter(|d| d.kind == DeviceKind::Cuda).map(|d| d.device).collect()
 }
 
-fn required(var: &str) -> bool {
-    std::env::var(var).map(|v| v == "1").unwrap_or(false)
-}
-
 // ---- without a GPU ---------------------------------------------------------
 
-#[test]
 fn gpu_count_is_cuda_devices_then_simulated_ones() {
     let list = kiln::devices();
     let cuda = list.iter().filter(|d| d.kind == DeviceKind::Cuda).count();
@@ -40,11 +66,9 @@ fn gpu_count_is_cuda_devices_then_simulated_ones() {
     }
 }
 
-#[test]
-fn without_a_driver_try_gpu_falls_back_and_says_why() {
+fn without_a_driver_try_gpu_falls_back_and_says_why() -> Ran {
     if kiln::cuda_check::driver_present() {
-        common::skip("a CUDA driver library is present on this machine");
-        return;
+        return Err(common::skip("a CUDA driver library is present on this machine"));
     }
     assert!(cuda_devices().is_empty());
     let sims = kiln::devices().iter().filter(|d| d.kind == DeviceKind::Simulated).count();
@@ -60,13 +84,12 @@ fn without_a_driver_try_gpu_falls_back_and_says_why() {
     // Work still runs, on the CPU.
     let x = Tensor::ones((2, 2), DType::F32, &kiln::try_gpu(sims)).and_then(|t| t.sum_all()).and_then(|s| s.to_scalar::<f32>());
     assert_eq!(x.ok(), Some(4.0));
+    Ok(())
 }
 
-#[test]
-fn with_a_driver_but_no_device_try_gpu_says_so() {
+fn with_a_driver_but_no_device_try_gpu_says_so() -> Ran {
     if !kiln::cuda_check::driver_present() || !cuda_devices().is_empty() {
-        common::skip("needs a CUDA driver library and no CUDA device (e.g. LD_LIBRARY_PATH to an unpacked libcuda1)");
-        return;
+        return Err(common::skip("needs a CUDA driver library and no CUDA device (e.g. LD_LIBRARY_PATH to an unpacked libcuda1)"));
     }
     let sims = kiln::devices().iter().filter(|d| d.kind == DeviceKind::Simulated).count();
     assert_eq!(kiln::num_gpus(), sims);
@@ -77,17 +100,16 @@ fn with_a_driver_but_no_device_try_gpu_says_so() {
         println!("driver present, no device: {why}");
         assert_eq!(kiln::try_gpu(0), cpu());
     }
+    Ok(())
 }
 
-#[test]
-fn nvrtc_compiles_every_kernel_family_for_sm90() {
-    let require = required("KILN_REQUIRE_NVRTC");
+fn nvrtc_compiles_every_kernel_family_for_sm90() -> Ran {
+    let require = common::required("KILN_REQUIRE_NVRTC");
     let version = match kiln::cuda_check::nvrtc_version() {
         Ok(v) => v,
         Err(why) => {
             assert!(!require, "KILN_REQUIRE_NVRTC=1 but NVRTC cannot be loaded: {why}");
-            common::skip(&why);
-            return;
+            return Err(common::skip(why));
         }
     };
     let archs: Vec<String> = std::env::var("KILN_CUDA_ARCHS")
@@ -144,6 +166,7 @@ fn nvrtc_compiles_every_kernel_family_for_sm90() {
         sources.len(),
         if ptxas.is_some() { ", assembled by ptxas" } else { "" }
     );
+    Ok(())
 }
 
 // ---- on a CUDA device --------------------------------------------------------
@@ -152,24 +175,27 @@ fn nvrtc_compiles_every_kernel_family_for_sm90() {
 /// the others share the devices (read lock).
 static DEVICES: RwLock<()> = RwLock::new(());
 
-/// Runs `f` on every CUDA device, or reports it skipped (a failure with
-/// KILN_REQUIRE_CUDA=1).
-fn on_cuda(test: &str, f: impl Fn(Device) -> Result<()>) {
+/// Runs `f` on every CUDA device, or reports the test skipped (a failure
+/// with KILN_REQUIRE_CUDA=1).
+fn on_cuda(test: &str, f: impl Fn(Device) -> Result<()>) -> Ran {
     let _shared = DEVICES.read().unwrap_or_else(|e| e.into_inner());
-    run_on_cuda(test, f);
+    run_on_cuda(test, f)
 }
 
 /// Like `on_cuda`, with no other test of this binary using the devices.
-fn on_cuda_alone(test: &str, f: impl Fn(Device) -> Result<()>) {
+fn on_cuda_alone(test: &str, f: impl Fn(Device) -> Result<()>) -> Ran {
     let _alone = DEVICES.write().unwrap_or_else(|e| e.into_inner());
-    run_on_cuda(test, f);
+    run_on_cuda(test, f)
 }
 
-fn run_on_cuda(test: &str, f: impl Fn(Device) -> Result<()>) {
+fn no_cuda_device() -> Skip {
+    common::skip_no_cuda(format!("no CUDA device ({})", kiln::why_not_gpu(0).map(|w| w.to_string()).unwrap_or_default()))
+}
+
+fn run_on_cuda(test: &str, f: impl Fn(Device) -> Result<()>) -> Ran {
     let devs = cuda_devices();
     if devs.is_empty() {
-        common::skip_no_cuda(&format!("no CUDA device ({})", kiln::why_not_gpu(0).map(|w| w.to_string()).unwrap_or_default()));
-        return;
+        return Err(no_cuda_device());
     }
     for d in devs {
         if let Err(e) = f(d) {
@@ -177,6 +203,7 @@ fn run_on_cuda(test: &str, f: impl Fn(Device) -> Result<()>) {
         }
         common::report_ran(d);
     }
+    Ok(())
 }
 
 fn same(gpu: &Tensor, host: &Tensor, what: &str) -> Result<()> {
@@ -204,8 +231,7 @@ fn sample(shape: &[usize], salt: u64) -> Result<Tensor> {
     Tensor::randn(shape, &cpu())
 }
 
-#[test]
-fn cuda_device_reports_itself() {
+fn cuda_device_reports_itself() -> Ran {
     on_cuda("cuda_device_reports_itself", |d| {
         let info = kiln::devices().into_iter().find(|i| i.device == d).expect("listed");
         assert_eq!(info.kind, DeviceKind::Cuda);
@@ -214,11 +240,10 @@ fn cuda_device_reports_itself() {
         assert!(info.details.iter().any(|(k, _)| k == "compute capability"), "{:?}", info.details);
         println!("{d}: {} {:?}", info.name, info.details);
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_creation_and_random_match_the_cpu() {
+fn cuda_creation_and_random_match_the_cpu() -> Ran {
     on_cuda("creation", |d| {
         for dtype in [DType::F32, DType::F64, DType::I64, DType::U8, DType::F16, DType::BF16] {
             same(&Tensor::full(3.75, (3, 5), dtype, &d)?, &Tensor::full(3.75, (3, 5), dtype, &cpu())?, "full")?;
@@ -239,11 +264,10 @@ fn cuda_creation_and_random_match_the_cpu() {
             close(&g, &h, 1e-6, "normal")?;
         }
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_elementwise_ops_match_the_cpu() {
+fn cuda_elementwise_ops_match_the_cpu() -> Ran {
     on_cuda("elementwise", |d| {
         let a = sample(&[4, 6], 1)?;
         let b = sample(&[6], 2)?;
@@ -284,11 +308,10 @@ fn cuda_elementwise_ops_match_the_cpu() {
         let u = Tensor::new(&[250u8, 3, 7], &cpu())?;
         same(&u.to(&d)?.add_scalar(10.0)?, &u.add_scalar(10.0)?, "u8 wraps")?;
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_reductions_match_the_cpu() {
+fn cuda_reductions_match_the_cpu() -> Ran {
     on_cuda("reductions", |d| {
         let a = sample(&[3, 50, 7], 3)?;
         let g = a.to(&d)?;
@@ -310,11 +333,10 @@ fn cuda_reductions_match_the_cpu() {
         let i = Tensor::arange_dtype(0.0, 1000.0, 1.0, DType::I64, &d)?;
         assert_eq!(i.sum_all()?.to_scalar::<i64>()?, 499_500);
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_matmul_matches_the_cpu() {
+fn cuda_matmul_matches_the_cpu() -> Ran {
     on_cuda("matmul", |d| {
         let a = sample(&[2, 3, 33, 17], 5)?;
         let b = sample(&[3, 17, 9], 6)?;
@@ -337,11 +359,10 @@ fn cuda_matmul_matches_the_cpu() {
         let empty = Tensor::zeros((4, 0), DType::F32, &d)?.matmul(&Tensor::zeros((0, 3), DType::F32, &d)?)?;
         assert_eq!(empty.to_vec::<f32>()?, vec![0.0; 12]);
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_copies_casts_and_indexing_match_the_cpu() {
+fn cuda_copies_casts_and_indexing_match_the_cpu() -> Ran {
     on_cuda("copies", |d| {
         let a = sample(&[5, 4], 8)?.mul_scalar(100.0)?;
         let all = [DType::F32, DType::F64, DType::I64, DType::U8, DType::F16, DType::BF16];
@@ -369,11 +390,10 @@ fn cuda_copies_casts_and_indexing_match_the_cpu() {
         w.narrow(1, 1, 2)?.assign(&Tensor::ones((3, 2), DType::F32, &d)?)?;
         assert_eq!(w.to_vec::<f32>()?, vec![0., 1., 1., 0., 1., 1., 0., 1., 1.]);
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_memory_is_booked_returned_and_bounded() {
+fn cuda_memory_is_booked_returned_and_bounded() -> Ran {
     // Exact `in_use` figures: no other test may allocate meanwhile.
     on_cuda_alone("memory", |d| {
         kiln::synchronize(&d)?;
@@ -394,11 +414,10 @@ fn cuda_memory_is_booked_returned_and_bounded() {
         // The device still works after the refusal.
         assert_eq!(Tensor::ones(3, DType::F32, &d)?.sum_all()?.to_scalar::<f32>()?, 3.0);
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_transfers_are_ledgered_and_round_trip() {
+fn cuda_transfers_are_ledgered_and_round_trip() -> Ran {
     on_cuda("transfers", |d| {
         let before = kiln::thread_transfer_stats();
         let host: Vec<f32> = (0..3_000_000).map(|i| i as f32).collect();
@@ -412,7 +431,7 @@ fn cuda_transfers_are_ledgered_and_round_trip() {
         assert_eq!(back.device(), cpu());
         kiln::synchronize(&d)?;
         Ok(())
-    });
+    })
 }
 
 // ---- defects the CUDA simulator found (issue 11) ---------------------------
@@ -433,8 +452,7 @@ fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send
     }
 }
 
-#[test]
-fn cuda_negative_indices_select_nothing_like_the_other_devices() {
+fn cuda_negative_indices_select_nothing_like_the_other_devices() -> Ran {
     on_cuda("negative indices", |d| {
         let x = Tensor::new(&[[1f32, 2.], [3., 4.], [5., 6.]], &d)?;
         let ids = Tensor::new(&[-1i64, 1, i64::MIN, 2], &d)?;
@@ -445,11 +463,10 @@ fn cuda_negative_indices_select_nothing_like_the_other_devices() {
         let src = Tensor::ones((4, 2), DType::F32, &d)?;
         assert_eq!(dst.index_add(&ids, &src, 0)?.to_vec::<f32>()?, vec![0., 0., 1., 1., 1., 1.]);
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_integer_argmax_is_exact_above_2_pow_53() {
+fn cuda_integer_argmax_is_exact_above_2_pow_53() -> Ran {
     on_cuda("i64 argmax", |d| {
         let big = 1i64 << 60;
         let v = Tensor::new(&[big + 1, big + 2, big, big + 2], &d)?;
@@ -464,11 +481,10 @@ fn cuda_integer_argmax_is_exact_above_2_pow_53() {
         assert_eq!(long.argmax(0)?.to_vec::<i64>()?, vec![(n - 7) as i64]);
         assert_eq!(long.argmin(0)?.to_vec::<i64>()?, vec![(n - 3) as i64]);
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_full_reductions_over_many_blocks_match_the_cpu() {
+fn cuda_full_reductions_over_many_blocks_match_the_cpu() -> Ran {
     on_cuda("long reductions", |d| {
         for n in [4095usize, 100_000, 1_000_003] {
             let host = sample(&[n], n as u64)?;
@@ -486,11 +502,10 @@ fn cuda_full_reductions_over_many_blocks_match_the_cpu() {
             same(&h2.to(&d)?.argmax(1)?, &h2.argmax(1)?, &format!("row argmax of 2x{}", n / 2))?;
         }
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_cached_bytes_are_reported_and_empty_cache_returns_them_from_any_thread() {
+fn cuda_cached_bytes_are_reported_and_empty_cache_returns_them_from_any_thread() -> Ran {
     on_cuda_alone("cache", |d| {
         kiln::empty_cache(&d)?;
         assert_eq!(kiln::memory_stats(&d)?.cached, 0, "cached after empty_cache");
@@ -505,11 +520,10 @@ fn cuda_cached_bytes_are_reported_and_empty_cache_returns_them_from_any_thread()
         let free_after = kiln::devices().into_iter().find(|i| i.device == d).and_then(|i| i.memory_free).unwrap_or(0);
         assert!(free_after >= free_before + (4 << 20), "the driver got the cached blocks back: free {free_before} -> {free_after}");
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_empty_cache_waits_for_queued_kernels_that_used_cached_blocks() {
+fn cuda_empty_cache_waits_for_queued_kernels_that_used_cached_blocks() -> Ran {
     on_cuda_alone("free vs queue", |d| {
         let x = Tensor::full(1.5, 1 << 16, DType::F32, &d)?;
         kiln::synchronize(&d)?;
@@ -522,14 +536,13 @@ fn cuda_empty_cache_waits_for_queued_kernels_that_used_cached_blocks() {
         emptied.join().expect("no panic")?;
         assert!(y.to_vec::<f32>()?.iter().all(|&v| v == 2.5), "the kernel read its input after it was freed");
         Ok(())
-    });
+    })
 }
 
 /// empty_cache takes the cached blocks before it waits for the stream: a
 /// block that another thread takes from the cache, queues work on and gives
 /// back while empty_cache waits must not be freed under that work.
-#[test]
-fn cuda_empty_cache_does_not_free_blocks_reused_while_it_waits() {
+fn cuda_empty_cache_does_not_free_blocks_reused_while_it_waits() -> Ran {
     on_cuda_alone("free vs reuse", |d| {
         let n = 1 << 16;
         let x = Tensor::full(1.5, n, DType::F32, &d)?;
@@ -554,11 +567,10 @@ fn cuda_empty_cache_does_not_free_blocks_reused_while_it_waits() {
         emptied.expect("empty_cache did not return once the work queued before it had run")?;
         assert!(w.to_vec::<f32>()?.iter().all(|&v| v == 3.5), "a kernel used a block that empty_cache freed");
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_uploads_do_not_wait_for_earlier_work() {
+fn cuda_uploads_do_not_wait_for_earlier_work() -> Ran {
     on_cuda_alone("uploads overlap compute", |d| {
         let hold = kiln::hold_queue(&d)?.expect("a CUDA device has a queue to hold");
         // Three uploads while the queue is stopped: each must return once
@@ -572,11 +584,10 @@ fn cuda_uploads_do_not_wait_for_earlier_work() {
             assert!(t.to_vec::<f32>()?.iter().all(|&v| v == i as f32), "upload {i}");
         }
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_staging_buffers_are_not_reused_before_their_copy_ran() {
+fn cuda_staging_buffers_are_not_reused_before_their_copy_ran() -> Ran {
     on_cuda_alone("staging reuse", |d| {
         let n = 10_000_000usize; // 40 MB: five staging chunks
         let host: Vec<f32> = (0..n).map(|i| (i % 100_003) as f32).collect();
@@ -587,13 +598,12 @@ fn cuda_staging_buffers_are_not_reused_before_their_copy_ran() {
         let x = up.expect("the upload waited for the held queue")?;
         assert!(x.to_vec::<f32>()? == host, "40 MB uploaded while the queue was held came back different");
         Ok(())
-    });
+    })
 }
 
 /// More pieces than a device keeps staging chunks (8 of 8 MiB): the ninth
 /// piece must wait for the copy of the first before refilling its chunk.
-#[test]
-fn cuda_an_upload_past_the_last_staging_chunk_waits_for_the_oldest_copy() {
+fn cuda_an_upload_past_the_last_staging_chunk_waits_for_the_oldest_copy() -> Ran {
     on_cuda_alone("staging reuse past the last chunk", |d| {
         let n = 20_000_000usize; // 80 MB: ten staging chunks' worth
         let host: Vec<f32> = (0..n).map(|i| (i % 100_003) as f32).collect();
@@ -617,27 +627,25 @@ fn cuda_an_upload_past_the_last_staging_chunk_waits_for_the_oldest_copy() {
             "80 MB uploaded while the queue was held came back different (the upload finished while held: {finished_early})"
         );
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn no_cuda_device_is_listed_without_nvrtc() {
+fn no_cuda_device_is_listed_without_nvrtc() -> Ran {
     if std::env::var("KILN_EXPECT_NO_NVRTC").map(|v| v != "1").unwrap_or(true) {
-        common::skip("run by CI with the CUDA simulator and no NVRTC (KILN_EXPECT_NO_NVRTC=1)");
-        return;
+        return Err(common::skip("run by CI with the CUDA simulator and no NVRTC (KILN_EXPECT_NO_NVRTC=1)"));
     }
     assert!(kiln::cuda_check::driver_present(), "this check needs the CUDA (simulator) driver");
     assert!(cuda_devices().is_empty(), "a CUDA device is listed although NVRTC is missing");
     let why = kiln::why_not_gpu(0).expect("a reason").to_string();
     assert!(why.contains("NVRTC") && why.contains("unusable"), "{why}");
     println!("without NVRTC: {why}");
+    Ok(())
 }
 
 /// A `KILN_NVRTC_LIB` that cannot be loaded must not fall back to another
 /// NVRTC: no CUDA device is listed, and the reason names the path. Runs this
 /// test binary again with the variable set (NVRTC is loaded once a process).
-#[test]
-fn a_kiln_nvrtc_lib_that_cannot_be_loaded_leaves_no_cuda_device_and_is_named() {
+fn a_kiln_nvrtc_lib_that_cannot_be_loaded_leaves_no_cuda_device_and_is_named() -> Ran {
     const BOGUS: &str = "/nonexistent/kiln-test/libnvrtc.so.12";
     if std::env::var("KILN_NVRTC_LIB").ok().as_deref() == Some(BOGUS) {
         assert!(cuda_devices().is_empty(), "a CUDA device is listed although KILN_NVRTC_LIB={BOGUS} cannot be loaded");
@@ -646,12 +654,11 @@ fn a_kiln_nvrtc_lib_that_cannot_be_loaded_leaves_no_cuda_device_and_is_named() {
         let nvrtc = kiln::cuda_check::nvrtc_version().expect_err("another NVRTC was used");
         assert!(nvrtc.contains(BOGUS), "{nvrtc}");
         println!("CHILD-OK with a bogus KILN_NVRTC_LIB: {why}");
-        return;
+        return Ok(());
     }
     let devs = cuda_devices();
     if devs.is_empty() {
-        common::skip_no_cuda("needs a CUDA device (and its NVRTC) to show that a bogus KILN_NVRTC_LIB takes it away");
-        return;
+        return Err(common::skip_no_cuda("needs a CUDA device (and its NVRTC) to show that a bogus KILN_NVRTC_LIB takes it away"));
     }
     let name = common::test_name();
     let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
@@ -665,15 +672,14 @@ fn a_kiln_nvrtc_lib_that_cannot_be_loaded_leaves_no_cuda_device_and_is_named() {
     for d in devs {
         common::report_ran(d);
     }
+    Ok(())
 }
 
-#[test]
-fn cuda_to_cuda_copies_are_peer_copies_that_do_not_block_the_host() {
+fn cuda_to_cuda_copies_are_peer_copies_that_do_not_block_the_host() -> Ran {
     let _alone = DEVICES.write().unwrap_or_else(|e| e.into_inner());
     let devs = cuda_devices();
     if devs.len() < 2 {
-        common::skip_no_cuda(&format!("needs two CUDA devices, has {}", devs.len()));
-        return;
+        return Err(common::skip_no_cuda(format!("needs two CUDA devices, has {}", devs.len())));
     }
     let (a, b) = (devs[0], devs[1]);
     let run = || -> Result<()> {
@@ -709,4 +715,5 @@ fn cuda_to_cuda_copies_are_peer_copies_that_do_not_block_the_host() {
     }
     common::report_ran(a);
     common::report_ran(b);
+    Ok(())
 }
