@@ -189,7 +189,7 @@ fn on_cuda_alone(test: &str, f: impl Fn(Device) -> Result<()>) -> Ran {
 }
 
 fn no_cuda_device() -> Skip {
-    common::skip_no_cuda(format!("no CUDA device ({})", kiln::why_not_gpu(0).map(|w| w.to_string()).unwrap_or_default()))
+    common::skip_no_cuda(format!("no CUDA device: {}", common::why_no_cuda()))
 }
 
 fn run_on_cuda(test: &str, f: impl Fn(Device) -> Result<()>) -> Ran {

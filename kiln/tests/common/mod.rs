@@ -21,7 +21,7 @@ pub fn sims() -> Vec<Device> {
 pub fn cuda_devices() -> Vec<Device> {
     let found: Vec<Device> = kiln::devices().into_iter().filter(|d| d.kind == DeviceKind::Cuda).map(|d| d.device).collect();
     if found.is_empty() && cuda_required() {
-        panic!("KILN_REQUIRE_CUDA=1 but there is no CUDA device: {}", kiln::why_not_gpu(0).map(|w| w.to_string()).unwrap_or_default());
+        panic!("KILN_REQUIRE_CUDA=1 but there is no CUDA device: {}", why_no_cuda());
     }
     found
 }
@@ -130,6 +130,11 @@ pub fn report_ran(device: Device) {
     if is_cuda(device) {
         report_line(&format!("RAN-CUDA {device} {}", test_name()));
     }
+}
+
+/// Why this machine has no CUDA device.
+pub fn why_no_cuda() -> String {
+    kiln::why_no_cuda_device().map(|w| w.to_string()).unwrap_or_else(|| "there is one".into())
 }
 
 /// Whether `KILN_REQUIRE_CUDA=1` (CI on the CUDA simulator): then a test that
