@@ -874,7 +874,8 @@ fn cuda_full_reductions_launch_many_blocks() -> Ran {
         let n = 1_000_000usize;
         let x = Tensor::ones(n, DType::F32, &d)?;
         let peak = Tensor::arange(0.0, n as f64, 1.0, &d)?.sub_scalar(700_000.0)?.abs()?.neg()?;
-        let cases: Vec<(&str, &str, Box<dyn Fn() -> Result<f64>>)> = vec![
+        type Reduction<'a> = Box<dyn Fn() -> Result<f64> + 'a>;
+        let cases: Vec<(&str, &str, Reduction)> = vec![
             ("sum_all", "reduce_partial_f32", Box::new(|| Ok(x.sum_all()?.to_scalar::<f32>()? as f64))),
             ("mean_all", "reduce_partial_f32", Box::new(|| Ok(x.mean_all()?.to_scalar::<f32>()? as f64))),
             ("norm", "reduce_partial_f32", Box::new(|| Ok(x.norm()?.to_scalar::<f32>()? as f64))),

@@ -124,11 +124,21 @@ pub fn is_cuda(device: Device) -> bool {
     kiln::devices().iter().any(|i| i.device == device && i.kind == DeviceKind::Cuda)
 }
 
-/// Books that the running test ran on `device` when it is a CUDA device
-/// (`KILN_TEST_REPORT` names the file CI counts these lines in).
+/// The test binary's name without its hash (`cuda` for `cuda-0123abcd...`).
+pub fn suite_name() -> String {
+    let exe = std::env::current_exe().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_default();
+    match exe.rsplit_once('-') {
+        Some((name, hash)) if hash.chars().all(|c| c.is_ascii_hexdigit()) => name.to_string(),
+        _ => exe,
+    }
+}
+
+/// Books that the running test ran on `device` when it is a CUDA device:
+/// `RAN-CUDA device test suite` in the file `KILN_TEST_REPORT` names, where
+/// CI counts these lines.
 pub fn report_ran(device: Device) {
     if is_cuda(device) {
-        report_line(&format!("RAN-CUDA {device} {}", test_name()));
+        report_line(&format!("RAN-CUDA {device} {} {}", test_name(), suite_name()));
     }
 }
 
