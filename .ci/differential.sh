@@ -23,7 +23,7 @@ if ! "$venv/bin/python" -c "import numpy" >/dev/null 2>&1; then
 fi
 
 echo "== differential test against numpy"
-KILN_NUMPY_PYTHON="$venv/bin/python" KILN_DIFF_CASES="${KILN_DIFF_CASES:-20000}" \
+KILN_REQUIRE_NUMPY=1 KILN_NUMPY_PYTHON="$venv/bin/python" KILN_DIFF_CASES="${KILN_DIFF_CASES:-20000}" \
     cargo test -p kiln --test differential -- --nocapture 2>&1 | grep -E "differential|DIFF|test result|panicked|^  [a-z]"
 
 echo "== chapter tests with one and two simulated GPUs"

@@ -13,7 +13,9 @@
 # loads the simulator.
 #
 # Environment (defaults): KILN_CUDASIM_DEVICES=2, KILN_CUDASIM_MEMORY=1GiB per
-# device, KILN_CUDASIM_SMS=2, KILN_CUDASIM_PINNED (no limit),
+# device, KILN_CUDASIM_RESERVED=0 (held by "another process"),
+# KILN_CUDASIM_SMS=2, KILN_CUDASIM_PINNED (no limit), KILN_CUDASIM_FAIL
+# (name:N: the first N calls of that driver or cuBLAS function fail),
 # KILN_CUDASIM_QUIET=1 silences the simulator's diagnostics,
 # KILN_CUDASIM_NO_NVRTC=1 leaves NVRTC off the library path,
 # KILN_CUDA_VENV (~/.cache/kiln-cuda-venv).

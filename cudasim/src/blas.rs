@@ -3,13 +3,14 @@
 //! f16 through `cublasGemmStridedBatchedEx`) that validates its arguments as
 //! the cuBLAS documentation says and runs on the handle's stream.
 
-use crate::{check_range, current, lock, log, stream_of, Ctx, Op, Sim, Stream};
+use crate::{check_range, current, injected_failure, lock, log, stream_of, Ctx, Op, Sim, Stream, GEMMS};
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
 
 pub type Status = u32;
 const SUCCESS: Status = 0;
 const NOT_INITIALIZED: Status = 1;
+const ALLOC_FAILED: Status = 3;
 const INVALID_VALUE: Status = 7;
 const NOT_SUPPORTED: Status = 15;
 
@@ -160,6 +161,9 @@ pub unsafe extern "C" fn cublasCreate_v2(out: *mut *mut c_void) -> Status {
     if out.is_null() {
         return INVALID_VALUE;
     }
+    if injected_failure("cublasCreate_v2") {
+        return ALLOC_FAILED;
+    }
     let h = Box::into_raw(Box::new(Handle { ctx, stream: Mutex::new(None), math_mode: Mutex::new(0) })) as *mut c_void;
     lock(handles()).insert(h as usize);
     *out = h;
@@ -282,6 +286,7 @@ unsafe fn submit(
         count: count as usize,
         tf32,
     };
+    GEMMS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     stream.push(Op::Gemm(g));
     SUCCESS
 }

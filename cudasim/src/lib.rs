@@ -79,6 +79,75 @@ fn env_bytes(name: &str, default: usize) -> usize {
     }
 }
 
+// ---- fault injection and what tests may ask ------------------------------------
+
+/// `KILN_CUDASIM_FAIL=name:N[,name:N...]`: the first N calls of each named
+/// entry point fail (read once per process). Entry points that can be made
+/// to fail: `cuMemAlloc_v2`, `cuMemFree_v2`, `cuMemAllocHost_v2`,
+/// `cuEventCreate` and `cublasCreate_v2`.
+pub(crate) fn injected_failure(name: &str) -> bool {
+    static FAILS: OnceLock<Mutex<HashMap<String, u64>>> = OnceLock::new();
+    let fails = FAILS.get_or_init(|| {
+        let mut m = HashMap::new();
+        for item in std::env::var("KILN_CUDASIM_FAIL").unwrap_or_default().split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            match item.split_once(':').and_then(|(n, c)| c.trim().parse::<u64>().ok().map(|c| (n.trim().to_string(), c))) {
+                Some((n, c)) => {
+                    m.insert(n, c);
+                }
+                None => log(&format!("KILN_CUDASIM_FAIL: `{item}` is not name:count; ignored")),
+            }
+        }
+        Mutex::new(m)
+    });
+    let mut fails = lock(fails);
+    match fails.get_mut(name) {
+        Some(left) if *left > 0 => {
+            *left -= 1;
+            log(&format!("{name}: failing as KILN_CUDASIM_FAIL asks"));
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Per kernel name: (launches, grid of the last launch).
+fn launches() -> &'static Mutex<HashMap<String, (u64, u32)>> {
+    static L: OnceLock<Mutex<HashMap<String, (u64, u32)>>> = OnceLock::new();
+    L.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// cuBLAS gemms queued so far.
+pub(crate) static GEMMS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// What a test may ask the simulator (it finds this function with `dlsym`
+/// in the loaded `libcuda.so`): `pinned_bytes` and `pinned_blocks` (live
+/// page-locked host memory), `events` (live events), `gemms` (cuBLAS gemms
+/// queued), `launches:NAME` and `grid:NAME` (launches of kernel NAME, and
+/// the grid of the last one), `device_bytes:N` (device N's memory in use).
+/// -1 for a question it does not know.
+#[no_mangle]
+pub unsafe extern "C" fn kiln_cudasim_stat(what: *const c_char) -> i64 {
+    if what.is_null() {
+        return -1;
+    }
+    let what = CStr::from_ptr(what).to_string_lossy();
+    let Some(sim) = sim() else { return -1 };
+    let mem = || lock(&sim.mem);
+    match what.split_once(':') {
+        None => match what.as_ref() {
+            "pinned_bytes" => mem().host_bytes as i64,
+            "pinned_blocks" => mem().host.len() as i64,
+            "events" => registry().events.len() as i64,
+            "gemms" => GEMMS.load(Ordering::SeqCst) as i64,
+            _ => -1,
+        },
+        Some(("launches", name)) => lock(launches()).get(name).map(|l| l.0 as i64).unwrap_or(0),
+        Some(("grid", name)) => lock(launches()).get(name).map(|l| l.1 as i64).unwrap_or(0),
+        Some(("device_bytes", dev)) => dev.parse::<usize>().ok().and_then(|d| mem().used.get(d).copied()).map(|b| b as i64).unwrap_or(-1),
+        _ => -1,
+    }
+}
+
 // ---- devices and contexts ---------------------------------------------------
 
 pub(crate) struct Ctx {
@@ -106,6 +175,9 @@ impl Ctx {
 
 struct Device {
     capacity: usize,
+    /// Memory held outside this process (`KILN_CUDASIM_RESERVED`): counted
+    /// as used by cuMemGetInfo and unavailable to cuMemAlloc.
+    reserved: usize,
     ctx: &'static Ctx,
     /// peers[j]: this device's kernels and copies may touch device j's memory.
     peers: Mutex<Vec<bool>>,
@@ -144,10 +216,12 @@ fn sim() -> Option<&'static Sim> {
         }
         let n = std::env::var("KILN_CUDASIM_DEVICES").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(2);
         let capacity = env_bytes("KILN_CUDASIM_MEMORY", 1 << 30);
+        let reserved = env_bytes("KILN_CUDASIM_RESERVED", 0).min(capacity);
         let sms = std::env::var("KILN_CUDASIM_SMS").ok().and_then(|v| v.trim().parse::<i32>().ok()).unwrap_or(2).max(1);
         let devices = (0..n)
             .map(|dev| Device {
                 capacity,
+                reserved,
                 ctx: Box::leak(Box::new(Ctx { dev, sticky: Mutex::new(None), default_stream: OnceLock::new() })),
                 peers: Mutex::new(vec![false; n]),
             })
@@ -679,9 +753,9 @@ pub unsafe extern "C" fn cuMemAlloc_v2(ptr: *mut CUdeviceptr, bytes: usize) -> C
     if ptr.is_null() || bytes == 0 {
         return INVALID_VALUE;
     }
-    let cap = sim.devices[ctx.dev].capacity;
+    let d = &sim.devices[ctx.dev];
     let mut mem = lock(&sim.mem);
-    if mem.used[ctx.dev].saturating_add(bytes) > cap {
+    if mem.used[ctx.dev].saturating_add(d.reserved).saturating_add(bytes) > d.capacity || injected_failure("cuMemAlloc_v2") {
         return OUT_OF_MEMORY;
     }
     let Some(l) = layout(bytes) else { return OUT_OF_MEMORY };
@@ -715,6 +789,10 @@ pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
         log(&format!("cuMemFree of device {dev} memory while device {}'s context is current", ctx.dev));
         return INVALID_CONTEXT;
     }
+    if injected_failure("cuMemFree_v2") {
+        // The block stays allocated, as after a failed free on a GPU.
+        return INVALID_VALUE;
+    }
     mem.dev.remove(&ptr);
     mem.used[dev] -= len;
     // Poisoned and kept mapped for a while, so that work still queued on it
@@ -742,9 +820,9 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     if free.is_null() || total.is_null() {
         return INVALID_VALUE;
     }
-    let cap = sim.devices[ctx.dev].capacity;
-    *total = cap;
-    *free = cap.saturating_sub(lock(&sim.mem).used[ctx.dev]);
+    let d = &sim.devices[ctx.dev];
+    *total = d.capacity;
+    *free = d.capacity.saturating_sub(d.reserved).saturating_sub(lock(&sim.mem).used[ctx.dev]);
     SUCCESS
 }
 
@@ -773,6 +851,9 @@ unsafe fn host_alloc(pp: *mut *mut c_void, bytes: usize) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) -> CUresult {
+    if injected_failure("cuMemAllocHost_v2") {
+        return OUT_OF_MEMORY;
+    }
     host_alloc(pp, bytes)
 }
 
@@ -998,6 +1079,9 @@ pub unsafe extern "C" fn cuEventCreate(out: *mut *mut c_void, _flags: c_uint) ->
     let _ = tri!(current());
     if out.is_null() {
         return INVALID_VALUE;
+    }
+    if injected_failure("cuEventCreate") {
+        return OUT_OF_MEMORY;
     }
     let h = Box::into_raw(Box::new(Mutex::new(EventState { recorded: None }))) as *mut c_void;
     registry().events.insert(h as usize);
@@ -1229,6 +1313,11 @@ pub unsafe extern "C" fn cuLaunchKernel(
         args.push(words);
     }
     let ptrs = k.is_ptr.iter().enumerate().filter(|(_, &p)| p).map(|(i, _)| i).collect();
+    {
+        let mut l = lock(launches());
+        let entry = l.entry(name.clone()).or_insert((0, 0));
+        *entry = (entry.0 + 1, gx);
+    }
     s.push(Op::Kernel { name, index: k.index, grid: gx, block: bx, args, ptrs });
     SUCCESS
 }

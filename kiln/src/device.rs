@@ -394,6 +394,18 @@ pub fn why_not_gpu(i: usize) -> Option<FallbackReason> {
     Some(registry().real.absent.clone().unwrap_or(FallbackReason::IndexOutOfRange { index: i, count }))
 }
 
+/// Why there is no CUDA device, or None when there is one. Unlike
+/// [`why_not_gpu`], it answers also when simulated GPUs are present.
+///
+/// ```
+/// if !kiln::devices().iter().any(|d| d.kind == kiln::DeviceKind::Cuda) {
+///     assert!(kiln::why_no_cuda_device().is_some());
+/// }
+/// ```
+pub fn why_no_cuda_device() -> Option<FallbackReason> {
+    registry().real.absent.clone()
+}
+
 /// Every GPU, or `[cpu()]` when there is none (the chapter's documented
 /// contract, so that code written for GPUs still runs).
 pub fn try_all_gpus() -> Vec<Device> {

@@ -52,8 +52,8 @@ pub use backend::QueueHold;
 pub use backprop::{is_grad_enabled, no_grad, NoGradGuard};
 pub use device::{
     cpu, default_device, default_device_scope, devices, empty_cache, ensure_simulated_gpus, env_flag, gpu, memory_stats, num_gpus,
-    reset_peak_memory, synchronize, try_all_gpus, try_ensure_simulated_gpus, try_gpu, why_not_gpu, DefaultDeviceGuard, Device, DeviceInfo,
-    DeviceKind, FallbackReason, DEFAULT_SIM_GPU_MEMORY, MAX_SIM_GPUS,
+    reset_peak_memory, synchronize, try_all_gpus, try_ensure_simulated_gpus, try_gpu, why_no_cuda_device, why_not_gpu, DefaultDeviceGuard,
+    Device, DeviceInfo, DeviceKind, FallbackReason, DEFAULT_SIM_GPU_MEMORY, MAX_SIM_GPUS,
 };
 #[doc(hidden)]
 pub use device::{hold_queue, inject_kernel_failure};

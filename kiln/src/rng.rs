@@ -77,12 +77,24 @@ pub fn manual_seed(seed: u64) {
 }
 
 /// Reserves `n` counters of this thread's generator: (seed, first counter).
+/// The counter wraps around after 2^64 values, as Philox's counter space does.
 pub(crate) fn reserve(n: usize) -> (u64, u64) {
     STATE.with(|s| {
         let (seed, offset) = s.get();
-        s.set((seed, offset + n as u64));
+        s.set((seed, offset.wrapping_add(n as u64)));
         (seed, offset)
     })
+}
+
+/// This thread's generator state, to put back with [`restore`] when the
+/// operation that reserved counters fails.
+pub(crate) fn state() -> (u64, u64) {
+    STATE.with(|s| s.get())
+}
+
+/// Puts back a state taken with [`state`].
+pub(crate) fn restore(state: (u64, u64)) {
+    STATE.with(|s| s.set(state));
 }
 
 /// A random u64 from the thread's generator (for shuffles).

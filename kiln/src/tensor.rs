@@ -381,8 +381,15 @@ impl Tensor {
             return Err(Error::UnsupportedDType { op: "rand".into(), dtype });
         }
         let len = shape.checked_elem_count("rand")?;
+        // Allocated before the generator moves: a refused allocation (or a
+        // failed kernel) leaves the thread's random stream as it was.
+        let out = backend::alloc_on(b, *device, dtype, len)?;
+        let before = rng::state();
         let (seed, offset) = rng::reserve(len);
-        let out = backend::run_new(b, *device, &Kernel::Random { seed, offset, dist }, dtype, len)?;
+        if let Err(err) = backend::launch_into(&Kernel::Random { seed, offset, dist }, &out) {
+            rng::restore(before);
+            return Err(err);
+        }
         Ok(Tensor::from_storage(out, shape))
     }
 

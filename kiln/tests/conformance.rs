@@ -382,6 +382,7 @@ fn sums_of_many_elements_agree_across_devices() {
         assert_close(&f32s(&x.sum(0).unwrap(), d), &reference, 1e-6, &format!("column sums on {d}"));
         assert_close(&f32s(&x.sum_all().unwrap(), d), &[total], 1e-6, &format!("total on {d}"));
         assert_close(&f32s(&x.t().unwrap().sum(1).unwrap(), d), &reference, 1e-6, &format!("transposed sums on {d}"));
+        common::report_ran(d);
     }
 }
 
@@ -829,6 +830,7 @@ fn to_shares_storage_on_the_same_device_and_copy_to_never_does() {
             let h = Tensor::new(&[1.5f32, -3.0], &d).unwrap().to_dtype(DType::BF16).unwrap().to(&e).unwrap();
             assert_eq!(h.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(), vec![1.5, -3.0]);
         }
+        common::report_ran(d);
     }
 }
 
@@ -892,6 +894,7 @@ fn device_mismatch_names_the_op_and_both_devices() {
             // Nothing was moved to make it work.
             assert_eq!((a.device(), b.device()), (l, r));
         }
+        common::report_ran(l);
     }
 }
 
@@ -1029,6 +1032,7 @@ fn no_such_device_lists_devices_and_suggests_try_gpu() {
         let x = Tensor::ones(2, DType::F32, &d).unwrap();
         check(x.to(&bad).unwrap_err());
         check(x.copy_to(&bad).unwrap_err());
+        common::report_ran(d);
     }
     check(kiln::memory_stats(&bad).unwrap_err());
     check(kiln::synchronize(&bad).unwrap_err());
@@ -1094,5 +1098,6 @@ fn gradients_flow_back_across_devices() {
             assert_eq!(g.device(), d, "the gradient of a leaf lives on the leaf's device");
             assert_eq!(f32s(&g, d), vec![18., -36.]);
         }
+        common::report_ran(d);
     }
 }

@@ -10,22 +10,53 @@
 //! This binary never creates simulated GPUs, so that the GPU count seen here
 //! is the machine's (plus any `KILN_SIM_GPUS`).
 
+#[macro_use]
 mod common;
 
+use common::{Ran, Skip};
 use kiln::{cpu, DType, Device, DeviceKind, Error, FallbackReason, Result, Tensor};
 use std::sync::RwLock;
+
+fn main() -> std::process::ExitCode {
+    common::run_suite(trials![
+        gpu_count_is_cuda_devices_then_simulated_ones,
+        without_a_driver_try_gpu_falls_back_and_says_why,
+        with_a_driver_but_no_device_try_gpu_says_so,
+        nvrtc_compiles_every_kernel_family_for_sm90,
+        cuda_device_reports_itself,
+        cuda_creation_and_random_match_the_cpu,
+        cuda_elementwise_ops_match_the_cpu,
+        cuda_reductions_match_the_cpu,
+        cuda_matmul_matches_the_cpu,
+        cuda_copies_casts_and_indexing_match_the_cpu,
+        cuda_memory_is_booked_returned_and_bounded,
+        cuda_transfers_are_ledgered_and_round_trip,
+        cuda_negative_indices_select_nothing_like_the_other_devices,
+        cuda_integer_argmax_is_exact_above_2_pow_53,
+        cuda_full_reductions_over_many_blocks_match_the_cpu,
+        cuda_cached_bytes_are_reported_and_empty_cache_returns_them_from_any_thread,
+        cuda_empty_cache_waits_for_queued_kernels_that_used_cached_blocks,
+        cuda_empty_cache_does_not_free_blocks_reused_while_it_waits,
+        cuda_uploads_do_not_wait_for_earlier_work,
+        cuda_staging_buffers_are_not_reused_before_their_copy_ran,
+        cuda_an_upload_past_the_last_staging_chunk_waits_for_the_oldest_copy,
+        no_cuda_device_is_listed_without_nvrtc,
+        a_kiln_nvrtc_lib_that_cannot_be_loaded_leaves_no_cuda_device_and_is_named,
+        cuda_to_cuda_copies_are_peer_copies_that_do_not_block_the_host,
+        cuda_a_driver_out_of_memory_empties_the_cache_and_retries_before_failing,
+        cuda_a_lone_pinned_staging_chunk_and_its_event_are_not_leaked,
+        cuda_matmul_uses_cublas_again_after_a_failed_cublas_create,
+        cuda_full_reductions_launch_many_blocks,
+        cuda_empty_cache_reports_a_failed_cumemfree,
+    ])
+}
 
 fn cuda_devices() -> Vec<Device> {
     kiln::devices().into_iter().filter(|d| d.kind == DeviceKind::Cuda).map(|d| d.device).collect()
 }
 
-fn required(var: &str) -> bool {
-    std::env::var(var).map(|v| v == "1").unwrap_or(false)
-}
-
 // ---- without a GPU ---------------------------------------------------------
 
-#[test]
 fn gpu_count_is_cuda_devices_then_simulated_ones() {
     let list = kiln::devices();
     let cuda = list.iter().filter(|d| d.kind == DeviceKind::Cuda).count();
@@ -40,11 +71,9 @@ fn gpu_count_is_cuda_devices_then_simulated_ones() {
     }
 }
 
-#[test]
-fn without_a_driver_try_gpu_falls_back_and_says_why() {
+fn without_a_driver_try_gpu_falls_back_and_says_why() -> Ran {
     if kiln::cuda_check::driver_present() {
-        common::skip("a CUDA driver library is present on this machine");
-        return;
+        return Err(common::skip("a CUDA driver library is present on this machine"));
     }
     assert!(cuda_devices().is_empty());
     let sims = kiln::devices().iter().filter(|d| d.kind == DeviceKind::Simulated).count();
@@ -60,13 +89,12 @@ fn without_a_driver_try_gpu_falls_back_and_says_why() {
     // Work still runs, on the CPU.
     let x = Tensor::ones((2, 2), DType::F32, &kiln::try_gpu(sims)).and_then(|t| t.sum_all()).and_then(|s| s.to_scalar::<f32>());
     assert_eq!(x.ok(), Some(4.0));
+    Ok(())
 }
 
-#[test]
-fn with_a_driver_but_no_device_try_gpu_says_so() {
+fn with_a_driver_but_no_device_try_gpu_says_so() -> Ran {
     if !kiln::cuda_check::driver_present() || !cuda_devices().is_empty() {
-        common::skip("needs a CUDA driver library and no CUDA device (e.g. LD_LIBRARY_PATH to an unpacked libcuda1)");
-        return;
+        return Err(common::skip("needs a CUDA driver library and no CUDA device (e.g. LD_LIBRARY_PATH to an unpacked libcuda1)"));
     }
     let sims = kiln::devices().iter().filter(|d| d.kind == DeviceKind::Simulated).count();
     assert_eq!(kiln::num_gpus(), sims);
@@ -77,17 +105,16 @@ fn with_a_driver_but_no_device_try_gpu_says_so() {
         println!("driver present, no device: {why}");
         assert_eq!(kiln::try_gpu(0), cpu());
     }
+    Ok(())
 }
 
-#[test]
-fn nvrtc_compiles_every_kernel_family_for_sm90() {
-    let require = required("KILN_REQUIRE_NVRTC");
+fn nvrtc_compiles_every_kernel_family_for_sm90() -> Ran {
+    let require = common::required("KILN_REQUIRE_NVRTC");
     let version = match kiln::cuda_check::nvrtc_version() {
         Ok(v) => v,
         Err(why) => {
             assert!(!require, "KILN_REQUIRE_NVRTC=1 but NVRTC cannot be loaded: {why}");
-            common::skip(&why);
-            return;
+            return Err(common::skip(why));
         }
     };
     let archs: Vec<String> = std::env::var("KILN_CUDA_ARCHS")
@@ -144,6 +171,7 @@ fn nvrtc_compiles_every_kernel_family_for_sm90() {
         sources.len(),
         if ptxas.is_some() { ", assembled by ptxas" } else { "" }
     );
+    Ok(())
 }
 
 // ---- on a CUDA device --------------------------------------------------------
@@ -152,24 +180,30 @@ fn nvrtc_compiles_every_kernel_family_for_sm90() {
 /// the others share the devices (read lock).
 static DEVICES: RwLock<()> = RwLock::new(());
 
-/// Runs `f` on every CUDA device, or reports it skipped (a failure with
-/// KILN_REQUIRE_CUDA=1).
-fn on_cuda(test: &str, f: impl Fn(Device) -> Result<()>) {
+/// Runs `f` on every CUDA device, or reports the test skipped (a failure
+/// with KILN_REQUIRE_CUDA=1).
+fn on_cuda(test: &str, f: impl Fn(Device) -> Result<()>) -> Ran {
     let _shared = DEVICES.read().unwrap_or_else(|e| e.into_inner());
-    run_on_cuda(test, f);
+    run_on_cuda(test, f)
 }
 
 /// Like `on_cuda`, with no other test of this binary using the devices.
-fn on_cuda_alone(test: &str, f: impl Fn(Device) -> Result<()>) {
+fn on_cuda_alone(test: &str, f: impl Fn(Device) -> Result<()>) -> Ran {
     let _alone = DEVICES.write().unwrap_or_else(|e| e.into_inner());
-    run_on_cuda(test, f);
+    run_on_cuda(test, f)
 }
 
-fn run_on_cuda(test: &str, f: impl Fn(Device) -> Result<()>) {
+fn no_cuda_device() -> Skip {
+    common::skip_no_cuda(format!(
+        "no CUDA device: {}; `scripts/cudasim.sh cargo test -p kiln --test cuda` runs these on the CUDA simulator",
+        common::why_no_cuda()
+    ))
+}
+
+fn run_on_cuda(test: &str, f: impl Fn(Device) -> Result<()>) -> Ran {
     let devs = cuda_devices();
     if devs.is_empty() {
-        common::skip_no_cuda(&format!("no CUDA device ({})", kiln::why_not_gpu(0).map(|w| w.to_string()).unwrap_or_default()));
-        return;
+        return Err(no_cuda_device());
     }
     for d in devs {
         if let Err(e) = f(d) {
@@ -177,6 +211,7 @@ fn run_on_cuda(test: &str, f: impl Fn(Device) -> Result<()>) {
         }
         common::report_ran(d);
     }
+    Ok(())
 }
 
 fn same(gpu: &Tensor, host: &Tensor, what: &str) -> Result<()> {
@@ -204,8 +239,7 @@ fn sample(shape: &[usize], salt: u64) -> Result<Tensor> {
     Tensor::randn(shape, &cpu())
 }
 
-#[test]
-fn cuda_device_reports_itself() {
+fn cuda_device_reports_itself() -> Ran {
     on_cuda("cuda_device_reports_itself", |d| {
         let info = kiln::devices().into_iter().find(|i| i.device == d).expect("listed");
         assert_eq!(info.kind, DeviceKind::Cuda);
@@ -214,11 +248,10 @@ fn cuda_device_reports_itself() {
         assert!(info.details.iter().any(|(k, _)| k == "compute capability"), "{:?}", info.details);
         println!("{d}: {} {:?}", info.name, info.details);
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_creation_and_random_match_the_cpu() {
+fn cuda_creation_and_random_match_the_cpu() -> Ran {
     on_cuda("creation", |d| {
         for dtype in [DType::F32, DType::F64, DType::I64, DType::U8, DType::F16, DType::BF16] {
             same(&Tensor::full(3.75, (3, 5), dtype, &d)?, &Tensor::full(3.75, (3, 5), dtype, &cpu())?, "full")?;
@@ -239,11 +272,10 @@ fn cuda_creation_and_random_match_the_cpu() {
             close(&g, &h, 1e-6, "normal")?;
         }
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_elementwise_ops_match_the_cpu() {
+fn cuda_elementwise_ops_match_the_cpu() -> Ran {
     on_cuda("elementwise", |d| {
         let a = sample(&[4, 6], 1)?;
         let b = sample(&[6], 2)?;
@@ -284,11 +316,10 @@ fn cuda_elementwise_ops_match_the_cpu() {
         let u = Tensor::new(&[250u8, 3, 7], &cpu())?;
         same(&u.to(&d)?.add_scalar(10.0)?, &u.add_scalar(10.0)?, "u8 wraps")?;
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_reductions_match_the_cpu() {
+fn cuda_reductions_match_the_cpu() -> Ran {
     on_cuda("reductions", |d| {
         let a = sample(&[3, 50, 7], 3)?;
         let g = a.to(&d)?;
@@ -310,11 +341,10 @@ fn cuda_reductions_match_the_cpu() {
         let i = Tensor::arange_dtype(0.0, 1000.0, 1.0, DType::I64, &d)?;
         assert_eq!(i.sum_all()?.to_scalar::<i64>()?, 499_500);
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_matmul_matches_the_cpu() {
+fn cuda_matmul_matches_the_cpu() -> Ran {
     on_cuda("matmul", |d| {
         let a = sample(&[2, 3, 33, 17], 5)?;
         let b = sample(&[3, 17, 9], 6)?;
@@ -337,11 +367,10 @@ fn cuda_matmul_matches_the_cpu() {
         let empty = Tensor::zeros((4, 0), DType::F32, &d)?.matmul(&Tensor::zeros((0, 3), DType::F32, &d)?)?;
         assert_eq!(empty.to_vec::<f32>()?, vec![0.0; 12]);
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_copies_casts_and_indexing_match_the_cpu() {
+fn cuda_copies_casts_and_indexing_match_the_cpu() -> Ran {
     on_cuda("copies", |d| {
         let a = sample(&[5, 4], 8)?.mul_scalar(100.0)?;
         let all = [DType::F32, DType::F64, DType::I64, DType::U8, DType::F16, DType::BF16];
@@ -369,11 +398,10 @@ fn cuda_copies_casts_and_indexing_match_the_cpu() {
         w.narrow(1, 1, 2)?.assign(&Tensor::ones((3, 2), DType::F32, &d)?)?;
         assert_eq!(w.to_vec::<f32>()?, vec![0., 1., 1., 0., 1., 1., 0., 1., 1.]);
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_memory_is_booked_returned_and_bounded() {
+fn cuda_memory_is_booked_returned_and_bounded() -> Ran {
     // Exact `in_use` figures: no other test may allocate meanwhile.
     on_cuda_alone("memory", |d| {
         kiln::synchronize(&d)?;
@@ -394,11 +422,10 @@ fn cuda_memory_is_booked_returned_and_bounded() {
         // The device still works after the refusal.
         assert_eq!(Tensor::ones(3, DType::F32, &d)?.sum_all()?.to_scalar::<f32>()?, 3.0);
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_transfers_are_ledgered_and_round_trip() {
+fn cuda_transfers_are_ledgered_and_round_trip() -> Ran {
     on_cuda("transfers", |d| {
         let before = kiln::thread_transfer_stats();
         let host: Vec<f32> = (0..3_000_000).map(|i| i as f32).collect();
@@ -412,7 +439,7 @@ fn cuda_transfers_are_ledgered_and_round_trip() {
         assert_eq!(back.device(), cpu());
         kiln::synchronize(&d)?;
         Ok(())
-    });
+    })
 }
 
 // ---- defects the CUDA simulator found (issue 11) ---------------------------
@@ -433,8 +460,7 @@ fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send
     }
 }
 
-#[test]
-fn cuda_negative_indices_select_nothing_like_the_other_devices() {
+fn cuda_negative_indices_select_nothing_like_the_other_devices() -> Ran {
     on_cuda("negative indices", |d| {
         let x = Tensor::new(&[[1f32, 2.], [3., 4.], [5., 6.]], &d)?;
         let ids = Tensor::new(&[-1i64, 1, i64::MIN, 2], &d)?;
@@ -445,11 +471,10 @@ fn cuda_negative_indices_select_nothing_like_the_other_devices() {
         let src = Tensor::ones((4, 2), DType::F32, &d)?;
         assert_eq!(dst.index_add(&ids, &src, 0)?.to_vec::<f32>()?, vec![0., 0., 1., 1., 1., 1.]);
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_integer_argmax_is_exact_above_2_pow_53() {
+fn cuda_integer_argmax_is_exact_above_2_pow_53() -> Ran {
     on_cuda("i64 argmax", |d| {
         let big = 1i64 << 60;
         let v = Tensor::new(&[big + 1, big + 2, big, big + 2], &d)?;
@@ -464,11 +489,10 @@ fn cuda_integer_argmax_is_exact_above_2_pow_53() {
         assert_eq!(long.argmax(0)?.to_vec::<i64>()?, vec![(n - 7) as i64]);
         assert_eq!(long.argmin(0)?.to_vec::<i64>()?, vec![(n - 3) as i64]);
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_full_reductions_over_many_blocks_match_the_cpu() {
+fn cuda_full_reductions_over_many_blocks_match_the_cpu() -> Ran {
     on_cuda("long reductions", |d| {
         for n in [4095usize, 100_000, 1_000_003] {
             let host = sample(&[n], n as u64)?;
@@ -486,11 +510,10 @@ fn cuda_full_reductions_over_many_blocks_match_the_cpu() {
             same(&h2.to(&d)?.argmax(1)?, &h2.argmax(1)?, &format!("row argmax of 2x{}", n / 2))?;
         }
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_cached_bytes_are_reported_and_empty_cache_returns_them_from_any_thread() {
+fn cuda_cached_bytes_are_reported_and_empty_cache_returns_them_from_any_thread() -> Ran {
     on_cuda_alone("cache", |d| {
         kiln::empty_cache(&d)?;
         assert_eq!(kiln::memory_stats(&d)?.cached, 0, "cached after empty_cache");
@@ -505,11 +528,10 @@ fn cuda_cached_bytes_are_reported_and_empty_cache_returns_them_from_any_thread()
         let free_after = kiln::devices().into_iter().find(|i| i.device == d).and_then(|i| i.memory_free).unwrap_or(0);
         assert!(free_after >= free_before + (4 << 20), "the driver got the cached blocks back: free {free_before} -> {free_after}");
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_empty_cache_waits_for_queued_kernels_that_used_cached_blocks() {
+fn cuda_empty_cache_waits_for_queued_kernels_that_used_cached_blocks() -> Ran {
     on_cuda_alone("free vs queue", |d| {
         let x = Tensor::full(1.5, 1 << 16, DType::F32, &d)?;
         kiln::synchronize(&d)?;
@@ -522,14 +544,13 @@ fn cuda_empty_cache_waits_for_queued_kernels_that_used_cached_blocks() {
         emptied.join().expect("no panic")?;
         assert!(y.to_vec::<f32>()?.iter().all(|&v| v == 2.5), "the kernel read its input after it was freed");
         Ok(())
-    });
+    })
 }
 
 /// empty_cache takes the cached blocks before it waits for the stream: a
 /// block that another thread takes from the cache, queues work on and gives
 /// back while empty_cache waits must not be freed under that work.
-#[test]
-fn cuda_empty_cache_does_not_free_blocks_reused_while_it_waits() {
+fn cuda_empty_cache_does_not_free_blocks_reused_while_it_waits() -> Ran {
     on_cuda_alone("free vs reuse", |d| {
         let n = 1 << 16;
         let x = Tensor::full(1.5, n, DType::F32, &d)?;
@@ -554,11 +575,10 @@ fn cuda_empty_cache_does_not_free_blocks_reused_while_it_waits() {
         emptied.expect("empty_cache did not return once the work queued before it had run")?;
         assert!(w.to_vec::<f32>()?.iter().all(|&v| v == 3.5), "a kernel used a block that empty_cache freed");
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_uploads_do_not_wait_for_earlier_work() {
+fn cuda_uploads_do_not_wait_for_earlier_work() -> Ran {
     on_cuda_alone("uploads overlap compute", |d| {
         let hold = kiln::hold_queue(&d)?.expect("a CUDA device has a queue to hold");
         // Three uploads while the queue is stopped: each must return once
@@ -572,11 +592,10 @@ fn cuda_uploads_do_not_wait_for_earlier_work() {
             assert!(t.to_vec::<f32>()?.iter().all(|&v| v == i as f32), "upload {i}");
         }
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn cuda_staging_buffers_are_not_reused_before_their_copy_ran() {
+fn cuda_staging_buffers_are_not_reused_before_their_copy_ran() -> Ran {
     on_cuda_alone("staging reuse", |d| {
         let n = 10_000_000usize; // 40 MB: five staging chunks
         let host: Vec<f32> = (0..n).map(|i| (i % 100_003) as f32).collect();
@@ -587,13 +606,12 @@ fn cuda_staging_buffers_are_not_reused_before_their_copy_ran() {
         let x = up.expect("the upload waited for the held queue")?;
         assert!(x.to_vec::<f32>()? == host, "40 MB uploaded while the queue was held came back different");
         Ok(())
-    });
+    })
 }
 
 /// More pieces than a device keeps staging chunks (8 of 8 MiB): the ninth
 /// piece must wait for the copy of the first before refilling its chunk.
-#[test]
-fn cuda_an_upload_past_the_last_staging_chunk_waits_for_the_oldest_copy() {
+fn cuda_an_upload_past_the_last_staging_chunk_waits_for_the_oldest_copy() -> Ran {
     on_cuda_alone("staging reuse past the last chunk", |d| {
         let n = 20_000_000usize; // 80 MB: ten staging chunks' worth
         let host: Vec<f32> = (0..n).map(|i| (i % 100_003) as f32).collect();
@@ -617,27 +635,25 @@ fn cuda_an_upload_past_the_last_staging_chunk_waits_for_the_oldest_copy() {
             "80 MB uploaded while the queue was held came back different (the upload finished while held: {finished_early})"
         );
         Ok(())
-    });
+    })
 }
 
-#[test]
-fn no_cuda_device_is_listed_without_nvrtc() {
+fn no_cuda_device_is_listed_without_nvrtc() -> Ran {
     if std::env::var("KILN_EXPECT_NO_NVRTC").map(|v| v != "1").unwrap_or(true) {
-        common::skip("run by CI with the CUDA simulator and no NVRTC (KILN_EXPECT_NO_NVRTC=1)");
-        return;
+        return Err(common::skip("run by CI with the CUDA simulator and no NVRTC (KILN_EXPECT_NO_NVRTC=1)"));
     }
     assert!(kiln::cuda_check::driver_present(), "this check needs the CUDA (simulator) driver");
     assert!(cuda_devices().is_empty(), "a CUDA device is listed although NVRTC is missing");
     let why = kiln::why_not_gpu(0).expect("a reason").to_string();
     assert!(why.contains("NVRTC") && why.contains("unusable"), "{why}");
     println!("without NVRTC: {why}");
+    Ok(())
 }
 
 /// A `KILN_NVRTC_LIB` that cannot be loaded must not fall back to another
 /// NVRTC: no CUDA device is listed, and the reason names the path. Runs this
 /// test binary again with the variable set (NVRTC is loaded once a process).
-#[test]
-fn a_kiln_nvrtc_lib_that_cannot_be_loaded_leaves_no_cuda_device_and_is_named() {
+fn a_kiln_nvrtc_lib_that_cannot_be_loaded_leaves_no_cuda_device_and_is_named() -> Ran {
     const BOGUS: &str = "/nonexistent/kiln-test/libnvrtc.so.12";
     if std::env::var("KILN_NVRTC_LIB").ok().as_deref() == Some(BOGUS) {
         assert!(cuda_devices().is_empty(), "a CUDA device is listed although KILN_NVRTC_LIB={BOGUS} cannot be loaded");
@@ -646,12 +662,11 @@ fn a_kiln_nvrtc_lib_that_cannot_be_loaded_leaves_no_cuda_device_and_is_named() {
         let nvrtc = kiln::cuda_check::nvrtc_version().expect_err("another NVRTC was used");
         assert!(nvrtc.contains(BOGUS), "{nvrtc}");
         println!("CHILD-OK with a bogus KILN_NVRTC_LIB: {why}");
-        return;
+        return Ok(());
     }
     let devs = cuda_devices();
     if devs.is_empty() {
-        common::skip_no_cuda("needs a CUDA device (and its NVRTC) to show that a bogus KILN_NVRTC_LIB takes it away");
-        return;
+        return Err(common::skip_no_cuda("needs a CUDA device (and its NVRTC) to show that a bogus KILN_NVRTC_LIB takes it away"));
     }
     let name = common::test_name();
     let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
@@ -665,15 +680,14 @@ fn a_kiln_nvrtc_lib_that_cannot_be_loaded_leaves_no_cuda_device_and_is_named() {
     for d in devs {
         common::report_ran(d);
     }
+    Ok(())
 }
 
-#[test]
-fn cuda_to_cuda_copies_are_peer_copies_that_do_not_block_the_host() {
+fn cuda_to_cuda_copies_are_peer_copies_that_do_not_block_the_host() -> Ran {
     let _alone = DEVICES.write().unwrap_or_else(|e| e.into_inner());
     let devs = cuda_devices();
     if devs.len() < 2 {
-        common::skip_no_cuda(&format!("needs two CUDA devices, has {}", devs.len()));
-        return;
+        return Err(common::skip_no_cuda(format!("needs two CUDA devices, has {}", devs.len())));
     }
     let (a, b) = (devs[0], devs[1]);
     let run = || -> Result<()> {
@@ -709,4 +723,198 @@ fn cuda_to_cuda_copies_are_peer_copies_that_do_not_block_the_host() {
     }
     common::report_ran(a);
     common::report_ran(b);
+    Ok(())
+}
+
+// ---- fixed defects, checked with the CUDA simulator's fault injection -------
+
+/// The CUDA simulator's answer to `what` (`kiln_cudasim_stat` in the loaded
+/// `libcuda.so`; see cudasim/src/lib.rs), or None when the driver is not the
+/// simulator.
+fn sim_stat(what: &str) -> Option<i64> {
+    type Stat = unsafe extern "C" fn(*const std::ffi::c_char) -> i64;
+    let what = std::ffi::CString::new(what).ok()?;
+    // SAFETY: RTLD_NOLOAD only finds a library that is loaded already (the
+    // driver kiln opened); the simulator's `kiln_cudasim_stat` has this
+    // signature, and the library stays loaded (kiln holds it) after dlclose.
+    unsafe {
+        let lib = libc::dlopen(c"libcuda.so".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        if lib.is_null() {
+            return None;
+        }
+        let f = libc::dlsym(lib, c"kiln_cudasim_stat".as_ptr());
+        libc::dlclose(lib);
+        if f.is_null() {
+            return None;
+        }
+        let f: Stat = std::mem::transmute::<*mut std::ffi::c_void, Stat>(f);
+        Some(f(what.as_ptr()))
+    }
+}
+
+#[track_caller]
+fn stat(what: &str) -> i64 {
+    sim_stat(what).unwrap_or_else(|| panic!("the CUDA simulator does not answer `{what}`"))
+}
+
+/// The CUDA devices when they are the simulator's, else why the test cannot
+/// run (no CUDA device, or real ones, on which faults cannot be injected).
+fn simulated_cuda() -> std::result::Result<Vec<Device>, Skip> {
+    let devs = cuda_devices();
+    if devs.is_empty() {
+        return Err(no_cuda_device());
+    }
+    if sim_stat("events").is_none() {
+        return Err(common::skip("needs the CUDA simulator (scripts/cudasim.sh): its fault injection and launch records"));
+    }
+    Ok(devs)
+}
+
+/// Runs `child` on gpu(0) in a child process of this test binary whose CUDA
+/// simulator is set up by `env` (its settings are read once per process).
+fn in_simulator_child(env: &[(&str, &str)], child: impl Fn(Device) -> Result<()>) -> Ran {
+    if common::is_child() {
+        let d = cuda_devices()[0];
+        if let Err(e) = child(d) {
+            panic!("on {d}: {e}");
+        }
+        println!("CHILD-OK");
+        return Ok(());
+    }
+    let devs = simulated_cuda()?;
+    common::run_child(env);
+    common::report_ran(devs[0]);
+    Ok(())
+}
+
+fn cublas_status(d: Device) -> String {
+    let info = kiln::devices().into_iter().find(|i| i.device == d).expect("listed");
+    info.details.into_iter().find(|(k, _)| k == "cublas").map(|(_, v)| v).unwrap_or_default()
+}
+
+const MIB: usize = 1 << 20;
+
+/// When cuMemAlloc fails, kiln gives its cached blocks back to the driver and
+/// tries again; only if that fails too is it `OutOfMemory`. The device has
+/// 64 MiB of which 16 MiB are held by "another process"
+/// (`KILN_CUDASIM_RESERVED`), so kiln's books have room where the driver has
+/// none.
+fn cuda_a_driver_out_of_memory_empties_the_cache_and_retries_before_failing() -> Ran {
+    in_simulator_child(&[("KILN_CUDASIM_MEMORY", "64MiB"), ("KILN_CUDASIM_RESERVED", "16MiB")], |d| {
+        let x = Tensor::zeros(30 * MIB / 4, DType::F32, &d)?;
+        kiln::synchronize(&d)?;
+        drop(x);
+        assert_eq!(kiln::memory_stats(&d)?.cached, 30 * MIB, "the dropped block is cached");
+        // 32 MiB: nothing is in use, but the driver has 48 - 30 MiB left
+        // while the cache holds its block.
+        let y = Tensor::full(2.0, 32 * MIB / 4, DType::F32, &d)?;
+        let stats = kiln::memory_stats(&d)?;
+        assert_eq!((stats.in_use, stats.cached), (32 * MIB, 0), "the cache was given back for the retry");
+        assert_eq!(y.sum_all()?.to_scalar::<f32>()?, (16 * MIB) as f32);
+        // 20 MiB: kiln's books have room (32 of 64 MiB in use), the driver
+        // has not (16 reserved + 32), with or without the cache.
+        match Tensor::zeros(20 * MIB / 4, DType::F32, &d) {
+            Err(Error::OutOfMemory { device, requested, in_use, capacity }) => {
+                assert_eq!((device, requested, in_use, capacity), (d, 20 * MIB, 32 * MIB, 64 * MIB))
+            }
+            other => panic!("expected OutOfMemory from the driver, got {other:?}"),
+        }
+        assert_eq!(kiln::memory_stats(&d)?.in_use, 32 * MIB, "the refused allocation booked nothing");
+        // Recoverable: with y gone (its block cached), 20 MiB fits again.
+        drop(y);
+        let z = Tensor::ones(20 * MIB / 4, DType::F32, &d)?;
+        assert_eq!(z.sum_all()?.to_scalar::<f32>()?, (5 * MIB) as f32);
+        Ok(())
+    })
+}
+
+/// Staging needs two pinned chunks; when only one can be had (8 MiB of
+/// pinned memory allowed), or its event cannot be made, what was allocated
+/// is given back and transfers go without staging.
+fn cuda_a_lone_pinned_staging_chunk_and_its_event_are_not_leaked() -> Ran {
+    let check = |d: Device| -> Result<()> {
+        let events = stat("events");
+        assert_eq!(stat("pinned_bytes"), 0, "pinned memory before the first transfer");
+        for i in 0..3 {
+            let host: Vec<f32> = (0..100_000).map(|j| (i * 100_000 + j) as f32).collect();
+            let x = Tensor::from_vec(host.clone(), host.len(), &d)?;
+            assert_eq!(x.to_vec::<f32>()?, host, "transfer {i} without staging");
+        }
+        kiln::synchronize(&d)?;
+        assert_eq!((stat("pinned_bytes"), stat("pinned_blocks")), (0, 0), "a pinned staging chunk was leaked");
+        assert_eq!(stat("events"), events, "a staging chunk's event was leaked");
+        Ok(())
+    };
+    in_simulator_child(&[("KILN_CUDASIM_PINNED", "8MiB")], check)?;
+    in_simulator_child(&[("KILN_CUDASIM_FAIL", "cuEventCreate:1")], check)
+}
+
+/// A failed cublasCreate (say, out of memory) is not remembered: the next
+/// matmul creates cuBLAS and uses it.
+fn cuda_matmul_uses_cublas_again_after_a_failed_cublas_create() -> Ran {
+    in_simulator_child(&[("KILN_CUDASIM_FAIL", "cublasCreate_v2:1")], |d| {
+        let a = Tensor::new(&[[1f32, 2., 3.], [4., 5., 6.]], &d)?;
+        let b = Tensor::new(&[[1f32, 0.], [0., 1.], [1., 1.]], &d)?;
+        let expected = vec![4f32, 5., 10., 11.];
+        assert_eq!(cublas_status(d), "not loaded yet");
+        let (gemms, own) = (stat("gemms"), stat("launches:matmul_f32"));
+        assert_eq!(a.matmul(&b)?.to_vec::<f32>()?, expected, "with kiln's own kernel");
+        let status = cublas_status(d);
+        assert!(status.starts_with("no: cublasCreate failed"), "{status}");
+        assert_eq!((stat("gemms"), stat("launches:matmul_f32")), (gemms, own + 1), "the first matmul ran kiln's kernel");
+        assert_eq!(a.matmul(&b)?.to_vec::<f32>()?, expected, "with cuBLAS");
+        assert_eq!(cublas_status(d), "yes");
+        assert_eq!((stat("gemms"), stat("launches:matmul_f32")), (gemms + 1, own + 1), "the second matmul ran a cuBLAS gemm");
+        Ok(())
+    })
+}
+
+/// sum_all, mean_all, norm and a long argmax/argmin spread over the device:
+/// a first pass over many blocks, then one over their partial results.
+fn cuda_full_reductions_launch_many_blocks() -> Ran {
+    simulated_cuda()?;
+    on_cuda_alone("reduction grids", |d| {
+        let n = 1_000_000usize;
+        let x = Tensor::ones(n, DType::F32, &d)?;
+        let peak = Tensor::arange(0.0, n as f64, 1.0, &d)?.sub_scalar(700_000.0)?.abs()?.neg()?;
+        type Reduction<'a> = Box<dyn Fn() -> Result<f64> + 'a>;
+        let cases: Vec<(&str, &str, Reduction)> = vec![
+            ("sum_all", "reduce_partial_f32", Box::new(|| Ok(x.sum_all()?.to_scalar::<f32>()? as f64))),
+            ("mean_all", "reduce_partial_f32", Box::new(|| Ok(x.mean_all()?.to_scalar::<f32>()? as f64))),
+            ("norm", "reduce_partial_f32", Box::new(|| Ok(x.norm()?.to_scalar::<f32>()? as f64))),
+            ("argmax", "arg_partial_f32", Box::new(|| Ok(peak.argmax(0)?.to_scalar::<i64>()? as f64))),
+            ("argmin", "arg_partial_f32", Box::new(|| Ok(peak.neg()?.argmin(0)?.to_scalar::<i64>()? as f64))),
+        ];
+        let expected = [n as f64, 1.0, 1000.0, 700_000.0, 700_000.0];
+        for ((what, kernel, run), want) in cases.iter().zip(expected) {
+            let before = stat(&format!("launches:{kernel}"));
+            assert_eq!(run()?, want, "{what} of {n} elements");
+            assert_eq!(stat(&format!("launches:{kernel}")), before + 1, "{what}: one launch of {kernel}");
+            let grid = stat(&format!("grid:{kernel}"));
+            assert!(grid > 1, "{what} of {n} elements ran {kernel} on {grid} block(s)");
+            println!("{what} of {n} elements on {d}: {kernel} over {grid} blocks");
+        }
+        Ok(())
+    })
+}
+
+/// A cuMemFree that fails while emptying the cache is an error naming the
+/// device and the bytes, not dropped on the floor.
+fn cuda_empty_cache_reports_a_failed_cumemfree() -> Ran {
+    in_simulator_child(&[("KILN_CUDASIM_FAIL", "cuMemFree_v2:1")], |d| {
+        drop(Tensor::zeros(MIB, DType::F32, &d)?);
+        kiln::synchronize(&d)?;
+        assert_eq!(kiln::memory_stats(&d)?.cached, 4 * MIB);
+        match kiln::empty_cache(&d) {
+            Err(Error::Backend { device, msg }) => {
+                assert_eq!(device, d);
+                assert!(msg.contains("1 of 1 blocks (4.0 MiB) could not be freed") && msg.contains("cuMemFree"), "{msg}");
+            }
+            other => panic!("expected the failed cuMemFree as an error, got {other:?}"),
+        }
+        assert_eq!(kiln::memory_stats(&d)?.cached, 0, "the block left the cache");
+        kiln::empty_cache(&d)?;
+        assert_eq!(Tensor::ones(3, DType::F32, &d)?.sum_all()?.to_scalar::<f32>()?, 3.0, "the device still works");
+        Ok(())
+    })
 }

@@ -16,10 +16,14 @@
 //! PyTorch".
 //!
 //! Runs only when `KILN_TORCH_PYTHON` names a Python with torch (otherwise
-//! prints a SKIPPED line and passes). `scripts/diff-torch.sh` makes the venv
+//! the test is reported ignored, with the reason). `scripts/diff-torch.sh` makes the venv
 //! and runs it. `KILN_TORCH_CASES` (default 4000), `KILN_TORCH_SEED`
 //! (default 1), `KILN_TORCH_KEEP=path` keeps the cases file.
 
+#[macro_use]
+mod common;
+
+use common::Ran;
 use kiln::nn::{cross_entropy, mse_loss};
 use kiln::{cpu, DType, Device, Result, Tensor};
 use std::fmt::Write as _;
@@ -486,11 +490,13 @@ fn run_case(r: &mut Rng, id: usize, dev: Device) -> Result<Option<String>> {
     Ok(Some(s))
 }
 
-#[test]
-fn kiln_gradients_agree_with_pytorch() {
+fn main() -> std::process::ExitCode {
+    common::run_suite(trials![kiln_gradients_agree_with_pytorch])
+}
+
+fn kiln_gradients_agree_with_pytorch() -> Ran {
     let Ok(py) = std::env::var("KILN_TORCH_PYTHON") else {
-        eprintln!("diff_torch: SKIPPED (set KILN_TORCH_PYTHON to a Python with torch, or run scripts/diff-torch.sh)");
-        return;
+        return Err(common::skip("KILN_TORCH_PYTHON is not set (a Python with torch; scripts/diff-torch.sh makes one)"));
     };
     let cases: usize = std::env::var("KILN_TORCH_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(4000);
     let seed: u64 = std::env::var("KILN_TORCH_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
@@ -524,4 +530,5 @@ fn kiln_gradients_agree_with_pytorch() {
     let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     eprintln!("{report}");
     assert!(out.status.success(), "kiln's gradients and PyTorch's differ:\n{report}");
+    Ok(())
 }

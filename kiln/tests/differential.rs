@@ -7,14 +7,23 @@
 //! difference outside the README's table "Where kiln differs from PyTorch".
 //!
 //! Runs when a Python with numpy is found: `$KILN_NUMPY_PYTHON`, else
-//! `python3` if it imports numpy; otherwise it says so and passes. CI runs
-//! it through `.ci/differential.sh`, which installs numpy into a venv.
+//! `python3` if it imports numpy; otherwise the test is reported ignored,
+//! with the reason (a failure with `KILN_REQUIRE_NUMPY=1`). CI runs it
+//! through `.ci/differential.sh`, which installs numpy into a venv.
 //! `KILN_DIFF_CASES` (default 4000) and `KILN_DIFF_SEED` (default 1) change
 //! the run.
 
+#[macro_use]
+mod common;
+
+use common::Ran;
 use kiln::{cpu, DType, Device, Result, Tensor};
 use std::fmt::Write as _;
 use std::process::Command;
+
+fn main() -> std::process::ExitCode {
+    common::run_suite(trials![kiln_agrees_with_numpy])
+}
 
 /// xorshift64*: the cases are the same on every machine for a seed.
 struct Rng(u64);
@@ -355,11 +364,11 @@ impl NanTo for Tensor {
     }
 }
 
-#[test]
-fn kiln_agrees_with_numpy() {
+fn kiln_agrees_with_numpy() -> Ran {
     let Some(py) = python() else {
-        eprintln!("differential: skipped, no Python with numpy (set KILN_NUMPY_PYTHON, or run .ci/differential.sh)");
-        return;
+        let why = "no Python with numpy (set KILN_NUMPY_PYTHON, or run .ci/differential.sh)";
+        assert!(!common::required("KILN_REQUIRE_NUMPY"), "KILN_REQUIRE_NUMPY=1 but {why}");
+        return Err(common::skip(why));
     };
     let cases: usize = std::env::var("KILN_DIFF_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(4000);
     let seed: u64 = std::env::var("KILN_DIFF_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
@@ -386,4 +395,5 @@ fn kiln_agrees_with_numpy() {
     let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     eprintln!("{report}");
     assert!(out.status.success(), "kiln and numpy differ:\n{report}");
+    Ok(())
 }

@@ -1,5 +1,9 @@
-//! Layers, device moves, optimizers, the data loader, the Trainer (on the
-//! CPU and on simulated GPUs), checkpoints and IDX files.
+//! Layers, device moves, optimizers, the data loader, the Trainer,
+//! checkpoints and IDX files. What involves a device runs on the CPU, the two
+//! simulated GPUs and every CUDA device present (`KILN_REQUIRE_CUDA=1` makes
+//! having none a failure), booking a `RAN-CUDA` line for each CUDA device.
+
+mod common;
 
 use kiln::data::{make_regression, permutation, read_idx, synthetic_classification, synthetic_regression, DataLoader, DataModule};
 use kiln::nn::{
@@ -13,7 +17,35 @@ use std::io::Write;
 use std::path::PathBuf;
 
 fn sims() -> Vec<Device> {
-    kiln::ensure_simulated_gpus(2, 256 << 20)
+    common::sims()
+}
+
+/// Every GPU: the two simulated ones, then every CUDA device.
+fn gpus() -> Vec<Device> {
+    let mut all = sims();
+    all.extend(common::cuda_devices());
+    all
+}
+
+/// Pairs of distinct GPUs for moves between GPUs: the two simulated GPUs,
+/// then two CUDA devices (or the one CUDA device and a simulated GPU).
+fn gpu_pairs() -> Vec<(Device, Device)> {
+    let sims = sims();
+    let cuda = common::cuda_devices();
+    let mut pairs = vec![(sims[0], sims[1])];
+    match cuda.len() {
+        0 => {}
+        1 => pairs.push((cuda[0], sims[0])),
+        _ => pairs.push((cuda[0], cuda[1])),
+    }
+    pairs
+}
+
+/// Books the devices of a part of a test that succeeded (RAN-CUDA lines).
+fn ran(devices: &[Device]) {
+    for &d in devices {
+        common::report_ran(d);
+    }
 }
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -132,7 +164,15 @@ fn losses_have_exact_values_and_are_stable() -> Result<()> {
 
 #[test]
 fn to_moves_what_is_elsewhere_and_keeps_what_is_there() -> Result<()> {
-    let gpus = sims();
+    for (a, b) in gpu_pairs() {
+        to_moves_between(a, b)?;
+        ran(&[a, b]);
+    }
+    Ok(())
+}
+
+fn to_moves_between(a: Device, b: Device) -> Result<()> {
+    let gpus = [a, b];
     let mut net = Sequential::new().add(Linear::new(2, 3, &cpu())?).add(Linear::new(3, 1, &gpus[0])?);
     let before: Vec<Tensor> = net.parameters();
     net.to(&gpus[0])?;
@@ -154,7 +194,15 @@ fn to_moves_what_is_elsewhere_and_keeps_what_is_there() -> Result<()> {
 
 #[test]
 fn forward_with_input_elsewhere_names_the_parameter() -> Result<()> {
-    let gpus = sims();
+    for (a, b) in gpu_pairs() {
+        forward_with_input_elsewhere_on(a, b)?;
+        ran(&[a, b]);
+    }
+    Ok(())
+}
+
+fn forward_with_input_elsewhere_on(a: Device, b: Device) -> Result<()> {
+    let gpus = [a, b];
     let mut net = Sequential::new().add(LazyLinear::new(1));
     // LazyLinear creates its parameters on the input's device.
     net.forward(&Tensor::ones((2, 3), DType::F32, &gpus[0])?)?;
@@ -204,16 +252,18 @@ fn scratch() -> Result<ScratchRegression> {
 
 #[test]
 fn scratch_models_move_to_a_device_too() -> Result<()> {
-    let gpus = sims();
-    let mut m = scratch()?;
-    let w_before = m.w.to_vec::<f32>()?;
-    m.to(&gpus[1])?;
-    assert_eq!((m.w.device(), m.b.device()), (gpus[1], gpus[1]));
-    assert!(m.w.is_leaf() && m.b.is_leaf());
-    assert_eq!(m.w.to_vec::<f32>()?, w_before);
-    let kept = m.w.clone();
-    m.to(&gpus[1])?;
-    assert!(m.w.same_storage(&kept));
+    for gpu in gpus() {
+        let mut m = scratch()?;
+        let w_before = m.w.to_vec::<f32>()?;
+        m.to(&gpu)?;
+        assert_eq!((m.w.device(), m.b.device()), (gpu, gpu));
+        assert!(m.w.is_leaf() && m.b.is_leaf());
+        assert_eq!(m.w.to_vec::<f32>()?, w_before);
+        let kept = m.w.clone();
+        m.to(&gpu)?;
+        assert!(m.w.same_storage(&kept));
+        ran(&[gpu]);
+    }
     Ok(())
 }
 
@@ -221,7 +271,7 @@ fn scratch_models_move_to_a_device_too() -> Result<()> {
 
 #[test]
 fn sgd_updates_in_place_with_momentum_and_weight_decay() -> Result<()> {
-    for device in [cpu(), sims()[0]] {
+    for device in std::iter::once(cpu()).chain(gpus()) {
         let w = Tensor::new(&[1f32, -2.], &device)?.requires_grad_();
         let alias = w.clone();
         let mut opt = Sgd::new(vec![w.clone()], 0.1);
@@ -235,6 +285,7 @@ fn sgd_updates_in_place_with_momentum_and_weight_decay() -> Result<()> {
         // No gradient: the step skips the parameter.
         opt.step()?;
         assert_eq!(w.to_vec::<f32>()?, vec![0.8, -1.6]);
+        ran(&[device]);
     }
     // Momentum 0.9: v1 = g1, v2 = 0.9 v1 + g2, with a constant gradient 1.
     let p = Tensor::new(&[0f32], &cpu())?.requires_grad_();
@@ -257,7 +308,14 @@ fn sgd_updates_in_place_with_momentum_and_weight_decay() -> Result<()> {
 
 #[test]
 fn adam_first_step_is_lr_times_sign_and_converges() -> Result<()> {
-    let device = sims()[1];
+    for device in gpus() {
+        adam_on(device)?;
+        ran(&[device]);
+    }
+    Ok(())
+}
+
+fn adam_on(device: Device) -> Result<()> {
     let w = Tensor::new(&[3f32, -1.], &device)?.requires_grad_();
     let mut opt = Adam::new(vec![w.clone()], 0.1);
     w.sqr()?.sum_all()?.backward()?;
@@ -376,14 +434,13 @@ fn trainer_recovers_the_linear_model_on_the_cpu() -> Result<()> {
 }
 
 #[test]
-fn trainer_recovers_the_linear_model_on_each_simulated_gpu_reading_once_per_epoch() -> Result<()> {
-    let gpus = sims();
-    for (i, &gpu) in gpus.iter().enumerate() {
+fn trainer_recovers_the_linear_model_on_each_gpu_reading_once_per_epoch() -> Result<()> {
+    for gpu in gpus() {
         kiln::manual_seed(0);
         let data = synthetic_regression(1000, 1000, 32)?;
         let mut model = regression_model()?;
-        let mut trainer = if i == 0 && kiln::num_gpus() == gpus.len() {
-            // Only simulated GPUs here: num_gpus = 1 picks gpu(0), as in the chapter.
+        let mut trainer = if gpu == kiln::gpu(0) {
+            // num_gpus = 1 picks gpu(0), as in the chapter.
             Trainer::new(5, 1, 0.0)
         } else {
             Trainer::new(5, 1, 0.0).on_device(gpu)?
@@ -398,13 +455,13 @@ fn trainer_recovers_the_linear_model_on_each_simulated_gpu_reading_once_per_epoc
         assert_eq!(history.device, gpu);
         assert!(model.net.parameters().iter().all(|p| p.device() == gpu));
         assert_recovers(&model)?;
+        ran(&[gpu]);
     }
     Ok(())
 }
 
 #[test]
 fn trainer_prepares_batches_and_models_like_the_chapter() -> Result<()> {
-    let gpus = sims();
     let t = Trainer::new(1, 100, 0.0);
     assert_eq!(t.gpus().len(), kiln::num_gpus(), "gpus = first min(num_gpus, num_gpus())");
     let batch = t.prepare_batch(vec![Tensor::ones((2, 2), DType::F32, &cpu())?])?;
@@ -412,16 +469,26 @@ fn trainer_prepares_batches_and_models_like_the_chapter() -> Result<()> {
     let cpu_trainer = Trainer::new(1, 0, 0.0);
     let x = Tensor::ones((2, 2), DType::F32, &cpu())?;
     assert!(cpu_trainer.prepare_batch(vec![x.clone()])?[0].same_storage(&x), "no GPU: nothing moves");
-    let mut m = scratch()?;
-    Trainer::new(1, 1, 0.0).on_device(gpus[1])?.prepare_model(&mut m)?;
-    assert_eq!(m.w.device(), gpus[1]);
+    for gpu in gpus() {
+        let mut m = scratch()?;
+        Trainer::new(1, 1, 0.0).on_device(gpu)?.prepare_model(&mut m)?;
+        assert_eq!((m.w.device(), m.b.device()), (gpu, gpu));
+        ran(&[gpu]);
+    }
     assert!(Trainer::new(1, 0, 0.0).on_device(kiln::gpu(999)).is_err());
     Ok(())
 }
 
 #[test]
-fn trainer_trains_an_mlp_classifier_to_90_percent_on_a_simulated_gpu() -> Result<()> {
-    let gpu = sims()[0];
+fn trainer_trains_an_mlp_classifier_to_90_percent_on_each_gpu() -> Result<()> {
+    for gpu in gpus() {
+        mlp_classifier_on(gpu)?;
+        ran(&[gpu]);
+    }
+    Ok(())
+}
+
+fn mlp_classifier_on(gpu: Device) -> Result<()> {
     kiln::manual_seed(1);
     let data = synthetic_classification(2000, 500, 8, 4, 64)?;
     let net = Sequential::new().add(Linear::new(8, 32, &cpu())?).add(ReLU).add(Dropout::new(0.1)?).add(Linear::new(32, 4, &cpu())?);
@@ -476,7 +543,15 @@ fn values(m: &dyn Module) -> Vec<Vec<f32>> {
 
 #[test]
 fn checkpoints_round_trip_onto_a_chosen_device() -> Result<()> {
-    let gpus = sims();
+    for (a, b) in gpu_pairs() {
+        checkpoints_round_trip_between(a, b)?;
+        ran(&[a, b]);
+    }
+    Ok(())
+}
+
+fn checkpoints_round_trip_between(a: Device, b: Device) -> Result<()> {
+    let gpus = [a, b];
     let dir = temp_dir("ckpt");
     let path = dir.join("net.safetensors");
     // Saved from a GPU: parameters are read and written.
@@ -617,10 +692,13 @@ fn fashion_mnist_reads_idx_files_gzipped_or_not() -> Result<()> {
     assert_eq!(xv[1], 4.0 / 255.0);
     assert_eq!(xv[59], 236.0 / 255.0); // (59 * 4) mod 256
     assert_eq!(y.to_vec::<i64>()?, vec![7, 0, 9]);
-    let gpu = sims()[0];
-    let (xt, yt) = kiln::data::load_fashion_mnist(&dir, false, &gpu)?;
-    assert_eq!((xt.dims(), xt.device()), (&[1usize, 1, 4, 5][..], gpu));
-    assert_eq!(yt.to_vec::<i64>()?, vec![4]);
+    for gpu in gpus() {
+        let (xt, yt) = kiln::data::load_fashion_mnist(&dir, false, &gpu)?;
+        assert_eq!((xt.dims(), xt.device(), yt.device()), (&[1usize, 1, 4, 5][..], gpu, gpu));
+        assert_eq!(xt.to_vec::<f32>()?, pixels[..20].iter().map(|&p| p as f32 / 255.0).collect::<Vec<_>>());
+        assert_eq!(yt.to_vec::<i64>()?, vec![4]);
+        ran(&[gpu]);
+    }
     let module: DataModule = kiln::data::fashion_mnist(&dir, 2)?;
     assert_eq!((module.train.len(), module.val.as_ref().unwrap().len()), (2, 1));
     assert_eq!(read_idx(dir.join("t10k-labels-idx1-ubyte"))?.dims, vec![1]);

@@ -133,3 +133,18 @@ fn out_of_memory_and_dtype_hints_compile() {
     let hint = || -> kiln::Result<Tensor> { two.to_dtype(kiln::DType::F32)?.pow(&two.to_dtype(kiln::DType::F32)?) };
     assert_eq!(hint().unwrap().to_vec::<f32>().unwrap(), vec![4.0]);
 }
+
+/// A refused `rand` leaves the thread's random stream as it was (found by
+/// the memory suite on CUDA: the counters were reserved before the
+/// allocation, and a third huge request overflowed them, a panic in debug).
+#[test]
+fn a_refused_rand_leaves_the_random_stream_as_it_was() {
+    kiln::manual_seed(7);
+    let expected = Tensor::rand(5, &kiln::cpu()).unwrap().to_vec::<f32>().unwrap();
+    kiln::manual_seed(7);
+    for _ in 0..4 {
+        let refused = Tensor::rand(usize::MAX / 2, &kiln::cpu());
+        assert!(matches!(refused, Err(Error::OutOfMemory { .. }) | Err(Error::InvalidArgument { .. })), "{refused:?}");
+    }
+    assert_eq!(Tensor::rand(5, &kiln::cpu()).unwrap().to_vec::<f32>().unwrap(), expected);
+}

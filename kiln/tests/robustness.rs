@@ -7,12 +7,40 @@
 //! hung, instead of stalling the suite. Every test of this binary takes one
 //! lock, so the CPU's memory figures are exact.
 
+#[macro_use]
 mod common;
 
 use kiln::{cpu, memory_stats, synchronize, DType, Device, Error, Tensor};
 use std::sync::mpsc;
 use std::sync::Mutex;
 use std::time::Duration;
+
+fn main() -> std::process::ExitCode {
+    if let Ok(dir) = std::env::var("KILN_TEST_SAVE_LOOP_DIR") {
+        save_loop_child(&dir);
+    }
+    common::run_suite(trials![
+        opposite_assigns_on_two_threads_do_not_deadlock,
+        printing_an_empty_tensor_with_a_huge_dimension_does_not_abort,
+        empty_matmul_with_a_huge_batch_is_empty_not_an_abort,
+        reading_more_than_the_host_can_hold_is_out_of_memory,
+        kernels_skip_empty_tensors_however_large_their_other_dimensions,
+        size_arithmetic_never_wraps,
+        index_add_in_half_precision_adds_on_every_device,
+        a_failed_kernel_is_reported_on_the_cpu_at_once,
+        a_failed_kernel_on_a_simulated_gpu_is_reported_at_the_next_synchronising_call,
+        a_refused_allocation_books_nothing,
+        memory_freed_by_queued_work_is_reused_instead_of_out_of_memory,
+        the_launch_queue_is_bounded,
+        assigning_into_a_broadcast_view_is_refused,
+        from_vec_with_the_wrong_length_says_so,
+        too_many_simulated_gpus_is_an_error,
+        a_save_removes_the_temporary_files_of_killed_saves,
+        a_header_naming_a_tensor_twice_is_refused,
+        kills_mid_save_leave_no_torn_file_and_no_leftovers,
+        a_gzipped_idx_file_that_inflates_past_its_header_is_refused,
+    ])
+}
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -38,7 +66,6 @@ fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send
     }
 }
 
-#[test]
 fn opposite_assigns_on_two_threads_do_not_deadlock() {
     let _s = serial();
     for device in [cpu(), own(1)] {
@@ -63,7 +90,6 @@ fn opposite_assigns_on_two_threads_do_not_deadlock() {
     }
 }
 
-#[test]
 fn printing_an_empty_tensor_with_a_huge_dimension_does_not_abort() {
     let _s = serial();
     let t = Tensor::zeros([1usize << 40, 0], DType::F32, &cpu()).unwrap();
@@ -72,7 +98,6 @@ fn printing_an_empty_tensor_with_a_huge_dimension_does_not_abort() {
     assert_eq!(g.to_string(), format!("tensor([], device={}, dtype=f64)", own(1)));
 }
 
-#[test]
 fn empty_matmul_with_a_huge_batch_is_empty_not_an_abort() {
     let _s = serial();
     for device in [cpu(), own(1)] {
@@ -83,7 +108,6 @@ fn empty_matmul_with_a_huge_batch_is_empty_not_an_abort() {
     }
 }
 
-#[test]
 fn reading_more_than_the_host_can_hold_is_out_of_memory() {
     let _s = serial();
     for device in [cpu(), own(1)] {
@@ -99,7 +123,6 @@ fn reading_more_than_the_host_can_hold_is_out_of_memory() {
     }
 }
 
-#[test]
 fn kernels_skip_empty_tensors_however_large_their_other_dimensions() {
     let _s = serial();
     for device in [cpu(), own(1)] {
@@ -117,7 +140,6 @@ fn kernels_skip_empty_tensors_however_large_their_other_dimensions() {
     }
 }
 
-#[test]
 fn size_arithmetic_never_wraps() {
     let _s = serial();
     let d = cpu();
@@ -148,7 +170,6 @@ fn size_arithmetic_never_wraps() {
     assert!(matches!(Tensor::zeros([1usize << 40, 1usize << 40], DType::U8, &d), Err(Error::InvalidArgument { .. })));
 }
 
-#[test]
 fn index_add_in_half_precision_adds_on_every_device() {
     let _s = serial();
     for device in [cpu(), own(1)] {
@@ -162,7 +183,6 @@ fn index_add_in_half_precision_adds_on_every_device() {
     }
 }
 
-#[test]
 fn a_failed_kernel_is_reported_on_the_cpu_at_once() {
     let _s = serial();
     let x = Tensor::ones(4, DType::F32, &cpu()).unwrap();
@@ -174,7 +194,6 @@ fn a_failed_kernel_is_reported_on_the_cpu_at_once() {
     assert_eq!(x.mul_scalar(2.0).unwrap().to_vec::<f32>().unwrap(), vec![2.0; 4]);
 }
 
-#[test]
 fn a_failed_kernel_on_a_simulated_gpu_is_reported_at_the_next_synchronising_call() {
     let _s = serial();
     let g = own(2);
@@ -206,7 +225,6 @@ fn a_failed_kernel_on_a_simulated_gpu_is_reported_at_the_next_synchronising_call
     assert_eq!(x.add_scalar(1.0).unwrap().to_vec::<f32>().unwrap(), vec![2.0; 4]);
 }
 
-#[test]
 fn a_refused_allocation_books_nothing() {
     let _s = serial();
     let keep = Tensor::zeros(5, DType::U8, &cpu()).unwrap();
@@ -221,7 +239,6 @@ fn a_refused_allocation_books_nothing() {
     assert_eq!(after.in_use, before.in_use - 5);
 }
 
-#[test]
 fn memory_freed_by_queued_work_is_reused_instead_of_out_of_memory() {
     let _s = serial();
     let g = own(0); // 64 MiB
@@ -241,7 +258,6 @@ fn memory_freed_by_queued_work_is_reused_instead_of_out_of_memory() {
     }
 }
 
-#[test]
 fn the_launch_queue_is_bounded() {
     let _s = serial();
     let g = own(3);
@@ -265,7 +281,6 @@ fn the_launch_queue_is_bounded() {
     assert_eq!(x.to_vec::<f32>().unwrap(), vec![1.0]);
 }
 
-#[test]
 fn assigning_into_a_broadcast_view_is_refused() {
     let _s = serial();
     let base = Tensor::zeros((1, 3), DType::F32, &cpu()).unwrap();
@@ -275,7 +290,6 @@ fn assigning_into_a_broadcast_view_is_refused() {
     assert_eq!(base.to_vec::<f32>().unwrap(), vec![0.0; 3]);
 }
 
-#[test]
 fn from_vec_with_the_wrong_length_says_so() {
     let _s = serial();
     let err = Tensor::from_vec(vec![1f32; 5], (2, 3), &cpu()).unwrap_err();
@@ -284,7 +298,6 @@ fn from_vec_with_the_wrong_length_says_so() {
     assert!(msg.contains("[5]") && msg.contains("element count") && !msg.contains("broadcast"), "{msg}");
 }
 
-#[test]
 fn too_many_simulated_gpus_is_an_error() {
     let _s = serial();
     assert!(matches!(kiln::try_ensure_simulated_gpus(100_000, 1 << 20), Err(Error::InvalidArgument { .. })));
@@ -307,7 +320,6 @@ fn tensors(seed: f32) -> Vec<(String, Tensor)> {
     ]
 }
 
-#[test]
 fn a_save_removes_the_temporary_files_of_killed_saves() {
     let _s = serial();
     let dir = scratch("leftovers");
@@ -323,7 +335,6 @@ fn a_save_removes_the_temporary_files_of_killed_saves() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
 fn a_header_naming_a_tensor_twice_is_refused() {
     let _s = serial();
     let dir = scratch("dup");
@@ -340,12 +351,11 @@ fn a_header_naming_a_tensor_twice_is_refused() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The child of `kills_mid_save_leave_no_torn_file_and_no_leftovers`: saves
-/// in a loop until killed.
-#[test]
-fn save_loop_child() {
-    let Ok(dir) = std::env::var("KILN_TEST_SAVE_LOOP_DIR") else { return };
-    let path = std::path::Path::new(&dir).join("model.safetensors");
+/// The child of `kills_mid_save_leave_no_torn_file_and_no_leftovers`: this
+/// binary run with `KILN_TEST_SAVE_LOOP_DIR` set saves there in a loop until
+/// killed (it is not a test).
+fn save_loop_child(dir: &str) -> ! {
+    let path = std::path::Path::new(dir).join("model.safetensors");
     let mut i = 0f32;
     loop {
         kiln::checkpoint::save_tensors(&tensors(i), &path).unwrap();
@@ -353,7 +363,6 @@ fn save_loop_child() {
     }
 }
 
-#[test]
 fn kills_mid_save_leave_no_torn_file_and_no_leftovers() {
     let _s = serial();
     let dir = scratch("kills");
@@ -364,7 +373,6 @@ fn kills_mid_save_leave_no_torn_file_and_no_leftovers() {
     let (mut mid_save, mut whole) = (0, 0);
     for k in 0..kills {
         let mut child = std::process::Command::new(&exe)
-            .args(["--exact", "save_loop_child", "--nocapture", "--test-threads=1"])
             .env("KILN_TEST_SAVE_LOOP_DIR", &dir)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -393,7 +401,6 @@ fn kills_mid_save_leave_no_torn_file_and_no_leftovers() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
 fn a_gzipped_idx_file_that_inflates_past_its_header_is_refused() {
     let _s = serial();
     use std::io::Write;

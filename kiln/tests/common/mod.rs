@@ -15,9 +15,15 @@ pub fn sims() -> Vec<Device> {
     kiln::ensure_simulated_gpus(2, SIM_CAPACITY)
 }
 
-/// Every real CUDA device of this machine (none without a GPU).
+/// Every real CUDA device of this machine (none without a GPU). With
+/// `KILN_REQUIRE_CUDA=1` having none is a failure: every suite that runs on
+/// CUDA devices asks here.
 pub fn cuda_devices() -> Vec<Device> {
-    kiln::devices().into_iter().filter(|d| d.kind == DeviceKind::Cuda).map(|d| d.device).collect()
+    let found: Vec<Device> = kiln::devices().into_iter().filter(|d| d.kind == DeviceKind::Cuda).map(|d| d.device).collect();
+    if found.is_empty() && cuda_required() {
+        panic!("KILN_REQUIRE_CUDA=1 but there is no CUDA device: {}", why_no_cuda());
+    }
+    found
 }
 
 /// The devices a conformance test runs on: the CPU, two simulated GPUs, and
@@ -92,9 +98,16 @@ pub fn assert_close(got: &[f32], expected: &[f64], tol: f64, what: &str) {
 
 // ---- reporting: what ran on CUDA, what was skipped and why ------------------
 
-/// The running test's name (libtest names each test's thread after it).
+thread_local! {
+    /// The test running on this thread, set by [`trial`] (libtest-mimic's
+    /// worker threads are not named after their tests).
+    static RUNNING: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The running test's name (set by [`trial`]; under libtest, the name of the
+/// thread, which libtest names after the test).
 pub fn test_name() -> String {
-    std::thread::current().name().unwrap_or("?").to_string()
+    RUNNING.with(|r| r.borrow().clone()).unwrap_or_else(|| std::thread::current().name().unwrap_or("?").to_string())
 }
 
 fn report_line(line: &str) {
@@ -106,29 +119,143 @@ fn report_line(line: &str) {
     }
 }
 
-/// Books that the running test ran on `device` when it is a CUDA device
-/// (`KILN_TEST_REPORT` names the file CI counts these lines in).
-pub fn report_ran(device: Device) {
-    if kiln::devices().iter().any(|i| i.device == device && i.kind == DeviceKind::Cuda) {
-        report_line(&format!("RAN-CUDA {device} {}", test_name()));
+/// Whether `device` is a CUDA device.
+pub fn is_cuda(device: Device) -> bool {
+    kiln::devices().iter().any(|i| i.device == device && i.kind == DeviceKind::Cuda)
+}
+
+/// The test binary's name without its hash (`cuda` for `cuda-0123abcd...`).
+pub fn suite_name() -> String {
+    let exe = std::env::current_exe().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_default();
+    match exe.rsplit_once('-') {
+        Some((name, hash)) if hash.chars().all(|c| c.is_ascii_hexdigit()) => name.to_string(),
+        _ => exe,
     }
 }
 
-/// Reports a test (or part of one) that did not run: `SKIPPED: test: reason`
-/// on stderr and in the report. With `KILN_REQUIRE_CUDA=1` (CI on the CUDA
-/// simulator) a skip for want of a CUDA device is a failure instead.
-pub fn skip(reason: &str) {
-    let line = format!("SKIPPED: {}: {reason}", test_name());
-    eprintln!("{line}");
-    report_line(&line);
+/// Books that the running test ran on `device` when it is a CUDA device:
+/// `RAN-CUDA device test suite` in the file `KILN_TEST_REPORT` names, where
+/// CI counts these lines.
+pub fn report_ran(device: Device) {
+    if is_cuda(device) {
+        report_line(&format!("RAN-CUDA {device} {} {}", test_name(), suite_name()));
+    }
 }
 
-/// Skips for want of a CUDA device, or fails when one is required.
-pub fn skip_no_cuda(reason: &str) {
-    if std::env::var("KILN_REQUIRE_CUDA").map(|v| v == "1").unwrap_or(false) {
+/// Why this machine has no CUDA device.
+pub fn why_no_cuda() -> String {
+    kiln::why_no_cuda_device().map(|w| w.to_string()).unwrap_or_else(|| "there is one".into())
+}
+
+/// Whether `KILN_REQUIRE_CUDA=1` (CI on the CUDA simulator): then a test that
+/// would run on CUDA devices fails when there is none, instead of running on
+/// the others only or being skipped.
+pub fn cuda_required() -> bool {
+    required("KILN_REQUIRE_CUDA")
+}
+
+/// Whether the environment variable `var` is `1`.
+pub fn required(var: &str) -> bool {
+    std::env::var(var).map(|v| v == "1").unwrap_or(false)
+}
+
+/// Why a test did not run. A test of a `harness = false` suite returns it
+/// (as [`Ran`]); [`trial`] reports the test `ignored (reason)`, never passed.
+#[derive(Debug)]
+pub struct Skip(pub String);
+
+/// What a test that may not be able to run returns.
+pub type Ran = std::result::Result<(), Skip>;
+
+/// A skip of the running test: `SKIPPED: test: reason` goes to the report
+/// (`KILN_TEST_REPORT`) and the returned [`Skip`] to the harness.
+pub fn skip(reason: impl Into<String>) -> Skip {
+    let reason = reason.into();
+    report_line(&format!("SKIPPED: {}: {reason}", test_name()));
+    Skip(reason)
+}
+
+/// A skip for want of a CUDA device, or a failure when one is required
+/// ([`cuda_required`]).
+pub fn skip_no_cuda(reason: impl Into<String>) -> Skip {
+    let reason = reason.into();
+    if cuda_required() {
         panic!("KILN_REQUIRE_CUDA=1 but {}: {reason}", test_name());
     }
-    skip(reason);
+    skip(reason)
+}
+
+/// What a test function of a `harness = false` suite may return.
+pub trait Outcome {
+    /// None when the test ran, else why it did not.
+    fn skipped(self) -> Option<String>;
+}
+
+impl Outcome for () {
+    fn skipped(self) -> Option<String> {
+        None
+    }
+}
+
+impl Outcome for Ran {
+    fn skipped(self) -> Option<String> {
+        self.err().map(|s| s.0)
+    }
+}
+
+/// One test of a `harness = false` suite (libtest-mimic): a panic fails it,
+/// a returned [`Skip`] reports it `ignored (reason)`.
+pub fn trial<O: Outcome + 'static>(name: &'static str, test: fn() -> O) -> libtest_mimic::Trial {
+    libtest_mimic::Trial::ignorable_test(name, move || {
+        RUNNING.with(|r| *r.borrow_mut() = Some(name.to_string()));
+        let outcome = std::panic::catch_unwind(test);
+        RUNNING.with(|r| *r.borrow_mut() = None);
+        match outcome {
+            Ok(o) => Ok(match o.skipped() {
+                None => libtest_mimic::Completion::Completed,
+                Some(why) => libtest_mimic::Completion::ignored_with(why),
+            }),
+            Err(payload) => std::panic::resume_unwind(payload),
+        }
+    })
+}
+
+/// Runs a `harness = false` suite with libtest's command line (filters,
+/// `--exact`, `--list`, `--ignored`, `--test-threads`).
+pub fn run_suite(trials: Vec<libtest_mimic::Trial>) -> std::process::ExitCode {
+    libtest_mimic::run(&libtest_mimic::Arguments::from_args(), trials).exit_code()
+}
+
+/// The trials of the named test functions: `common::run_suite(trials![a, b])`.
+#[allow(unused_macros)]
+macro_rules! trials {
+    ($($test:ident),* $(,)?) => {
+        vec![$(common::trial(stringify!($test), $test)),*]
+    };
+}
+
+/// Runs this test binary again as a child process that runs only the
+/// running test, with `env` set (for settings read once per process, such as
+/// the CUDA simulator's); `KILN_TEST_CHILD` tells the child it is one.
+/// Returns the child's stdout and stderr, failing unless it succeeded and
+/// printed `CHILD-OK`.
+pub fn run_child(env: &[(&str, &str)]) -> String {
+    let name = test_name();
+    let mut cmd = std::process::Command::new(std::env::current_exe().expect("the test binary"));
+    cmd.args(["--exact", name.as_str(), "--nocapture", "--test-threads=1"]).env("KILN_TEST_CHILD", &name).env_remove("KILN_TEST_REPORT");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("the test binary runs again");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let settings: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    assert!(out.status.success() && text.contains("CHILD-OK"), "{name} as a child with {}:\n{text}", settings.join(" "));
+    text
+}
+
+/// Whether this process is the child [`run_child`] started for the running test.
+pub fn is_child() -> bool {
+    std::env::var("KILN_TEST_CHILD").map(|v| v == test_name()).unwrap_or(false)
 }
 
 /// Ulps by which a device's transcendental functions (exp, log, sin, cos,
@@ -138,8 +265,7 @@ pub fn skip_no_cuda(reason: &str) {
 /// pow) (CUDA C++ Programming Guide, "Mathematical Functions"). `randn`
 /// combines log, sqrt and cos: it gets 4 times that.
 pub fn transcendental_ulps(device: Device) -> u64 {
-    let cuda = kiln::devices().iter().any(|i| i.device == device && i.kind == DeviceKind::Cuda);
-    if cuda {
+    if is_cuda(device) {
         2
     } else {
         0
