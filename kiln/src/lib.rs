@@ -33,6 +33,7 @@ pub mod data;
 mod device;
 mod display;
 mod dtype;
+mod epoch;
 mod error;
 mod ledger;
 mod memory;
@@ -58,6 +59,8 @@ pub use device::{
 #[doc(hidden)]
 pub use device::{hold_queue, inject_kernel_failure};
 pub use dtype::{DType, WithDType};
+#[doc(hidden)]
+pub use epoch::{available as read_epochs_available, thaw_count};
 pub use error::{human_bytes, Direction, Error, Result};
 #[doc(hidden)]
 pub use ledger::{__site_scope, SiteScope};

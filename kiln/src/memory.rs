@@ -141,7 +141,18 @@ impl MemoryPool {
             return Err(self.out_of_memory(bytes, self.in_use_now()));
         }
         match CpuSlots::mine() {
-            Some(slot) => slot.add(bytes, 1),
+            Some(slot) => {
+                let now = slot.add(bytes, 1);
+                // The total can only reach a new peak when this slot does,
+                // as long as the other threads do not allocate meanwhile:
+                // skip the sum over all slots otherwise.
+                let epoch = PEAK_EPOCH.load(Ordering::Relaxed);
+                if now <= slot.high.load(Ordering::Relaxed) && slot.epoch.load(Ordering::Relaxed) == epoch {
+                    return Ok(());
+                }
+                slot.high.store(now, Ordering::Relaxed);
+                slot.epoch.store(epoch, Ordering::Relaxed);
+            }
             None => {
                 self.in_use.fetch_add(bytes, Ordering::Relaxed);
                 self.live.fetch_add(1, Ordering::Relaxed);
@@ -183,7 +194,9 @@ impl MemoryPool {
             // Possibly another thread's booking: this slot may go below
             // zero (wrapping); the sum of all slots stays exact.
             match CpuSlots::mine() {
-                Some(slot) => slot.add(bytes.wrapping_neg(), usize::MAX),
+                Some(slot) => {
+                    slot.add(bytes.wrapping_neg(), usize::MAX);
+                }
                 None => {
                     self.in_use.fetch_sub(bytes, Ordering::Relaxed);
                     self.live.fetch_sub(1, Ordering::Relaxed);
@@ -228,13 +241,20 @@ impl MemoryPool {
     /// Books and allocates a host buffer for `len` elements, booking nothing
     /// when the allocation fails. The CPU and the simulated GPUs allocate
     /// through this.
+    #[inline]
     pub(crate) fn alloc_host(&self, dtype: DType, len: usize) -> Result<CpuBuffer> {
         let bytes = len.saturating_mul(dtype.size_in_bytes());
         self.reserve(bytes)?;
+        if len <= SMALL_LEN {
+            // Small buffers never fail to allocate (a failure aborts, as any
+            // small allocation in Rust does) and come from this thread's cache.
+            return Ok(small_take(dtype, len).unwrap_or_else(|| CpuBuffer::zeros(dtype, len)));
+        }
         self.host_buffer(dtype, len).inspect_err(|_| self.unreserve(bytes))
     }
 
     /// Unbooks a dropped host buffer and keeps it for reuse when it is worth it.
+    #[inline]
     pub(crate) fn release_host(&self, buf: CpuBuffer, bytes: usize) {
         self.unreserve(bytes);
         self.recycle(buf);
@@ -243,11 +263,14 @@ impl MemoryPool {
     /// Takes back a host buffer whose storage was dropped.
     #[inline]
     pub(crate) fn recycle(&self, buf: CpuBuffer) {
-        let len = buf.len();
-        if len <= SMALL_LEN {
+        if buf.len() <= SMALL_LEN {
             small_put(buf);
-            return;
+        } else {
+            self.recycle_large(buf);
         }
+    }
+
+    fn recycle_large(&self, buf: CpuBuffer) {
         let bytes = buf.size_in_bytes();
         if bytes < CACHE_MIN_BYTES || bytes > self.cache_limit {
             return;
@@ -276,6 +299,10 @@ impl MemoryPool {
     }
 
     pub(crate) fn reset_peak(&self) {
+        if self.per_thread {
+            // Every slot measures its high-water mark afresh.
+            PEAK_EPOCH.fetch_add(1, Ordering::Relaxed);
+        }
         self.peak.store(self.in_use_now(), Ordering::Relaxed);
     }
 
@@ -323,17 +350,32 @@ struct Slot {
     in_use: AtomicUsize,
     live: AtomicUsize,
     taken: std::sync::atomic::AtomicBool,
+    /// The highest `in_use` of this slot since the peak epoch `epoch`.
+    high: AtomicUsize,
+    epoch: std::sync::atomic::AtomicU64,
 }
+
+/// Bumped by `reset_peak_memory(&cpu())`: every slot's `high` is stale.
+static PEAK_EPOCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Slot {
     const fn new() -> Self {
-        Slot { in_use: AtomicUsize::new(0), live: AtomicUsize::new(0), taken: std::sync::atomic::AtomicBool::new(false) }
+        Slot {
+            in_use: AtomicUsize::new(0),
+            live: AtomicUsize::new(0),
+            taken: std::sync::atomic::AtomicBool::new(false),
+            high: AtomicUsize::new(0),
+            epoch: std::sync::atomic::AtomicU64::new(u64::MAX),
+        }
     }
-    /// Adds (wrapping) to this thread's own slot: no other thread writes it.
+    /// Adds (wrapping) to this thread's own slot, no other thread writes
+    /// it; returns the new `in_use`.
     #[inline]
-    fn add(&self, bytes: usize, live: usize) {
-        self.in_use.store(self.in_use.load(Ordering::Relaxed).wrapping_add(bytes), Ordering::Relaxed);
+    fn add(&self, bytes: usize, live: usize) -> usize {
+        let now = self.in_use.load(Ordering::Relaxed).wrapping_add(bytes);
+        self.in_use.store(now, Ordering::Relaxed);
         self.live.store(self.live.load(Ordering::Relaxed).wrapping_add(live), Ordering::Relaxed);
+        now
     }
 }
 

@@ -232,8 +232,15 @@ pub struct Layout {
 
 impl Layout {
     /// A contiguous row-major layout starting at 0.
+    #[inline]
     pub fn contiguous(shape: Shape) -> Self {
-        let strides = shape.strides();
+        let strides = match shape.dims() {
+            // The common ranks without a loop.
+            [] => Dims::new(),
+            [_] => Dims(SmallVec::from_buf_and_len([1, 0, 0, 0], 1)),
+            [_, n] => Dims(SmallVec::from_buf_and_len([*n, 1, 0, 0], 2)),
+            _ => shape.strides(),
+        };
         Layout { shape, strides, offset: 0 }
     }
     /// The shape.

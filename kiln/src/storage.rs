@@ -7,10 +7,13 @@
 //! queue, while the host already holds the tensor.
 
 use crate::backend::Backend;
+use crate::epoch::ReadEpoch;
 use crate::op::Out;
 use crate::{DType, Device, WithDType};
 use half::{bf16, f16};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 /// Elements in host memory, one variant per dtype.
 #[derive(Clone, Debug, PartialEq)]
@@ -187,14 +190,30 @@ pub(crate) struct Storage {
     handles: std::sync::atomic::AtomicUsize,
     /// Whether `handles` is counted: storages of simulated GPUs.
     stream_ordered: bool,
+    /// Never written in place since it was made: kernels read it without
+    /// its lock inside a read epoch (see `epoch.rs`); the first in-place
+    /// write clears it (`epoch::thaw`).
+    frozen: AtomicBool,
 }
 
 impl Storage {
     pub(crate) fn new(backend: &'static dyn Backend, buffer: Buffer, dtype: DType, len: usize) -> Arc<Storage> {
         Storage::new_on(backend, backend.device(), buffer, dtype, len)
     }
+    /// A storage holding `buffer`, read under its lock until written.
     #[inline]
     pub(crate) fn new_on(backend: &'static dyn Backend, device: Device, buffer: Buffer, dtype: DType, len: usize) -> Arc<Storage> {
+        Storage::make(backend, device, buffer, dtype, len, false)
+    }
+    /// A CPU storage whose buffer is complete and will not be written again
+    /// unless thawed: readable without its lock (when epochs are available).
+    #[inline]
+    pub(crate) fn new_frozen(backend: &'static dyn Backend, device: Device, buffer: Buffer, dtype: DType, len: usize) -> Arc<Storage> {
+        let frozen = device == Device::Cpu && crate::epoch::available();
+        Storage::make(backend, device, buffer, dtype, len, frozen)
+    }
+    #[inline]
+    fn make(backend: &'static dyn Backend, device: Device, buffer: Buffer, dtype: DType, len: usize, frozen: bool) -> Arc<Storage> {
         let stream_ordered = device != Device::Cpu && backend.kind() == crate::DeviceKind::Simulated;
         let storage = Storage {
             dtype,
@@ -205,6 +224,7 @@ impl Storage {
             booked: std::sync::atomic::AtomicBool::new(true),
             handles: std::sync::atomic::AtomicUsize::new(0),
             stream_ordered,
+            frozen: AtomicBool::new(frozen),
         };
         if device == Device::Cpu {
             reuse_shell(storage)
@@ -223,24 +243,85 @@ impl Storage {
     /// queue order, so a writer never holds it for long.
     #[inline]
     pub(crate) fn read(&self) -> BufferRead<'_> {
-        BufferRead(self.buffer.read().unwrap_or_else(|e| e.into_inner()))
+        BufferRead(self.buffer.read())
     }
 }
 
 pub(crate) struct BufferRead<'a>(RwLockReadGuard<'a, Option<Buffer>>);
 
-/// Read locks on two storages (one lock when they are the same), taken in
-/// address order like [`OperandLocks`]; for kernels whose output is fresh.
+/// A kernel's input: a frozen storage read without its lock (inside the
+/// thread's read epoch), or any other under its read lock.
+pub(crate) enum Input<'a> {
+    Frozen(&'a CpuBuffer),
+    Locked(ReadGuard<'a>),
+}
+
+impl Input<'_> {
+    #[inline]
+    pub(crate) fn host(&self) -> &CpuBuffer {
+        match self {
+            Input::Frozen(b) => b,
+            Input::Locked(g) => host_of(g),
+        }
+    }
+}
+
+impl Storage {
+    /// True when this storage may be read without its lock in `epoch`.
+    #[inline]
+    fn readable_unlocked(&self, epoch: &ReadEpoch) -> bool {
+        epoch.active() && self.frozen.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    /// Read access to a frozen storage without its lock.
+    ///
+    /// # Safety
+    /// `self.readable_unlocked(epoch)` was true for the `epoch` that lives
+    /// as long as the returned reference: no writer touches the buffer
+    /// until the epoch ends (`epoch::thaw` waits for it).
+    #[inline]
+    unsafe fn frozen_host(&self) -> &CpuBuffer {
+        host_of(&*self.buffer.data_ptr())
+    }
+    /// Thaws this storage before an in-place write (see `epoch.rs`).
+    #[inline]
+    pub(crate) fn thaw(&self) {
+        if self.frozen.load(std::sync::atomic::Ordering::Relaxed) {
+            crate::epoch::thaw(&self.frozen);
+        }
+    }
+}
+
+/// The two inputs of a kernel whose output is fresh: frozen ones without a
+/// lock, others under read locks taken in address order (one lock when the
+/// two are the same storage), like [`OperandLocks`]. `epoch` must outlive
+/// the inputs.
 #[inline]
-pub(crate) fn read_two<'a>(a: &'a Storage, b: &'a Storage) -> (BufferRead<'a>, Option<BufferRead<'a>>) {
+pub(crate) fn read_two<'a>(a: &'a Storage, b: &'a Storage, epoch: &'a ReadEpoch) -> (Input<'a>, Option<Input<'a>>) {
+    // SAFETY (frozen_host): readable_unlocked was checked for `epoch`, which outlives the inputs.
+    let one =
+        |s: &'a Storage| if s.readable_unlocked(epoch) { Input::Frozen(unsafe { s.frozen_host() }) } else { Input::Locked(read_lock(s)) };
     if std::ptr::eq(a, b) {
-        (a.read(), None)
-    } else if addr(a) < addr(b) {
-        let ga = a.read();
-        (ga, Some(b.read()))
+        return (one(a), None);
+    }
+    let (fa, fb) = (a.readable_unlocked(epoch), b.readable_unlocked(epoch));
+    if fa || fb || addr(a) < addr(b) {
+        // At most one lock to take, or already in address order.
+        let ia = one(a);
+        (ia, Some(one(b)))
     } else {
-        let gb = b.read();
-        (a.read(), Some(gb))
+        let ib = one(b);
+        (one(a), Some(ib))
+    }
+}
+
+/// One input read for a kernel with a fresh output: without its lock when frozen.
+#[inline]
+pub(crate) fn read_one<'a>(s: &'a Storage, epoch: &'a ReadEpoch) -> Input<'a> {
+    // SAFETY (frozen_host): readable_unlocked was checked for `epoch`, which outlives the input.
+    if s.readable_unlocked(epoch) {
+        Input::Frozen(unsafe { s.frozen_host() })
+    } else {
+        Input::Locked(read_lock(s))
     }
 }
 
@@ -278,12 +359,14 @@ impl BufferRead<'_> {
 /// ([`Out::Fresh`]) is nobody else's yet and takes no lock at all: the hot
 /// path of a small operation on the CPU locks its inputs only.
 pub(crate) struct OperandLocks<'a> {
-    /// Read guards of the distinct inputs: a kernel reads at most two
-    /// storages under lock (`Where`'s condition is gathered first).
-    inputs: [Option<ReadGuard<'a>>; 2],
-    /// True when input 1 is the same storage as input 0 (one guard serves both).
+    /// The distinct inputs: a kernel reads at most two storages under lock
+    /// (`Where`'s condition is gathered first).
+    inputs: [Option<Input<'a>>; 2],
+    /// True when input 1 is the same storage as input 0 (one access serves both).
     shared: bool,
     output: OutputAccess<'a>,
+    /// Dropped last: frozen inputs are read without a lock while it lives.
+    epoch: &'a ReadEpoch,
 }
 
 enum OutputAccess<'a> {
@@ -295,7 +378,7 @@ type ReadGuard<'a> = RwLockReadGuard<'a, Option<Buffer>>;
 
 #[inline]
 fn read_lock(s: &Storage) -> ReadGuard<'_> {
-    s.buffer.read().unwrap_or_else(|e| e.into_inner())
+    s.buffer.read()
 }
 
 #[inline]
@@ -304,12 +387,15 @@ fn addr(s: &Storage) -> usize {
 }
 
 impl<'a> OperandLocks<'a> {
-    /// Locks `inputs` (at most two) for reading and, when it is a storage,
-    /// `out` for writing, all in address order. An input that is also the
-    /// output is refused (a kiln bug): locking it twice would deadlock the
-    /// thread on itself.
+    /// Reads `inputs` (at most two), frozen ones without a lock and the
+    /// others under read locks, and when it is a storage writes `out` under
+    /// its write lock; all locks in address order. An in-place write to a
+    /// frozen storage thaws it first, before any lock is taken. An input
+    /// that is also the output is refused (a kiln bug): locking it twice
+    /// would deadlock the thread on itself. `epoch` (entered by the caller
+    /// after any thaw) must outlive the locks.
     #[inline]
-    pub(crate) fn new(inputs: &[&'a Storage], out: Out<'a>) -> crate::Result<Self> {
+    pub(crate) fn new(inputs: &[&'a Storage], out: Out<'a>, epoch: &'a ReadEpoch) -> crate::Result<Self> {
         let (first, second) = match *inputs {
             [] => (None, None),
             [a] => (Some(a), None),
@@ -317,42 +403,55 @@ impl<'a> OperandLocks<'a> {
             _ => return Err(lock_bug(&out, "a kernel locks more than two inputs")),
         };
         let shared = inputs.len() == 2 && second.is_none();
-        // Inputs in address order: two read locks taken the other way round
-        // can deadlock behind a writer waiting on one of them.
-        let (lo, hi) = match (first, second) {
-            (Some(a), Some(b)) if addr(b) < addr(a) => (Some(b), Some(a)),
-            other => other,
-        };
-        let swapped = first.is_some() && second.is_some() && lo.map(addr) != first.map(addr);
-        let (g_lo, g_hi, output) = match out {
-            Out::Fresh(buffer) => (lo.map(read_lock), hi.map(read_lock), OutputAccess::Fresh(buffer)),
-            Out::Storage(o) => {
-                if inputs.iter().any(|s| std::ptr::eq(*s, o)) {
-                    return Err(lock_bug(&out, "a kernel's output storage is also one of its inputs"));
-                }
-                let write = || OutputAccess::Locked(o.buffer.write().unwrap_or_else(|e| e.into_inner()));
-                // The output's place in the address order among the inputs.
-                let at = addr(o);
-                if lo.is_none_or(|l| at < addr(l)) {
-                    let w = write();
-                    (lo.map(read_lock), hi.map(read_lock), w)
-                } else if hi.is_none_or(|h| at < addr(h)) {
-                    let g = lo.map(read_lock);
-                    let w = write();
-                    (g, hi.map(read_lock), w)
-                } else {
-                    let (g1, g2) = (lo.map(read_lock), hi.map(read_lock));
-                    (g1, g2, write())
+        if let Out::Storage(o) = &out {
+            if inputs.iter().any(|s| std::ptr::eq(*s, *o)) {
+                return Err(lock_bug(&out, "a kernel's output storage is also one of its inputs"));
+            }
+        }
+        // What takes a lock: the inputs that are not frozen, and an output
+        // storage; taken in address order (slot 0, 1: inputs, 2: output).
+        let locked = |s: Option<&'a Storage>| s.filter(|s| !s.readable_unlocked(epoch));
+        let mut order: [(usize, u8); 3] = [(usize::MAX, 0), (usize::MAX, 1), (usize::MAX, 2)];
+        let mut n = 0;
+        for (slot, s) in [(0u8, locked(first)), (1, locked(second))] {
+            if let Some(s) = s {
+                order[n] = (addr(s), slot);
+                n += 1;
+            }
+        }
+        if let Out::Storage(o) = &out {
+            order[n] = (addr(o), 2);
+            n += 1;
+        }
+        order[..n].sort_unstable();
+        let (mut g0, mut g1, mut w) = (None, None, None);
+        for &(_, slot) in &order[..n] {
+            match slot {
+                0 => g0 = first.map(|s| Input::Locked(read_lock(s))),
+                1 => g1 = second.map(|s| Input::Locked(read_lock(s))),
+                _ => {
+                    if let Out::Storage(o) = &out {
+                        w = Some(o.buffer.write());
+                    }
                 }
             }
+        }
+        // SAFETY (frozen_host): these are the inputs found readable without a
+        // lock in `epoch`, which outlives the locks.
+        let g0 = g0.or_else(|| first.map(|s| Input::Frozen(unsafe { s.frozen_host() })));
+        let g1 = g1.or_else(|| second.map(|s| Input::Frozen(unsafe { s.frozen_host() })));
+        let output = match (out, w) {
+            (Out::Fresh(buffer), _) => OutputAccess::Fresh(buffer),
+            (Out::Storage(_), Some(guard)) => OutputAccess::Locked(guard),
+            (out @ Out::Storage(_), None) => return Err(lock_bug(&out, "the output was not locked")),
         };
-        let inputs = if swapped { [g_hi, g_lo] } else { [g_lo, g_hi] };
-        Ok(OperandLocks { inputs, shared, output })
+        Ok(OperandLocks { inputs: [g0, g1], shared, output, epoch })
     }
 
     /// The inputs (by their position in `new`) and the output, borrowed together.
     #[inline]
     pub(crate) fn split(&mut self) -> (LockedInputs<'_, 'a>, &mut CpuBuffer) {
+        let _ = self.epoch;
         let out = match &mut self.output {
             OutputAccess::Fresh(b) => &mut **b,
             OutputAccess::Locked(guard) => match guard.as_mut() {
@@ -372,9 +471,9 @@ fn lock_bug(out: &Out<'_>, msg: &str) -> crate::Error {
     crate::Error::KernelFailed { device, op: "lock".into(), msg: format!("{msg} (a kiln bug: please report it)") }
 }
 
-/// The read-locked inputs of an [`OperandLocks`].
+/// The inputs of an [`OperandLocks`].
 pub(crate) struct LockedInputs<'g, 'a> {
-    inputs: &'g [Option<ReadGuard<'a>>; 2],
+    inputs: &'g [Option<Input<'a>>; 2],
     shared: bool,
 }
 
@@ -383,7 +482,7 @@ impl<'g> LockedInputs<'g, '_> {
     pub(crate) fn host(&self, i: usize) -> &'g CpuBuffer {
         let slot = if i == 1 && self.shared { 0 } else { i };
         match &self.inputs[slot] {
-            Some(guard) => host_of(guard),
+            Some(input) => input.host(),
             None => unreachable!("input {i} was not passed to OperandLocks::new"),
         }
     }
@@ -477,7 +576,7 @@ fn keep_shell(arc: Arc<Storage>) {
     // no weak references, after an acquire fence): nothing else can read
     // or write it while we do.
     let storage = unsafe { &mut *(Arc::as_ptr(&arc) as *mut Storage) };
-    let buffer = storage.buffer.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+    let buffer = storage.buffer.get_mut().take();
     if let Some(buffer) = buffer {
         crate::backend::cpu::CPU.release(buffer, storage.bytes());
     }
@@ -510,7 +609,7 @@ fn reuse_shell(storage: Storage) -> Arc<Storage> {
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        let buffer = self.buffer.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        let buffer = self.buffer.get_mut().take();
         if let Some(buffer) = buffer {
             if !*self.booked.get_mut() {
                 // Unbooked already (`unbook_early`): only the memory goes.

@@ -280,3 +280,63 @@ fn memory_of_a_dropped_tensor_is_reusable_at_once_by_later_work_on_its_queue() {
     // Unbooked once: back to the baseline exactly.
     assert_eq!((after.in_use, after.live_tensors), (base.in_use, base.live_tensors));
 }
+
+#[test]
+fn a_storage_thaws_once_at_its_first_in_place_write() {
+    let _s = serial();
+    let x = (Tensor::ones(8, DType::F32, &cpu()).unwrap() * 3.0).unwrap(); // made by an op: frozen
+    let before = kiln::thaw_count();
+    let view = x.narrow(0, 2, 4).unwrap();
+    assert_eq!((&view + &view).unwrap().to_vec::<f32>().unwrap(), vec![6.0; 4]); // reads thaw nothing
+    assert_eq!(kiln::thaw_count(), before);
+    for v in [1.0f32, 2.0, 5.0] {
+        x.assign(&Tensor::full(v as f64, 8, DType::F32, &cpu()).unwrap()).unwrap();
+        assert_eq!((&view * 2.0).unwrap().to_vec::<f32>().unwrap(), vec![2.0 * v; 4]);
+    }
+    let expected = if kiln::read_epochs_available() { 1 } else { 0 };
+    assert_eq!(kiln::thaw_count() - before, expected, "a storage thaws once, at its first in-place write");
+}
+
+#[test]
+fn readers_racing_the_first_write_of_a_frozen_storage_see_old_or_new_values_never_a_mix() {
+    let _s = serial();
+    within(120, "readers racing first writes", || {
+        let n = 4096; // the dense path's limit: both the dense and the general path read it
+        for round in 0..200 {
+            let x = (Tensor::ones(n, DType::F32, &cpu()).unwrap() * 1.0).unwrap(); // frozen
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let started = Arc::new(Barrier::new(2));
+            let readers: Vec<_> = (0..2)
+                .map(|r| {
+                    let (x, stop, started) = (x.clone(), stop.clone(), started.clone());
+                    std::thread::spawn(move || {
+                        if r == 0 {
+                            started.wait();
+                        }
+                        let mut reads = 0u64;
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) || reads == 0 {
+                            // Dense path (two inputs, one storage) and general path (a reduction).
+                            let doubled = (&x + &x).unwrap().to_vec::<f32>().unwrap();
+                            assert!(
+                                doubled.iter().all(|&v| v == doubled[0]) && (doubled[0] == 2.0 || doubled[0] == 4.0),
+                                "round {round}: a torn read {:?}",
+                                &doubled[..4]
+                            );
+                            let sum = x.sum_all().unwrap().to_scalar::<f32>().unwrap();
+                            assert!(sum == n as f32 || sum == 2.0 * n as f32, "round {round}: a torn sum {sum}");
+                            reads += 1;
+                        }
+                        reads
+                    })
+                })
+                .collect();
+            started.wait();
+            x.assign(&Tensor::full(2.0, n, DType::F32, &cpu()).unwrap()).unwrap();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            for r in readers {
+                assert!(r.join().unwrap() > 0);
+            }
+            assert_eq!(x.sum_all().unwrap().to_scalar::<f32>().unwrap(), 2.0 * n as f32);
+        }
+    });
+}

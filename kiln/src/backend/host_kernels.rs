@@ -4,6 +4,7 @@
 //! of the last dimension. Above `PAR_MIN` elements the work is split over the
 //! rayon pool when `threads > 1`. Besides the output, nothing is allocated.
 
+use crate::epoch::ReadEpoch;
 use crate::op::{BinaryOp, Distribution, Kernel, Out, ReduceOp, Src, UnaryOp};
 use crate::shape::Layout;
 use crate::storage::{CpuBuffer, OperandLocks};
@@ -225,21 +226,27 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize) -> Result<(
     if kernel.writes_nothing(out.len()) {
         return Ok(());
     }
+    // An in-place write to a frozen storage thaws it, before this thread
+    // enters its read epoch and before any lock (see epoch.rs).
+    if let Out::Storage(o) = &out {
+        o.thaw();
+    }
+    let epoch = ReadEpoch::enter();
     match kernel {
         Kernel::Fill { value } => {
-            let mut locks = OperandLocks::new(&[], out)?;
+            let mut locks = OperandLocks::new(&[], out, &epoch)?;
             map_buffer!(locks.split().1, v => fill(v, *value, threads))
         }
         Kernel::Arange { start, step } => {
-            let mut locks = OperandLocks::new(&[], out)?;
+            let mut locks = OperandLocks::new(&[], out, &epoch)?;
             map_buffer!(locks.split().1, v => arange(v, *start, *step))
         }
         Kernel::Random { seed, offset, dist } => {
-            let mut locks = OperandLocks::new(&[], out)?;
+            let mut locks = OperandLocks::new(&[], out, &epoch)?;
             map_buffer!(locks.split().1, v => random(v, *seed, *offset, *dist, threads))
         }
         Kernel::Unary { op, src } => {
-            let mut locks = OperandLocks::new(&[&src.storage], out)?;
+            let mut locks = OperandLocks::new(&[&src.storage], out, &epoch)?;
             let (inputs, w) = locks.split();
             match (inputs.host(0), w) {
                 (CpuBuffer::F32(s), CpuBuffer::F32(o)) => unary_float(*op, s, &src.layout, o, threads),
@@ -251,7 +258,7 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize) -> Result<(
             }
         }
         Kernel::Binary { op, lhs, rhs } => {
-            let mut locks = OperandLocks::new(&[&lhs.storage, &rhs.storage], out)?;
+            let mut locks = OperandLocks::new(&[&lhs.storage, &rhs.storage], out, &epoch)?;
             let (inputs, w) = locks.split();
             macro_rules! go {
                 ($a:expr, $b:expr) => {
@@ -273,7 +280,7 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize) -> Result<(
             }
         }
         Kernel::Reduce { op, src, dims } => {
-            let mut locks = OperandLocks::new(&[&src.storage], out)?;
+            let mut locks = OperandLocks::new(&[&src.storage], out, &epoch)?;
             let (inputs, w) = locks.split();
             match (*op, inputs.host(0), w) {
                 (ReduceOp::ArgMax | ReduceOp::ArgMin, s, CpuBuffer::I64(o)) => {
@@ -296,7 +303,7 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize) -> Result<(
             }
         }
         Kernel::Matmul { lhs, rhs, m, n, k } => {
-            let mut locks = OperandLocks::new(&[&lhs.storage, &rhs.storage], out)?;
+            let mut locks = OperandLocks::new(&[&lhs.storage, &rhs.storage], out, &epoch)?;
             let (inputs, w) = locks.split();
             if *k == 0 {
                 // A sum of nothing: zeros, without walking the operands'
@@ -333,10 +340,10 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize) -> Result<(
                 // that no lock is held twice and overlapping views copy the
                 // values they had before the call.
                 let data = try_gather(src)?;
-                let mut locks = OperandLocks::new(&[], out)?;
+                let mut locks = OperandLocks::new(&[], out, &epoch)?;
                 copy_cast(&data, &Layout::contiguous(src.layout.shape.clone()), locks.split().1, dst_layout);
             } else {
-                let mut locks = OperandLocks::new(&[&src.storage], out)?;
+                let mut locks = OperandLocks::new(&[&src.storage], out, &epoch)?;
                 let (inputs, w) = locks.split();
                 copy_cast(inputs.host(0), &src.layout, w, dst_layout);
             }
@@ -345,7 +352,7 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize) -> Result<(
             let ids = index_list(ids)?;
             // A dense source is read in place; a strided one is gathered first.
             let gathered = if src.layout.is_contiguous() { None } else { Some(try_gather(src)?) };
-            let mut locks = OperandLocks::new(&[&src.storage], out)?;
+            let mut locks = OperandLocks::new(&[&src.storage], out, &epoch)?;
             let (inputs, w) = locks.split();
             let (data, start) = match &gathered {
                 Some(g) => (g, 0),
@@ -366,7 +373,7 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize) -> Result<(
         Kernel::IndexAdd { src, ids, dim } => {
             let ids = index_list(ids)?;
             let data = try_gather(src)?;
-            let mut locks = OperandLocks::new(&[], out)?;
+            let mut locks = OperandLocks::new(&[], out, &epoch)?;
             match (&data, locks.split().1) {
                 (CpuBuffer::F32(s), CpuBuffer::F32(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
                 (CpuBuffer::F64(s), CpuBuffer::F64(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
@@ -385,7 +392,7 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize) -> Result<(
             mask.try_reserve_exact(c.len()).map_err(|_| host_oom(c.len()))?;
             mask.extend((0..c.len()).map(|i| c.get_f64(i) != 0.0));
             drop(c);
-            let mut locks = OperandLocks::new(&[&on_true.storage, &on_false.storage], out)?;
+            let mut locks = OperandLocks::new(&[&on_true.storage, &on_false.storage], out, &epoch)?;
             let (inputs, w) = locks.split();
             macro_rules! go {
                 ($a:expr, $b:expr, $o:expr) => {
@@ -428,7 +435,8 @@ pub(crate) fn run_dense_small(kernel: &Kernel<'_>, out: &mut CpuBuffer) -> Optio
     match kernel {
         Kernel::Binary { op, lhs, rhs } => {
             let (a0, b0) = (dense_start(&lhs.layout, len)?, dense_start(&rhs.layout, len)?);
-            let (ga, gb) = crate::storage::read_two(&lhs.storage, &rhs.storage);
+            let epoch = ReadEpoch::enter();
+            let (ga, gb) = crate::storage::read_two(&lhs.storage, &rhs.storage, &epoch);
             let (a, b) = (ga.host(), gb.as_ref().map_or(ga.host(), |g| g.host()));
             macro_rules! go {
                 ($a:expr, $b:expr) => {{
@@ -452,7 +460,8 @@ pub(crate) fn run_dense_small(kernel: &Kernel<'_>, out: &mut CpuBuffer) -> Optio
         }
         Kernel::Unary { op, src } => {
             let s0 = dense_start(&src.layout, len)?;
-            let g = src.storage.read();
+            let epoch = ReadEpoch::enter();
+            let g = crate::storage::read_one(&src.storage, &epoch);
             let flat = Layout::contiguous(crate::Shape::from(len));
             match (g.host(), out) {
                 (CpuBuffer::F32(s), CpuBuffer::F32(o)) => unary_float(*op, s.get(s0..s0 + len)?, &flat, o, 1),
@@ -483,6 +492,29 @@ fn slice_of<T: WithDType>(b: &mut CpuBuffer) -> Option<&mut [T]> {
 /// out = a op b over dense runs of equal length.
 #[inline]
 fn dense_binary<T: Num>(op: BinaryOp, a: &[T], b: &[T], out: &mut [T]) {
+    let n = out.len();
+    if n < 16 && a.len() >= n && b.len() >= n {
+        // A few elements: plain loops (a vectorised one spends more in its
+        // prologue than in its body).
+        macro_rules! each {
+            ($f:expr) => {
+                for i in 0..n {
+                    out[i] = $f(a[i], b[i]);
+                }
+            };
+        }
+        match op {
+            BinaryOp::Add => each!(|x: T, y| x.add(y)),
+            BinaryOp::Sub => each!(|x: T, y| x.sub(y)),
+            BinaryOp::Mul => each!(|x: T, y| x.mul(y)),
+            BinaryOp::Div => each!(|x: T, y| x.div(y)),
+            BinaryOp::Pow => each!(|x: T, y| x.pow(y)),
+            BinaryOp::Maximum => each!(|x: T, y| x.max(y)),
+            BinaryOp::Minimum => each!(|x: T, y| x.min(y)),
+            _ => {}
+        }
+        return;
+    }
     let zip = |out: &mut [T], f: &dyn Fn(T, T) -> T| {
         for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
             *o = f(x, y);
