@@ -1,6 +1,8 @@
 //! `+ - * /` on tensors and scalars. Every operator returns
 //! `Result<Tensor>`, so `(&a + &b)?` reads naturally and errors (devices,
-//! shapes) propagate with `?`.
+//! shapes) propagate with `?`. A tensor given by value to a scalar operator
+//! may be overwritten with the result when nothing else holds its storage
+//! (`Tensor::unary_owned`).
 
 use crate::op::UnaryOp;
 use crate::{Result, Tensor};
@@ -41,7 +43,7 @@ macro_rules! tensor_op {
         impl $trait<f64> for Tensor {
             type Output = Result<Tensor>;
             fn $method(self, rhs: f64) -> Result<Tensor> {
-                self.unary($scalar(rhs))
+                self.unary_owned($scalar(rhs))
             }
         }
         impl $trait<&Tensor> for f64 {
@@ -53,7 +55,7 @@ macro_rules! tensor_op {
         impl $trait<Tensor> for f64 {
             type Output = Result<Tensor>;
             fn $method(self, rhs: Tensor) -> Result<Tensor> {
-                rhs.unary($rscalar(self))
+                rhs.unary_owned($rscalar(self))
             }
         }
     };
@@ -74,6 +76,6 @@ impl Neg for &Tensor {
 impl Neg for Tensor {
     type Output = Result<Tensor>;
     fn neg(self) -> Result<Tensor> {
-        self.unary(UnaryOp::Neg)
+        self.unary_owned(UnaryOp::Neg)
     }
 }

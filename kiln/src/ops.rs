@@ -79,6 +79,25 @@ impl Tensor {
         Ok(backprop::record(t, || BackOp::Unary(op, self.clone()), &[self]))
     }
 
+    /// [`unary`](Self::unary) of a tensor given by value, as in
+    /// `(x.sqr()? - 0.5)?`: when nothing else can see its storage (no other
+    /// tensor, view or autograd node holds it) and the op keeps its dtype,
+    /// the result is written over it on the CPU, saving an allocation and a
+    /// pass over memory (numpy's temporary elision). Otherwise as `unary`.
+    pub(crate) fn unary_owned(mut self, op: UnaryOp) -> Result<Tensor> {
+        let dtype = self.dtype();
+        let keeps_dtype = !matches!(dtype, DType::F16 | DType::BF16) && (dtype.is_float() || !promotes_integers(op, dtype));
+        let whole = self.layout.offset == 0 && self.layout.is_contiguous() && self.layout.elem_count() == self.storage.len;
+        if keeps_dtype && whole && self.node.is_none() && self.storage.device == crate::Device::Cpu {
+            if let Some(buf) = self.storage.get_mut().and_then(|s| s.host_mut()) {
+                if crate::backend::host_kernels::unary_in_place(op, buf, crate::backend::cpu::threads()) {
+                    return Ok(self);
+                }
+            }
+        }
+        self.unary(op)
+    }
+
     unary_fns! {
         /// −x
         neg => UnaryOp::Neg;

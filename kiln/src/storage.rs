@@ -519,6 +519,26 @@ impl std::ops::Deref for StorageHandle {
     }
 }
 
+impl StorageHandle {
+    /// The storage, when this handle is the only reference to it (no other
+    /// tensor, view, autograd node or queued kernel holds it).
+    #[inline]
+    pub(crate) fn get_mut(&mut self) -> Option<&mut Storage> {
+        Arc::get_mut(&mut self.0)
+    }
+}
+
+impl Storage {
+    /// The host buffer, through exclusive access.
+    #[inline]
+    pub(crate) fn host_mut(&mut self) -> Option<&mut CpuBuffer> {
+        match self.buffer.get_mut() {
+            Some(Buffer::Host(b)) => Some(b),
+            _ => None,
+        }
+    }
+}
+
 impl Clone for StorageHandle {
     #[inline]
     fn clone(&self) -> Self {

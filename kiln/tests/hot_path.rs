@@ -340,3 +340,50 @@ fn readers_racing_the_first_write_of_a_frozen_storage_see_old_or_new_values_neve
         }
     });
 }
+
+#[test]
+fn a_temporary_given_by_value_is_overwritten_only_when_nothing_else_sees_it() {
+    let _s = serial();
+    let n = 1 << 18; // 1 MiB of f32
+    let x = Tensor::rand(n, &cpu()).unwrap();
+    let reference = (&x.sqr().unwrap() - 0.5).unwrap().to_vec::<f32>().unwrap();
+    // Elided: the temporary's buffer takes the result; nothing more is booked.
+    let base = memory_stats(&cpu()).unwrap();
+    reset_peak_memory(&cpu()).unwrap();
+    let y = (x.sqr().unwrap() - 0.5).unwrap();
+    let stats = memory_stats(&cpu()).unwrap();
+    assert_eq!((stats.in_use, stats.peak), (base.in_use + 4 * n, base.in_use + 4 * n), "one buffer, not two");
+    assert_eq!(y.to_vec::<f32>().unwrap(), reference);
+    // A clone sees the tensor: it is not overwritten.
+    let t = x.sqr().unwrap();
+    let keep = t.clone();
+    let z = (t - 0.5).unwrap();
+    assert!(!z.same_storage(&keep));
+    assert_eq!(z.to_vec::<f32>().unwrap(), reference);
+    assert_eq!((&keep - 0.5).unwrap().to_vec::<f32>().unwrap(), reference);
+    // A view shares its storage: the base tensor is untouched.
+    let v = x.narrow(0, 1, 2).unwrap();
+    let before = x.narrow(0, 1, 2).unwrap().to_vec::<f32>().unwrap();
+    let w = (v + 1.0).unwrap();
+    assert_eq!(x.narrow(0, 1, 2).unwrap().to_vec::<f32>().unwrap(), before);
+    assert_eq!(w.to_vec::<f32>().unwrap(), before.iter().map(|v| v + 1.0).collect::<Vec<_>>());
+    // An integer tensor with a fractional scalar promotes: a new f32 tensor.
+    let i = Tensor::new(&[1i64, 2, 3], &cpu()).unwrap();
+    let f = (i - 0.5).unwrap();
+    assert_eq!((f.dtype(), f.to_vec::<f32>().unwrap()), (DType::F32, vec![0.5, 1.5, 2.5]));
+    // -tensor and scalar - tensor by value too.
+    let neg = (-Tensor::new(&[1f64, -2.0], &cpu()).unwrap()).unwrap();
+    assert_eq!(neg.to_vec::<f64>().unwrap(), vec![-1.0, 2.0]);
+    assert_eq!((10.0 - Tensor::new(&[1f32, 2.0], &cpu()).unwrap()).unwrap().to_vec::<f32>().unwrap(), vec![9.0, 8.0]);
+}
+
+#[test]
+fn a_temporary_that_autograd_needs_is_not_overwritten() {
+    let _s = serial();
+    let w = Tensor::new(&[1f32, 2.0, 3.0], &cpu()).unwrap().requires_grad_();
+    // `t` is recorded (sqr saves its input); `t * 2` by value must not write over it.
+    let t = w.sqr().unwrap();
+    let y = (t * 2.0).unwrap().sum_all().unwrap();
+    y.backward().unwrap();
+    assert_eq!(w.grad().unwrap().to_vec::<f32>().unwrap(), vec![4.0, 8.0, 12.0]);
+}

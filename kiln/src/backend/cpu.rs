@@ -53,7 +53,7 @@ impl CpuBackend {
 
 /// Threads of the global rayon pool, looked up once: asking rayon costs a
 /// thread-local access on every kernel otherwise.
-fn threads() -> usize {
+pub(crate) fn threads() -> usize {
     static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *THREADS.get_or_init(rayon::current_num_threads)
 }

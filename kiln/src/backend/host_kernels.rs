@@ -718,44 +718,113 @@ fn map_unary<T: WithDType, U: WithDType, F: Fn(T) -> U + Sync>(src: &[T], layout
     }
 }
 
+/// How a unary function is applied: from a view into a new buffer
+/// ([`Mapped`]) or over a buffer in place ([`InPlace`]). The op tables
+/// below are written once, for both.
+trait Apply<T> {
+    fn apply<F: Fn(T) -> T + Sync>(self, f: F);
+}
+
+struct Mapped<'a, T> {
+    src: &'a [T],
+    layout: &'a Layout,
+    out: &'a mut [T],
+    threads: usize,
+}
+
+impl<T: WithDType> Apply<T> for Mapped<'_, T> {
+    #[inline(always)]
+    fn apply<F: Fn(T) -> T + Sync>(self, f: F) {
+        map_unary(self.src, self.layout, self.out, self.threads, f)
+    }
+}
+
+/// A buffer rewritten element by element (numpy's temporary elision).
+struct InPlace<'a, T> {
+    buf: &'a mut [T],
+    threads: usize,
+}
+
+impl<T: WithDType> Apply<T> for InPlace<'_, T> {
+    #[inline(always)]
+    fn apply<F: Fn(T) -> T + Sync>(self, f: F) {
+        if self.threads > 1 && self.buf.len() >= PAR_MIN {
+            self.buf.par_chunks_mut(CHUNK).for_each(|c| {
+                for x in c.iter_mut() {
+                    *x = f(*x);
+                }
+            });
+        } else {
+            for x in self.buf.iter_mut() {
+                *x = f(*x);
+            }
+        }
+    }
+}
+
 fn unary_num<T: Num>(op: UnaryOp, s: &[T], l: &Layout, o: &mut [T], threads: usize) {
+    unary_num_with(op, Mapped { src: s, layout: l, out: o, threads })
+}
+
+fn unary_float<T: Float>(op: UnaryOp, s: &[T], l: &Layout, o: &mut [T], threads: usize) {
+    unary_float_with(op, Mapped { src: s, layout: l, out: o, threads })
+}
+
+#[inline(always)]
+fn unary_num_with<T: Num, A: Apply<T>>(op: UnaryOp, a: A) {
     let c = |v: f64| T::from_f64(v);
     match op {
-        UnaryOp::Neg => map_unary(s, l, o, threads, |x: T| x.neg()),
-        UnaryOp::Abs => map_unary(s, l, o, threads, |x: T| x.abs()),
-        UnaryOp::Sqr => map_unary(s, l, o, threads, |x: T| x.mul(x)),
-        UnaryOp::Relu => map_unary(s, l, o, threads, |x: T| x.max(T::ZERO)),
-        UnaryOp::Powi(2) => map_unary(s, l, o, threads, |x: T| x.mul(x)),
-        UnaryOp::Powi(3) => map_unary(s, l, o, threads, |x: T| x.mul(x).mul(x)),
-        UnaryOp::Powi(n) => map_unary(s, l, o, threads, |x: T| powi(x, n)),
-        UnaryOp::AddScalar(v) => map_unary(s, l, o, threads, |x: T| x.add(c(v))),
-        UnaryOp::SubScalar(v) => map_unary(s, l, o, threads, |x: T| x.sub(c(v))),
-        UnaryOp::RSubScalar(v) => map_unary(s, l, o, threads, |x: T| c(v).sub(x)),
-        UnaryOp::MulScalar(v) => map_unary(s, l, o, threads, |x: T| x.mul(c(v))),
-        UnaryOp::DivScalar(v) => map_unary(s, l, o, threads, |x: T| x.div(c(v))),
-        UnaryOp::MaxScalar(v) => map_unary(s, l, o, threads, |x: T| x.max(c(v))),
-        UnaryOp::MinScalar(v) => map_unary(s, l, o, threads, |x: T| x.min(c(v))),
-        UnaryOp::Affine(a, b) => map_unary(s, l, o, threads, |x: T| x.mul(c(a)).add(c(b))),
+        UnaryOp::Neg => a.apply(|x: T| x.neg()),
+        UnaryOp::Abs => a.apply(|x: T| x.abs()),
+        UnaryOp::Sqr => a.apply(|x: T| x.mul(x)),
+        UnaryOp::Relu => a.apply(|x: T| x.max(T::ZERO)),
+        UnaryOp::Powi(2) => a.apply(|x: T| x.mul(x)),
+        UnaryOp::Powi(3) => a.apply(|x: T| x.mul(x).mul(x)),
+        UnaryOp::Powi(n) => a.apply(|x: T| powi(x, n)),
+        UnaryOp::AddScalar(v) => a.apply(|x: T| x.add(c(v))),
+        UnaryOp::SubScalar(v) => a.apply(|x: T| x.sub(c(v))),
+        UnaryOp::RSubScalar(v) => a.apply(|x: T| c(v).sub(x)),
+        UnaryOp::MulScalar(v) => a.apply(|x: T| x.mul(c(v))),
+        UnaryOp::DivScalar(v) => a.apply(|x: T| x.div(c(v))),
+        UnaryOp::MaxScalar(v) => a.apply(|x: T| x.max(c(v))),
+        UnaryOp::MinScalar(v) => a.apply(|x: T| x.min(c(v))),
+        UnaryOp::Affine(m, b) => a.apply(|x: T| x.mul(c(m)).add(c(b))),
         _ => unreachable!("float-only unary ops are refused for integers by the front end"),
     }
 }
 
-fn unary_float<T: Float>(op: UnaryOp, s: &[T], l: &Layout, o: &mut [T], threads: usize) {
+#[inline(always)]
+fn unary_float_with<T: Float, A: Apply<T>>(op: UnaryOp, a: A) {
     let c = |v: f64| T::from_f64(v);
     match op {
-        UnaryOp::Exp => map_unary(s, l, o, threads, |x: T| x.exp()),
-        UnaryOp::Log => map_unary(s, l, o, threads, |x: T| x.ln()),
-        UnaryOp::Sqrt => map_unary(s, l, o, threads, |x: T| x.sqrt()),
-        UnaryOp::Recip => map_unary(s, l, o, threads, |x: T| T::ONE.div(x)),
-        UnaryOp::Sin => map_unary(s, l, o, threads, |x: T| x.sin()),
-        UnaryOp::Cos => map_unary(s, l, o, threads, |x: T| x.cos()),
-        UnaryOp::Tanh => map_unary(s, l, o, threads, |x: T| x.tanh()),
-        UnaryOp::Sigmoid => map_unary(s, l, o, threads, |x: T| T::ONE.div(T::ONE.add(x.neg().exp()))),
-        UnaryOp::Powf(p) => map_unary(s, l, o, threads, |x: T| x.pow(c(p))),
-        UnaryOp::RDivScalar(v) => map_unary(s, l, o, threads, |x: T| c(v).div(x)),
+        UnaryOp::Exp => a.apply(|x: T| x.exp()),
+        UnaryOp::Log => a.apply(|x: T| x.ln()),
+        UnaryOp::Sqrt => a.apply(|x: T| x.sqrt()),
+        UnaryOp::Recip => a.apply(|x: T| T::ONE.div(x)),
+        UnaryOp::Sin => a.apply(|x: T| x.sin()),
+        UnaryOp::Cos => a.apply(|x: T| x.cos()),
+        UnaryOp::Tanh => a.apply(|x: T| x.tanh()),
+        UnaryOp::Sigmoid => a.apply(|x: T| T::ONE.div(T::ONE.add(x.neg().exp()))),
+        UnaryOp::Powf(p) => a.apply(|x: T| x.pow(c(p))),
+        UnaryOp::RDivScalar(v) => a.apply(|x: T| c(v).div(x)),
         // Scalars are applied in the operand's own precision, as PyTorch does.
-        _ => unary_num(op, s, l, o, threads),
+        _ => unary_num_with(op, a),
     }
+}
+
+/// `op` applied to every element of `buf` in place, on the CPU (the
+/// front end checked the dtype and that nothing else can see the buffer).
+/// Returns false for dtypes the op has no kernel for.
+pub(crate) fn unary_in_place(op: UnaryOp, buf: &mut CpuBuffer, threads: usize) -> bool {
+    match buf {
+        CpuBuffer::F32(v) => unary_float_with(op, InPlace { buf: v, threads }),
+        CpuBuffer::F64(v) => unary_float_with(op, InPlace { buf: v, threads }),
+        CpuBuffer::I64(v) if !op.float_only() => unary_num_with(op, InPlace { buf: v, threads }),
+        CpuBuffer::I32(v) if !op.float_only() => unary_num_with(op, InPlace { buf: v, threads }),
+        CpuBuffer::U8(v) if !op.float_only() => unary_num_with(op, InPlace { buf: v, threads }),
+        _ => return false,
+    }
+    true
 }
 
 /// Row starts of a layout without its last dimension, in row-major order.
