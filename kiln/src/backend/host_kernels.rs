@@ -490,7 +490,7 @@ fn slice_of<T: WithDType>(b: &mut CpuBuffer) -> Option<&mut [T]> {
 }
 
 /// out = a op b over dense runs of equal length.
-#[inline]
+#[inline(always)]
 fn dense_binary<T: Num>(op: BinaryOp, a: &[T], b: &[T], out: &mut [T]) {
     let n = out.len();
     if n < 16 && a.len() >= n && b.len() >= n {
