@@ -21,6 +21,9 @@ pub struct MemoryStats {
     /// Bytes held by live tensors.
     pub in_use: usize,
     /// Highest `in_use` since the last [`reset_peak_memory`](crate::reset_peak_memory).
+    /// On the CPU, where each thread books in a slot of its own, this is
+    /// exact while one thread allocates; with several allocating at once it
+    /// is the highest total an allocating thread saw.
     pub peak: usize,
     /// Live storages (a view shares its storage and is not counted again).
     pub live_tensors: usize,
