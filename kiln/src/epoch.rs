@@ -137,6 +137,12 @@ impl ReadEpoch {
         std::sync::atomic::compiler_fence(Ordering::SeqCst);
         ReadEpoch(Some(r))
     }
+    /// No epoch: every read takes its lock (kernels of other devices, whose
+    /// storages are never frozen, so that a thaw never waits for them).
+    #[inline]
+    pub(crate) fn none() -> ReadEpoch {
+        ReadEpoch(None)
+    }
     /// True when frozen storages may be read without their lock.
     #[inline]
     pub(crate) fn active(&self) -> bool {

@@ -222,7 +222,7 @@ pub(crate) fn powi<T: Num>(x: T, n: i32) -> T {
 /// nothing: it never walks the dimensions of an empty tensor, however large
 /// the others are. Temporaries are allocated fallibly: host exhaustion is
 /// `OutOfMemory`, never an abort.
-pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize) -> Result<()> {
+pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize, device: Device) -> Result<()> {
     if kernel.writes_nothing(out.len()) {
         return Ok(());
     }
@@ -231,7 +231,7 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize) -> Result<(
     if let Out::Storage(o) = &out {
         o.thaw();
     }
-    let epoch = ReadEpoch::enter();
+    let epoch = if device == Device::Cpu { ReadEpoch::enter() } else { ReadEpoch::none() };
     match kernel {
         Kernel::Fill { value } => {
             let mut locks = OperandLocks::new(&[], out, &epoch)?;
@@ -560,7 +560,7 @@ pub(crate) fn run_caught(kernel: &Kernel<'_>, out: Out<'_>, threads: usize, devi
     if crate::device::take_injected_failure(device) {
         return Err(Error::KernelFailed { device, op: kernel.name().to_string(), msg: "a failure injected by a test".into() });
     }
-    caught(|| kernel.name(), device, || run(kernel, out, threads))
+    caught(|| kernel.name(), device, || run(kernel, out, threads, device))
 }
 
 /// [`try_gather`], with failures reported as [`run_caught`] does.
