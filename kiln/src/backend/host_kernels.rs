@@ -442,8 +442,8 @@ pub(crate) fn run_dense_small(kernel: &Kernel<'_>, out: &mut CpuBuffer) -> Optio
                 ($a:expr, $b:expr) => {{
                     let (a, b) = ($a.get(a0..a0 + len)?, $b.get(b0..b0 + len)?);
                     match out {
-                        CpuBuffer::U8(o) if op.is_comparison() => dense_compare(*op, a, b, o),
-                        o if !op.is_comparison() => dense_binary(*op, a, b, slice_of(o)?),
+                        CpuBuffer::U8(out) if op.is_comparison() => compare_with(*op, Dense2 { a, b, out }),
+                        o if !op.is_comparison() => arith_with(*op, Dense2 { a, b, out: slice_of(o)? }),
                         _ => return None,
                     }
                 }};
@@ -487,70 +487,6 @@ fn dense_start(layout: &Layout, len: usize) -> Option<usize> {
 #[inline]
 fn slice_of<T: WithDType>(b: &mut CpuBuffer) -> Option<&mut [T]> {
     (b.dtype() == T::DTYPE).then(|| slice_mut(b))
-}
-
-/// out = a op b over dense runs of equal length.
-#[inline(always)]
-fn dense_binary<T: Num>(op: BinaryOp, a: &[T], b: &[T], out: &mut [T]) {
-    let n = out.len();
-    if n < 16 && a.len() >= n && b.len() >= n {
-        // A few elements: plain loops (a vectorised one spends more in its
-        // prologue than in its body).
-        macro_rules! each {
-            ($f:expr) => {
-                for i in 0..n {
-                    out[i] = $f(a[i], b[i]);
-                }
-            };
-        }
-        match op {
-            BinaryOp::Add => each!(|x: T, y| x.add(y)),
-            BinaryOp::Sub => each!(|x: T, y| x.sub(y)),
-            BinaryOp::Mul => each!(|x: T, y| x.mul(y)),
-            BinaryOp::Div => each!(|x: T, y| x.div(y)),
-            BinaryOp::Pow => each!(|x: T, y| x.pow(y)),
-            BinaryOp::Maximum => each!(|x: T, y| x.max(y)),
-            BinaryOp::Minimum => each!(|x: T, y| x.min(y)),
-            _ => {}
-        }
-        return;
-    }
-    let zip = |out: &mut [T], f: &dyn Fn(T, T) -> T| {
-        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-            *o = f(x, y);
-        }
-    };
-    match op {
-        // The common case without the indirect call.
-        BinaryOp::Add => {
-            for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-                *o = x.add(y);
-            }
-        }
-        BinaryOp::Sub => zip(out, &|x, y| x.sub(y)),
-        BinaryOp::Mul => zip(out, &|x, y| x.mul(y)),
-        BinaryOp::Div => zip(out, &|x, y| x.div(y)),
-        BinaryOp::Pow => zip(out, &|x, y| x.pow(y)),
-        BinaryOp::Maximum => zip(out, &|x, y| x.max(y)),
-        BinaryOp::Minimum => zip(out, &|x, y| x.min(y)),
-        _ => {}
-    }
-}
-
-/// out = (a cmp b) as 0/1 over dense runs of equal length.
-#[inline]
-fn dense_compare<T: Num>(op: BinaryOp, a: &[T], b: &[T], out: &mut [u8]) {
-    let f: fn(T, T) -> bool = match op {
-        BinaryOp::Eq => |x, y| x == y,
-        BinaryOp::Ne => |x, y| x != y,
-        BinaryOp::Lt => |x, y| x < y,
-        BinaryOp::Le => |x, y| x <= y,
-        BinaryOp::Gt => |x, y| x > y,
-        _ => |x, y| x >= y,
-    };
-    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-        *o = f(x, y) as u8;
-    }
 }
 
 /// [`run`], with any failure (an error, or a panic: a kiln bug) reported as
@@ -957,28 +893,80 @@ fn map_binary<T: Copy + Send + Sync, U: Copy + Send + Sync, F: Fn(T, T) -> U + S
     }
 }
 
+/// How a binary function is applied: over two views of one shape into a
+/// new buffer ([`Mapped2`], any layouts) or over dense runs ([`Dense2`],
+/// the CPU's path for small operands). The op tables below serve both.
+trait Apply2<T, U> {
+    fn apply<F: Fn(T, T) -> U + Sync>(self, f: F);
+}
+
+struct Mapped2<'a, T, U> {
+    a: &'a [T],
+    la: &'a Layout,
+    b: &'a [T],
+    lb: &'a Layout,
+    out: &'a mut [U],
+    threads: usize,
+}
+
+impl<T: Copy + Send + Sync, U: Copy + Send + Sync> Apply2<T, U> for Mapped2<'_, T, U> {
+    #[inline(always)]
+    fn apply<F: Fn(T, T) -> U + Sync>(self, f: F) {
+        map_binary(self.a, self.la, self.b, self.lb, self.out, self.threads, f)
+    }
+}
+
+/// Dense runs at least as long as `out`, on the calling thread.
+struct Dense2<'a, T, U> {
+    a: &'a [T],
+    b: &'a [T],
+    out: &'a mut [U],
+}
+
+impl<T: Copy, U> Apply2<T, U> for Dense2<'_, T, U> {
+    #[inline(always)]
+    fn apply<F: Fn(T, T) -> U + Sync>(self, f: F) {
+        // Indexed, with the bounds checked once up front: a few elements
+        // take a plain loop, longer runs a vectorised one.
+        let n = self.out.len();
+        let (a, b) = (&self.a[..n], &self.b[..n]);
+        for i in 0..n {
+            self.out[i] = f(a[i], b[i]);
+        }
+    }
+}
+
 fn binary_arith<T: Num>(op: BinaryOp, a: &[T], la: &Layout, b: &[T], lb: &Layout, out: &mut CpuBuffer, threads: usize) {
-    let out: &mut [T] = slice_mut(out);
+    arith_with(op, Mapped2 { a, la, b, lb, out: slice_mut(out), threads })
+}
+
+fn compare<T: Num>(op: BinaryOp, a: &[T], la: &Layout, b: &[T], lb: &Layout, out: &mut [u8], threads: usize) {
+    compare_with(op, Mapped2 { a, la, b, lb, out, threads })
+}
+
+#[inline(always)]
+fn arith_with<T: Num, A: Apply2<T, T>>(op: BinaryOp, a: A) {
     match op {
-        BinaryOp::Add => map_binary(a, la, b, lb, out, threads, |x: T, y: T| x.add(y)),
-        BinaryOp::Sub => map_binary(a, la, b, lb, out, threads, |x: T, y: T| x.sub(y)),
-        BinaryOp::Mul => map_binary(a, la, b, lb, out, threads, |x: T, y: T| x.mul(y)),
-        BinaryOp::Div => map_binary(a, la, b, lb, out, threads, |x: T, y: T| x.div(y)),
-        BinaryOp::Pow => map_binary(a, la, b, lb, out, threads, |x: T, y: T| x.pow(y)),
-        BinaryOp::Maximum => map_binary(a, la, b, lb, out, threads, |x: T, y: T| x.max(y)),
-        BinaryOp::Minimum => map_binary(a, la, b, lb, out, threads, |x: T, y: T| x.min(y)),
+        BinaryOp::Add => a.apply(|x: T, y: T| x.add(y)),
+        BinaryOp::Sub => a.apply(|x: T, y: T| x.sub(y)),
+        BinaryOp::Mul => a.apply(|x: T, y: T| x.mul(y)),
+        BinaryOp::Div => a.apply(|x: T, y: T| x.div(y)),
+        BinaryOp::Pow => a.apply(|x: T, y: T| x.pow(y)),
+        BinaryOp::Maximum => a.apply(|x: T, y: T| x.max(y)),
+        BinaryOp::Minimum => a.apply(|x: T, y: T| x.min(y)),
         _ => unreachable!(),
     }
 }
 
-fn compare<T: Num>(op: BinaryOp, a: &[T], la: &Layout, b: &[T], lb: &Layout, out: &mut [u8], threads: usize) {
+#[inline(always)]
+fn compare_with<T: Num, A: Apply2<T, u8>>(op: BinaryOp, a: A) {
     match op {
-        BinaryOp::Eq => map_binary(a, la, b, lb, out, threads, |x: T, y: T| (x == y) as u8),
-        BinaryOp::Ne => map_binary(a, la, b, lb, out, threads, |x: T, y: T| (x != y) as u8),
-        BinaryOp::Lt => map_binary(a, la, b, lb, out, threads, |x: T, y: T| (x < y) as u8),
-        BinaryOp::Le => map_binary(a, la, b, lb, out, threads, |x: T, y: T| (x <= y) as u8),
-        BinaryOp::Gt => map_binary(a, la, b, lb, out, threads, |x: T, y: T| (x > y) as u8),
-        BinaryOp::Ge => map_binary(a, la, b, lb, out, threads, |x: T, y: T| (x >= y) as u8),
+        BinaryOp::Eq => a.apply(|x: T, y: T| (x == y) as u8),
+        BinaryOp::Ne => a.apply(|x: T, y: T| (x != y) as u8),
+        BinaryOp::Lt => a.apply(|x: T, y: T| (x < y) as u8),
+        BinaryOp::Le => a.apply(|x: T, y: T| (x <= y) as u8),
+        BinaryOp::Gt => a.apply(|x: T, y: T| (x > y) as u8),
+        BinaryOp::Ge => a.apply(|x: T, y: T| (x >= y) as u8),
         _ => unreachable!(),
     }
 }
