@@ -30,7 +30,8 @@
 //! available (an old kernel, a sandbox that forbids it, not Linux), no
 //! storage is frozen and every read takes its lock.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use crate::thread_slot;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// Whether storages may be frozen: membarrier with private expedited
@@ -68,52 +69,15 @@ fn register_membarrier() -> bool {
     false
 }
 
-/// Threads that can read in epochs at the same time; others read under locks.
-const SLOTS: usize = 256;
-
 #[repr(align(128))]
 struct Reader {
     /// Odd while the thread reads in an epoch.
     epoch: AtomicU64,
-    taken: AtomicBool,
 }
 
-static READERS: [Reader; SLOTS] = [const { Reader { epoch: AtomicU64::new(0), taken: AtomicBool::new(false) } }; SLOTS];
-/// One past the highest slot ever claimed.
-static USED: AtomicUsize = AtomicUsize::new(0);
-
-struct Claim(Option<usize>);
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        if let Some(i) = self.0 {
-            READERS[i].taken.store(false, Ordering::Release);
-        }
-    }
-}
-
-thread_local! {
-    static CLAIM: Claim = Claim::new();
-}
-
-impl Claim {
-    fn new() -> Claim {
-        if !available() {
-            return Claim(None);
-        }
-        for (i, r) in READERS.iter().enumerate() {
-            if r.taken.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-                USED.fetch_max(i + 1, Ordering::AcqRel);
-                return Claim(Some(i));
-            }
-        }
-        Claim(None)
-    }
-}
-
-fn my_slot() -> Option<usize> {
-    CLAIM.try_with(|c| c.0).ok().flatten()
-}
+/// Indexed by the thread's `thread_slot` index (a thread without one reads
+/// under locks).
+static READERS: [Reader; thread_slot::SLOTS] = [const { Reader { epoch: AtomicU64::new(0) } }; thread_slot::SLOTS];
 
 /// A thread's read epoch, for the duration of one kernel: while it lives,
 /// frozen storages may be read without their lock ([`ReadEpoch::active`]).
@@ -124,7 +88,10 @@ impl ReadEpoch {
     /// epochs are unavailable, the thread has no slot, or it is in one already.
     #[inline]
     pub(crate) fn enter() -> ReadEpoch {
-        let Some(i) = my_slot() else { return ReadEpoch(None) };
+        if !available() {
+            return ReadEpoch(None);
+        }
+        let Some(i) = thread_slot::mine() else { return ReadEpoch(None) };
         let r = &READERS[i];
         let e = r.epoch.load(Ordering::Relaxed);
         if e & 1 == 1 {
@@ -180,9 +147,8 @@ pub(crate) fn thaw(frozen: &AtomicBool) {
         // full barrier here still orders our side.
         std::sync::atomic::fence(Ordering::SeqCst);
     }
-    let own = my_slot();
-    let used = USED.load(Ordering::Acquire);
-    for (i, r) in READERS[..used].iter().enumerate() {
+    let own = thread_slot::mine();
+    for (i, r) in READERS[..thread_slot::used()].iter().enumerate() {
         if Some(i) == own {
             continue;
         }

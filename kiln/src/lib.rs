@@ -47,6 +47,7 @@ mod shape;
 mod shape_ops;
 mod storage;
 mod tensor;
+mod thread_slot;
 pub mod trainer;
 
 pub use backend::QueueHold;

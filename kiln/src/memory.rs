@@ -3,6 +3,7 @@
 //! reuse warm pages instead of faulting in fresh ones.
 
 use crate::storage::CpuBuffer;
+use crate::thread_slot;
 use crate::{human_bytes, DType, Device, Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -138,7 +139,7 @@ impl MemoryPool {
     #[inline]
     fn reserve_per_thread(&self, bytes: usize) -> Result<()> {
         // No host holds a single buffer this large; refusing it here keeps
-        // the sum of all slots (at most SLOTS such requests in flight) from
+        // the sum of all slots (at most `thread_slot::SLOTS` such requests in flight) from
         // wrapping around.
         if bytes > CPU_MAX_REQUEST {
             return Err(self.out_of_memory(bytes, self.in_use_now()));
@@ -337,22 +338,18 @@ impl MemoryPool {
 // exact once the threads have stopped, and exact at every step while one
 // thread allocates. When a thread exits its slot is released with its
 // counts in it, and the next thread to claim it goes on from there: totals
-// need no folding. Beyond `SLOTS` live threads, the pool's own atomic
+// need no folding. Beyond `thread_slot::SLOTS` live threads, the pool's own atomic
 // counters take the rest. With several threads allocating at once, `peak`
 // is the highest sum an allocating thread saw, which may include a buffer
 // that another thread was freeing at that instant.
 
 /// A request above this is out of memory at once on the CPU (4 PiB).
 const CPU_MAX_REQUEST: usize = 1 << 52;
-/// Slots: threads allocating on the CPU at the same time without touching
-/// a shared counter.
-const SLOTS: usize = 256;
 
 #[repr(align(128))]
 struct Slot {
     in_use: AtomicUsize,
     live: AtomicUsize,
-    taken: std::sync::atomic::AtomicBool,
     /// The highest `in_use` of this slot since the peak epoch `epoch`.
     high: AtomicUsize,
     epoch: std::sync::atomic::AtomicU64,
@@ -366,7 +363,6 @@ impl Slot {
         Slot {
             in_use: AtomicUsize::new(0),
             live: AtomicUsize::new(0),
-            taken: std::sync::atomic::AtomicBool::new(false),
             high: AtomicUsize::new(0),
             epoch: std::sync::atomic::AtomicU64::new(u64::MAX),
         }
@@ -384,50 +380,20 @@ impl Slot {
 
 struct CpuSlots;
 
-static CPU_SLOTS: [Slot; SLOTS] = [const { Slot::new() }; SLOTS];
-/// One past the highest slot ever claimed: sums read `CPU_SLOTS[..used]`.
-static CPU_SLOTS_USED: AtomicUsize = AtomicUsize::new(0);
-
-/// This thread's claim on a slot, released when the thread exits.
-struct SlotClaim(Option<usize>);
-
-impl Drop for SlotClaim {
-    fn drop(&mut self) {
-        if let Some(i) = self.0 {
-            // Release: the next thread to claim the slot sees its counts.
-            CPU_SLOTS[i].taken.store(false, Ordering::Release);
-        }
-    }
-}
-
-thread_local! {
-    static CPU_SLOT: SlotClaim = SlotClaim::claim();
-}
-
-impl SlotClaim {
-    fn claim() -> SlotClaim {
-        for (i, slot) in CPU_SLOTS.iter().enumerate() {
-            if slot.taken.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-                CPU_SLOTS_USED.fetch_max(i + 1, Ordering::AcqRel);
-                return SlotClaim(Some(i));
-            }
-        }
-        SlotClaim(None)
-    }
-}
+/// Indexed by the thread's `thread_slot` index.
+static CPU_SLOTS: [Slot; thread_slot::SLOTS] = [const { Slot::new() }; thread_slot::SLOTS];
 
 impl CpuSlots {
     /// This thread's slot; `None` while the thread is exiting or when every
     /// slot is taken.
     #[inline]
     fn mine() -> Option<&'static Slot> {
-        CPU_SLOT.try_with(|c| c.0).ok().flatten().map(|i| &CPU_SLOTS[i])
+        thread_slot::mine().map(|i| &CPU_SLOTS[i])
     }
     /// The wrapping sum of `field` over every slot ever claimed.
     #[inline]
     fn sum(field: impl Fn(&Slot) -> usize) -> usize {
-        let used = CPU_SLOTS_USED.load(Ordering::Acquire);
-        CPU_SLOTS[..used].iter().fold(0usize, |acc, s| acc.wrapping_add(field(s)))
+        CPU_SLOTS[..thread_slot::used()].iter().fold(0usize, |acc, s| acc.wrapping_add(field(s)))
     }
 }
 
