@@ -225,9 +225,6 @@ impl MemoryPool {
                 return Ok(buf);
             }
         }
-        if len <= SMALL_LEN {
-            return Ok(small_take(dtype, len).unwrap_or_else(|| CpuBuffer::zeros(dtype, len)));
-        }
         CpuBuffer::try_zeros(dtype, len).ok_or_else(|| {
             // The host refused: give back what is cached and say so.
             self.empty_cache();

@@ -253,7 +253,7 @@ pub(crate) struct BufferRead<'a>(RwLockReadGuard<'a, Option<Buffer>>);
 /// thread's read epoch), or any other under its read lock.
 pub(crate) enum Input<'a> {
     Frozen(&'a CpuBuffer),
-    Locked(ReadGuard<'a>),
+    Locked(BufferRead<'a>),
 }
 
 impl Input<'_> {
@@ -261,7 +261,7 @@ impl Input<'_> {
     pub(crate) fn host(&self) -> &CpuBuffer {
         match self {
             Input::Frozen(b) => b,
-            Input::Locked(g) => host_of(g),
+            Input::Locked(g) => g.host(),
         }
     }
 }
@@ -297,9 +297,7 @@ impl Storage {
 /// the inputs.
 #[inline]
 pub(crate) fn read_two<'a>(a: &'a Storage, b: &'a Storage, epoch: &'a ReadEpoch) -> (Input<'a>, Option<Input<'a>>) {
-    // SAFETY (frozen_host): readable_unlocked was checked for `epoch`, which outlives the inputs.
-    let one =
-        |s: &'a Storage| if s.readable_unlocked(epoch) { Input::Frozen(unsafe { s.frozen_host() }) } else { Input::Locked(read_lock(s)) };
+    let one = |s: &'a Storage| read_one(s, epoch);
     if std::ptr::eq(a, b) {
         return (one(a), None);
     }
@@ -321,7 +319,7 @@ pub(crate) fn read_one<'a>(s: &'a Storage, epoch: &'a ReadEpoch) -> Input<'a> {
     if s.readable_unlocked(epoch) {
         Input::Frozen(unsafe { s.frozen_host() })
     } else {
-        Input::Locked(read_lock(s))
+        Input::Locked(s.read())
     }
 }
 
@@ -374,13 +372,6 @@ enum OutputAccess<'a> {
     Locked(RwLockWriteGuard<'a, Option<Buffer>>),
 }
 
-type ReadGuard<'a> = RwLockReadGuard<'a, Option<Buffer>>;
-
-#[inline]
-fn read_lock(s: &Storage) -> ReadGuard<'_> {
-    s.buffer.read()
-}
-
 #[inline]
 fn addr(s: &Storage) -> usize {
     s as *const Storage as usize
@@ -427,8 +418,8 @@ impl<'a> OperandLocks<'a> {
         let (mut g0, mut g1, mut w) = (None, None, None);
         for &(_, slot) in &order[..n] {
             match slot {
-                0 => g0 = first.map(|s| Input::Locked(read_lock(s))),
-                1 => g1 = second.map(|s| Input::Locked(read_lock(s))),
+                0 => g0 = first.map(|s| Input::Locked(s.read())),
+                1 => g1 = second.map(|s| Input::Locked(s.read())),
                 _ => {
                     if let Out::Storage(o) = &out {
                         w = Some(o.buffer.write());

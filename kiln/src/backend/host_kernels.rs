@@ -6,7 +6,7 @@
 
 use crate::epoch::ReadEpoch;
 use crate::op::{BinaryOp, Distribution, Kernel, Out, ReduceOp, Src, UnaryOp};
-use crate::shape::Layout;
+use crate::shape::{Dims, Layout};
 use crate::storage::{CpuBuffer, OperandLocks};
 use crate::{map_buffer, rng, Device, Error, Result, WithDType};
 use half::{bf16, f16};
@@ -767,14 +767,10 @@ pub(crate) fn unary_in_place(op: UnaryOp, buf: &mut CpuBuffer, threads: usize) -
 fn rows(layout: &Layout) -> (Layout, usize, usize) {
     let dims = layout.dims();
     if dims.is_empty() {
-        return (Layout { shape: crate::Shape::from(()), strides: crate::shape::Dims::new(), offset: layout.offset }, 1, 1);
+        return (Layout { shape: crate::Shape::from(()), strides: Dims::new(), offset: layout.offset }, 1, 1);
     }
     let r = dims.len() - 1;
-    let outer = Layout {
-        shape: crate::Shape::from(&dims[..r]),
-        strides: crate::shape::Dims::from_slice(&layout.strides[..r]),
-        offset: layout.offset,
-    };
+    let outer = Layout { shape: crate::Shape::from(&dims[..r]), strides: Dims::from_slice(&layout.strides[..r]), offset: layout.offset };
     (outer, dims[r], layout.strides[r])
 }
 
@@ -784,9 +780,7 @@ fn rows(layout: &Layout) -> (Layout, usize, usize) {
 /// of one.
 fn simplify_pair(la: &Layout, lb: &Layout) -> (Layout, Layout) {
     let dims = la.dims();
-    let mut d: SmallVec<[usize; 4]> = SmallVec::new();
-    let mut sa: SmallVec<[usize; 4]> = SmallVec::new();
-    let mut sb: SmallVec<[usize; 4]> = SmallVec::new();
+    let (mut d, mut sa, mut sb) = (Dims::new(), Dims::new(), Dims::new());
     for (i, &n) in dims.iter().enumerate() {
         if n == 1 {
             continue;
@@ -804,8 +798,7 @@ fn simplify_pair(la: &Layout, lb: &Layout) -> (Layout, Layout) {
         sa.push(la.strides[i]);
         sb.push(lb.strides[i]);
     }
-    let shape = crate::Shape(crate::shape::Dims::from_slice(&d));
-    let (sa, sb) = (crate::shape::Dims::from_slice(&sa), crate::shape::Dims::from_slice(&sb));
+    let shape = crate::Shape(d);
     (Layout { shape: shape.clone(), strides: sa, offset: la.offset }, Layout { shape, strides: sb, offset: lb.offset })
 }
 
@@ -1065,9 +1058,9 @@ fn reduce<T: Num>(op: ReduceOp, s: &[T], l: &Layout, dims: &[usize], out: &mut [
     }
     // Where each source element lands: the output's strides with 0 on the
     // reduced dimensions.
-    let out_dims: crate::shape::Dims = (0..rank).map(|d| if dims.contains(&d) { 1 } else { l.dims()[d] }).collect();
+    let out_dims: Dims = (0..rank).map(|d| if dims.contains(&d) { 1 } else { l.dims()[d] }).collect();
     let out_strides = crate::Shape(out_dims).strides();
-    let bcast_strides: crate::shape::Dims = (0..rank).map(|d| if dims.contains(&d) { 0 } else { out_strides[d] }).collect();
+    let bcast_strides: Dims = (0..rank).map(|d| if dims.contains(&d) { 0 } else { out_strides[d] }).collect();
     let out_layout = Layout { shape: l.shape.clone(), strides: bcast_strides, offset: 0 };
     let (l, out_layout) = simplify_pair(l, &out_layout);
     let (so, n, ss) = rows(&l);
@@ -1151,11 +1144,7 @@ fn batch_offsets(l: &Layout) -> SmallVec<[usize; 4]> {
     if r == 2 {
         return smallvec::smallvec![l.offset];
     }
-    let batch = Layout {
-        shape: crate::Shape::from(&l.dims()[..r - 2]),
-        strides: crate::shape::Dims::from_slice(&l.strides[..r - 2]),
-        offset: l.offset,
-    };
+    let batch = Layout { shape: crate::Shape::from(&l.dims()[..r - 2]), strides: Dims::from_slice(&l.strides[..r - 2]), offset: l.offset };
     batch.offsets().collect()
 }
 
