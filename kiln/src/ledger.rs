@@ -113,6 +113,20 @@ impl TransferStats {
 static GLOBAL: Mutex<Option<TransferStats>> = Mutex::new(None);
 
 thread_local! {
+    static HELD_FOR_FORK: RefCell<Option<std::sync::MutexGuard<'static, Option<TransferStats>>>> = const { RefCell::new(None) };
+}
+
+/// Takes (`true`) or lets go of (`false`) the global ledger's lock on the
+/// thread that forks, so that the child never inherits it held by a thread
+/// that does not exist there (see `fork.rs`).
+pub(crate) fn hold_for_fork(hold: bool) {
+    let _ = HELD_FOR_FORK.try_with(|h| {
+        let mut h = h.borrow_mut();
+        *h = if hold { Some(GLOBAL.lock().unwrap_or_else(|e| e.into_inner())) } else { None };
+    });
+}
+
+thread_local! {
     static LOCAL: RefCell<TransferStats> = RefCell::new(TransferStats::default());
     static GUARDS: Cell<[GuardLevel; 3]> = const { Cell::new([GuardLevel::Allow; 3]) };
     static SITE: Cell<Option<&'static Location<'static>>> = const { Cell::new(None) };

@@ -33,8 +33,8 @@ pub mod data;
 mod device;
 mod display;
 mod dtype;
-mod epoch;
 mod error;
+mod fork;
 mod ledger;
 mod memory;
 pub mod nn;
@@ -60,9 +60,9 @@ pub use device::{
 #[doc(hidden)]
 pub use device::{hold_queue, inject_kernel_failure};
 pub use dtype::{DType, WithDType};
-#[doc(hidden)]
-pub use epoch::{available as read_epochs_available, thaw_count};
 pub use error::{human_bytes, Direction, Error, Result};
+#[doc(hidden)]
+pub use fork::busy_threads;
 #[doc(hidden)]
 pub use ledger::{__site_scope, SiteScope};
 pub use ledger::{

@@ -7,12 +7,11 @@
 //! queue, while the host already holds the tensor.
 
 use crate::backend::Backend;
-use crate::epoch::ReadEpoch;
+use crate::fork::Busy;
 use crate::op::Out;
 use crate::{DType, Device, WithDType};
 use half::{bf16, f16};
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 /// Elements in host memory, one variant per dtype.
@@ -190,30 +189,16 @@ pub(crate) struct Storage {
     handles: std::sync::atomic::AtomicUsize,
     /// Whether `handles` is counted: storages of simulated GPUs.
     stream_ordered: bool,
-    /// Never written in place since it was made: kernels read it without
-    /// its lock inside a read epoch (see `epoch.rs`); the first in-place
-    /// write clears it (`epoch::thaw`).
-    frozen: AtomicBool,
 }
 
 impl Storage {
     pub(crate) fn new(backend: &'static dyn Backend, buffer: Buffer, dtype: DType, len: usize) -> Arc<Storage> {
         Storage::new_on(backend, backend.device(), buffer, dtype, len)
     }
-    /// A storage holding `buffer`, read under its lock until written.
+    /// A storage holding `buffer` on `device` (the backend's own device, or
+    /// the CPU for the static CPU backend).
     #[inline]
     pub(crate) fn new_on(backend: &'static dyn Backend, device: Device, buffer: Buffer, dtype: DType, len: usize) -> Arc<Storage> {
-        Storage::make(backend, device, buffer, dtype, len, false)
-    }
-    /// A CPU storage whose buffer is complete and will not be written again
-    /// unless thawed: readable without its lock (when epochs are available).
-    #[inline]
-    pub(crate) fn new_frozen(backend: &'static dyn Backend, device: Device, buffer: Buffer, dtype: DType, len: usize) -> Arc<Storage> {
-        let frozen = device == Device::Cpu && crate::epoch::available();
-        Storage::make(backend, device, buffer, dtype, len, frozen)
-    }
-    #[inline]
-    fn make(backend: &'static dyn Backend, device: Device, buffer: Buffer, dtype: DType, len: usize, frozen: bool) -> Arc<Storage> {
         let stream_ordered = device != Device::Cpu && backend.kind() == crate::DeviceKind::Simulated;
         let storage = Storage {
             dtype,
@@ -224,7 +209,6 @@ impl Storage {
             booked: std::sync::atomic::AtomicBool::new(true),
             handles: std::sync::atomic::AtomicUsize::new(0),
             stream_ordered,
-            frozen: AtomicBool::new(frozen),
         };
         if device == Device::Cpu {
             reuse_shell(storage)
@@ -239,87 +223,36 @@ impl Storage {
     pub(crate) fn bytes(&self) -> usize {
         self.len * self.dtype.size_in_bytes()
     }
-    /// Read access to the buffer. Only kernels and transfers call this, in
-    /// queue order, so a writer never holds it for long.
+    /// Read access to the buffer, under its read lock. Only kernels and
+    /// transfers call this, in queue order, so a writer never holds it for long.
     #[inline]
     pub(crate) fn read(&self) -> BufferRead<'_> {
-        BufferRead(self.buffer.read())
+        let busy = Busy::enter();
+        BufferRead { guard: self.buffer.read(), _busy: busy }
     }
 }
 
-pub(crate) struct BufferRead<'a>(RwLockReadGuard<'a, Option<Buffer>>);
-
-/// A kernel's input: a frozen storage read without its lock (inside the
-/// thread's read epoch), or any other under its read lock.
-pub(crate) enum Input<'a> {
-    Frozen(&'a CpuBuffer),
-    Locked(BufferRead<'a>),
+/// A storage's buffer under its read lock. The lock is let go before the
+/// thread's busy mark (field order), which a fork waits for (`fork.rs`).
+pub(crate) struct BufferRead<'a> {
+    guard: RwLockReadGuard<'a, Option<Buffer>>,
+    _busy: Busy,
 }
 
-impl Input<'_> {
-    #[inline]
-    pub(crate) fn host(&self) -> &CpuBuffer {
-        match self {
-            Input::Frozen(b) => b,
-            Input::Locked(g) => g.host(),
-        }
-    }
-}
-
-impl Storage {
-    /// True when this storage may be read without its lock in `epoch`.
-    #[inline]
-    fn readable_unlocked(&self, epoch: &ReadEpoch) -> bool {
-        epoch.active() && self.frozen.load(std::sync::atomic::Ordering::Relaxed)
-    }
-    /// Read access to a frozen storage without its lock.
-    ///
-    /// # Safety
-    /// `self.readable_unlocked(epoch)` was true for the `epoch` that lives
-    /// as long as the returned reference: no writer touches the buffer
-    /// until the epoch ends (`epoch::thaw` waits for it).
-    #[inline]
-    unsafe fn frozen_host(&self) -> &CpuBuffer {
-        host_of(&*self.buffer.data_ptr())
-    }
-    /// Thaws this storage before an in-place write (see `epoch.rs`).
-    #[inline]
-    pub(crate) fn thaw(&self) {
-        if self.frozen.load(std::sync::atomic::Ordering::Relaxed) {
-            crate::epoch::thaw(&self.frozen);
-        }
-    }
-}
-
-/// The two inputs of a kernel whose output is fresh: frozen ones without a
-/// lock, others under read locks taken in address order (one lock when the
-/// two are the same storage), like [`OperandLocks`]. `epoch` must outlive
-/// the inputs.
+/// The two inputs of a kernel whose output is fresh, under read locks taken
+/// in address order (one lock when the two are the same storage), as
+/// [`OperandLocks`] takes them.
 #[inline]
-pub(crate) fn read_two<'a>(a: &'a Storage, b: &'a Storage, epoch: &'a ReadEpoch) -> (Input<'a>, Option<Input<'a>>) {
-    let one = |s: &'a Storage| read_one(s, epoch);
+pub(crate) fn read_two<'a>(a: &'a Storage, b: &'a Storage) -> (BufferRead<'a>, Option<BufferRead<'a>>) {
     if std::ptr::eq(a, b) {
-        return (one(a), None);
+        return (a.read(), None);
     }
-    let (fa, fb) = (a.readable_unlocked(epoch), b.readable_unlocked(epoch));
-    if fa || fb || addr(a) < addr(b) {
-        // At most one lock to take, or already in address order.
-        let ia = one(a);
-        (ia, Some(one(b)))
+    if addr(a) < addr(b) {
+        let ga = a.read();
+        (ga, Some(b.read()))
     } else {
-        let ib = one(b);
-        (one(a), Some(ib))
-    }
-}
-
-/// One input read for a kernel with a fresh output: without its lock when frozen.
-#[inline]
-pub(crate) fn read_one<'a>(s: &'a Storage, epoch: &'a ReadEpoch) -> Input<'a> {
-    // SAFETY (frozen_host): readable_unlocked was checked for `epoch`, which outlives the input.
-    if s.readable_unlocked(epoch) {
-        Input::Frozen(unsafe { s.frozen_host() })
-    } else {
-        Input::Locked(s.read())
+        let gb = b.read();
+        (a.read(), Some(gb))
     }
 }
 
@@ -334,11 +267,11 @@ fn host_of(buffer: &Option<Buffer>) -> &CpuBuffer {
 impl BufferRead<'_> {
     #[inline]
     pub(crate) fn host(&self) -> &CpuBuffer {
-        host_of(&self.0)
+        host_of(&self.guard)
     }
     #[allow(dead_code)]
     pub(crate) fn buffer(&self) -> &Buffer {
-        self.0.as_ref().expect("storage buffer present until drop")
+        self.guard.as_ref().expect("storage buffer present until drop")
     }
 }
 
@@ -359,12 +292,12 @@ impl BufferRead<'_> {
 pub(crate) struct OperandLocks<'a> {
     /// The distinct inputs: a kernel reads at most two storages under lock
     /// (`Where`'s condition is gathered first).
-    inputs: [Option<Input<'a>>; 2],
+    inputs: [Option<BufferRead<'a>>; 2],
     /// True when input 1 is the same storage as input 0 (one access serves both).
     shared: bool,
     output: OutputAccess<'a>,
-    /// Dropped last: frozen inputs are read without a lock while it lives.
-    epoch: &'a ReadEpoch,
+    /// Dropped last, after every lock (field order): see `fork.rs`.
+    _busy: Busy,
 }
 
 enum OutputAccess<'a> {
@@ -378,15 +311,12 @@ fn addr(s: &Storage) -> usize {
 }
 
 impl<'a> OperandLocks<'a> {
-    /// Reads `inputs` (at most two), frozen ones without a lock and the
-    /// others under read locks, and when it is a storage writes `out` under
-    /// its write lock; all locks in address order. An in-place write to a
-    /// frozen storage thaws it first, before any lock is taken. An input
-    /// that is also the output is refused (a kiln bug): locking it twice
-    /// would deadlock the thread on itself. `epoch` (entered by the caller
-    /// after any thaw) must outlive the locks.
+    /// Reads `inputs` (at most two) under read locks and, when it is a
+    /// storage, writes `out` under its write lock; all locks in address
+    /// order. An input that is also the output is refused (a kiln bug):
+    /// locking it twice would deadlock the thread on itself.
     #[inline]
-    pub(crate) fn new(inputs: &[&'a Storage], out: Out<'a>, epoch: &'a ReadEpoch) -> crate::Result<Self> {
+    pub(crate) fn new(inputs: &[&'a Storage], out: Out<'a>) -> crate::Result<Self> {
         let (first, second) = match *inputs {
             [] => (None, None),
             [a] => (Some(a), None),
@@ -399,12 +329,12 @@ impl<'a> OperandLocks<'a> {
                 return Err(lock_bug(&out, "a kernel's output storage is also one of its inputs"));
             }
         }
-        // What takes a lock: the inputs that are not frozen, and an output
-        // storage; taken in address order (slot 0, 1: inputs, 2: output).
-        let locked = |s: Option<&'a Storage>| s.filter(|s| !s.readable_unlocked(epoch));
+        // Marked busy before the first lock, for a fork that may be waiting.
+        let busy = Busy::enter();
+        // Locks in address order (slot 0, 1: inputs, 2: output).
         let mut order: [(usize, u8); 3] = [(usize::MAX, 0), (usize::MAX, 1), (usize::MAX, 2)];
         let mut n = 0;
-        for (slot, s) in [(0u8, locked(first)), (1, locked(second))] {
+        for (slot, s) in [(0u8, first), (1, second)] {
             if let Some(s) = s {
                 order[n] = (addr(s), slot);
                 n += 1;
@@ -418,8 +348,8 @@ impl<'a> OperandLocks<'a> {
         let (mut g0, mut g1, mut w) = (None, None, None);
         for &(_, slot) in &order[..n] {
             match slot {
-                0 => g0 = first.map(|s| Input::Locked(s.read())),
-                1 => g1 = second.map(|s| Input::Locked(s.read())),
+                0 => g0 = first.map(|s| s.read()),
+                1 => g1 = second.map(|s| s.read()),
                 _ => {
                     if let Out::Storage(o) = &out {
                         w = Some(o.buffer.write());
@@ -427,22 +357,17 @@ impl<'a> OperandLocks<'a> {
                 }
             }
         }
-        // SAFETY (frozen_host): these are the inputs found readable without a
-        // lock in `epoch`, which outlives the locks.
-        let g0 = g0.or_else(|| first.map(|s| Input::Frozen(unsafe { s.frozen_host() })));
-        let g1 = g1.or_else(|| second.map(|s| Input::Frozen(unsafe { s.frozen_host() })));
         let output = match (out, w) {
             (Out::Fresh(buffer), _) => OutputAccess::Fresh(buffer),
             (Out::Storage(_), Some(guard)) => OutputAccess::Locked(guard),
             (out @ Out::Storage(_), None) => return Err(lock_bug(&out, "the output was not locked")),
         };
-        Ok(OperandLocks { inputs: [g0, g1], shared, output, epoch })
+        Ok(OperandLocks { inputs: [g0, g1], shared, output, _busy: busy })
     }
 
     /// The inputs (by their position in `new`) and the output, borrowed together.
     #[inline]
     pub(crate) fn split(&mut self) -> (LockedInputs<'_, 'a>, &mut CpuBuffer) {
-        let _ = self.epoch;
         let out = match &mut self.output {
             OutputAccess::Fresh(b) => &mut **b,
             OutputAccess::Locked(guard) => match guard.as_mut() {
@@ -464,7 +389,7 @@ fn lock_bug(out: &Out<'_>, msg: &str) -> crate::Error {
 
 /// The inputs of an [`OperandLocks`].
 pub(crate) struct LockedInputs<'g, 'a> {
-    inputs: &'g [Option<Input<'a>>; 2],
+    inputs: &'g [Option<BufferRead<'a>>; 2],
     shared: bool,
 }
 

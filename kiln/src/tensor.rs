@@ -210,7 +210,7 @@ impl Tensor {
         if let Some(ticket) = ticket {
             ticket.book();
         }
-        Ok(Tensor::from_storage(Storage::new_frozen(b, *device, buffer, dtype, len), shape))
+        Ok(Tensor::from_storage(Storage::new_on(b, *device, buffer, dtype, len), shape))
     }
 
     /// A tensor from nested arrays, a slice or a scalar, on `device`.

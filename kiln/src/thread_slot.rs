@@ -1,6 +1,6 @@
 //! A small number for each live thread: the index of its entry in arrays
 //! of per-thread cache lines that only it writes and other threads read
-//! (the CPU's memory booking in `memory.rs`, the read epochs of `epoch.rs`).
+//! (the CPU's memory booking in `memory.rs`, the busy marks of `fork.rs`).
 //!
 //! A thread claims its index the first time it asks and gives it back when
 //! it exits; the next thread to claim it inherits the entries as they are
@@ -31,6 +31,8 @@ impl Drop for Claim {
 
 impl Claim {
     fn new() -> Claim {
+        // Before this thread can hold any storage lock (fork.rs).
+        crate::fork::install_handlers();
         for (i, taken) in TAKEN.iter().enumerate() {
             if taken.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
                 USED.fetch_max(i + 1, Ordering::AcqRel);

@@ -1,5 +1,5 @@
-//! The CPU: host memory, kernels run at once on the calling thread, spread
-//! over the global rayon pool (all cores, or `RAYON_NUM_THREADS`).
+//! The CPU: host memory, kernels run at once on the calling thread, big
+//! ones spread over kiln's own rayon pool (all cores, or `RAYON_NUM_THREADS`).
 
 use super::{host_kernels, Backend, Event};
 use crate::memory::MemoryPool;
@@ -51,15 +51,51 @@ impl CpuBackend {
     }
 }
 
-/// Threads of the global rayon pool, looked up once: asking rayon costs a
-/// thread-local access on every kernel otherwise.
+/// kiln's own thread pool for the CPU's kernels (all cores, or
+/// `RAYON_NUM_THREADS`), apart from rayon's global pool.
+///
+/// Why a pool of its own: its threads only ever run pieces of kernels,
+/// which take no lock and wait for nothing but each other. A thread that
+/// holds a kernel's storage locks and waits for the pieces therefore always
+/// sees them finish. In a shared pool, a worker waiting for its pieces
+/// runs other queued jobs meanwhile; one that writes a storage it is
+/// reading (a user's `par_iter` doing `a.assign(..)` beside `a.matmul(..)`)
+/// would wait on its own lock forever, and every worker blocked on a lock
+/// held by a thread waiting for the pool would stall it.
+fn pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| rayon::ThreadPoolBuilder::new().thread_name(|i| format!("kiln-cpu-{i}")).build().ok()).as_ref()
+}
+
+/// Runs `f` on kiln's pool, where rayon's parallel iterators and gemm's
+/// `Parallelism::Rayon` inside it spread their work; the calling thread
+/// waits without running anything else. Kernels call it only with the
+/// locks they need already taken, and with `threads() > 1`.
+pub(crate) fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    match pool() {
+        Some(p) => p.install(f),
+        None => f(),
+    }
+}
+
+/// Threads a CPU kernel started on this thread may use: the pool's, or 1
+/// on a thread that is itself a worker of some rayon pool (a user's
+/// `par_iter` already spreads the work; PyTorch's `parallel_for` runs
+/// serially inside a parallel region for the same reason, and a kernel
+/// waiting there would let the worker run other jobs while it holds its
+/// locks) and in a child process made by `fork`, where the pool's threads
+/// do not exist.
+#[inline]
 pub(crate) fn threads() -> usize {
     static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *THREADS.get_or_init(rayon::current_num_threads)
+    if rayon::current_thread_index().is_some() || crate::fork::in_child() {
+        return 1;
+    }
+    *THREADS.get_or_init(|| pool().map_or(1, |p| p.current_num_threads()))
 }
 
 pub(crate) fn cpu_name() -> String {
-    let threads = rayon::current_num_threads();
+    let threads = pool().map_or(1, |p| p.current_num_threads());
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))

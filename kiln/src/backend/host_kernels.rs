@@ -4,7 +4,7 @@
 //! of the last dimension. Above `PAR_MIN` elements the work is split over the
 //! rayon pool when `threads > 1`. Besides the output, nothing is allocated.
 
-use crate::epoch::ReadEpoch;
+use super::cpu::on_pool;
 use crate::op::{BinaryOp, Distribution, Kernel, Out, ReduceOp, Src, UnaryOp};
 use crate::shape::{Dims, Layout};
 use crate::storage::{CpuBuffer, OperandLocks};
@@ -226,27 +226,22 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize, device: Dev
     if kernel.writes_nothing(out.len()) {
         return Ok(());
     }
-    // An in-place write to a frozen storage thaws it, before this thread
-    // enters its read epoch and before any lock (see epoch.rs).
-    if let Out::Storage(o) = &out {
-        o.thaw();
-    }
-    let epoch = if device == Device::Cpu { ReadEpoch::enter() } else { ReadEpoch::none() };
+    let _ = device;
     match kernel {
         Kernel::Fill { value } => {
-            let mut locks = OperandLocks::new(&[], out, &epoch)?;
+            let mut locks = OperandLocks::new(&[], out)?;
             map_buffer!(locks.split().1, v => fill(v, *value, threads))
         }
         Kernel::Arange { start, step } => {
-            let mut locks = OperandLocks::new(&[], out, &epoch)?;
+            let mut locks = OperandLocks::new(&[], out)?;
             map_buffer!(locks.split().1, v => arange(v, *start, *step))
         }
         Kernel::Random { seed, offset, dist } => {
-            let mut locks = OperandLocks::new(&[], out, &epoch)?;
+            let mut locks = OperandLocks::new(&[], out)?;
             map_buffer!(locks.split().1, v => random(v, *seed, *offset, *dist, threads))
         }
         Kernel::Unary { op, src } => {
-            let mut locks = OperandLocks::new(&[&src.storage], out, &epoch)?;
+            let mut locks = OperandLocks::new(&[&src.storage], out)?;
             let (inputs, w) = locks.split();
             match (inputs.host(0), w) {
                 (CpuBuffer::F32(s), CpuBuffer::F32(o)) => unary_float(*op, s, &src.layout, o, threads),
@@ -258,7 +253,7 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize, device: Dev
             }
         }
         Kernel::Binary { op, lhs, rhs } => {
-            let mut locks = OperandLocks::new(&[&lhs.storage, &rhs.storage], out, &epoch)?;
+            let mut locks = OperandLocks::new(&[&lhs.storage, &rhs.storage], out)?;
             let (inputs, w) = locks.split();
             macro_rules! go {
                 ($a:expr, $b:expr) => {
@@ -280,7 +275,7 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize, device: Dev
             }
         }
         Kernel::Reduce { op, src, dims } => {
-            let mut locks = OperandLocks::new(&[&src.storage], out, &epoch)?;
+            let mut locks = OperandLocks::new(&[&src.storage], out)?;
             let (inputs, w) = locks.split();
             match (*op, inputs.host(0), w) {
                 (ReduceOp::ArgMax | ReduceOp::ArgMin, s, CpuBuffer::I64(o)) => {
@@ -303,7 +298,7 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize, device: Dev
             }
         }
         Kernel::Matmul { lhs, rhs, m, n, k } => {
-            let mut locks = OperandLocks::new(&[&lhs.storage, &rhs.storage], out, &epoch)?;
+            let mut locks = OperandLocks::new(&[&lhs.storage, &rhs.storage], out)?;
             let (inputs, w) = locks.split();
             if *k == 0 {
                 // A sum of nothing: zeros, without walking the operands'
@@ -340,10 +335,10 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize, device: Dev
                 // that no lock is held twice and overlapping views copy the
                 // values they had before the call.
                 let data = try_gather(src)?;
-                let mut locks = OperandLocks::new(&[], out, &epoch)?;
+                let mut locks = OperandLocks::new(&[], out)?;
                 copy_cast(&data, &Layout::contiguous(src.layout.shape.clone()), locks.split().1, dst_layout);
             } else {
-                let mut locks = OperandLocks::new(&[&src.storage], out, &epoch)?;
+                let mut locks = OperandLocks::new(&[&src.storage], out)?;
                 let (inputs, w) = locks.split();
                 copy_cast(inputs.host(0), &src.layout, w, dst_layout);
             }
@@ -352,7 +347,7 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize, device: Dev
             let ids = index_list(ids)?;
             // A dense source is read in place; a strided one is gathered first.
             let gathered = if src.layout.is_contiguous() { None } else { Some(try_gather(src)?) };
-            let mut locks = OperandLocks::new(&[&src.storage], out, &epoch)?;
+            let mut locks = OperandLocks::new(&[&src.storage], out)?;
             let (inputs, w) = locks.split();
             let (data, start) = match &gathered {
                 Some(g) => (g, 0),
@@ -373,7 +368,7 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize, device: Dev
         Kernel::IndexAdd { src, ids, dim } => {
             let ids = index_list(ids)?;
             let data = try_gather(src)?;
-            let mut locks = OperandLocks::new(&[], out, &epoch)?;
+            let mut locks = OperandLocks::new(&[], out)?;
             match (&data, locks.split().1) {
                 (CpuBuffer::F32(s), CpuBuffer::F32(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
                 (CpuBuffer::F64(s), CpuBuffer::F64(o)) => index_add(s, src.layout.dims(), &ids, *dim, o),
@@ -392,7 +387,7 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize, device: Dev
             mask.try_reserve_exact(c.len()).map_err(|_| host_oom(c.len()))?;
             mask.extend((0..c.len()).map(|i| c.get_f64(i) != 0.0));
             drop(c);
-            let mut locks = OperandLocks::new(&[&on_true.storage, &on_false.storage], out, &epoch)?;
+            let mut locks = OperandLocks::new(&[&on_true.storage, &on_false.storage], out)?;
             let (inputs, w) = locks.split();
             macro_rules! go {
                 ($a:expr, $b:expr, $o:expr) => {
@@ -435,8 +430,7 @@ pub(crate) fn run_dense_small(kernel: &Kernel<'_>, out: &mut CpuBuffer) -> Optio
     match kernel {
         Kernel::Binary { op, lhs, rhs } => {
             let (a0, b0) = (dense_start(&lhs.layout, len)?, dense_start(&rhs.layout, len)?);
-            let epoch = ReadEpoch::enter();
-            let (ga, gb) = crate::storage::read_two(&lhs.storage, &rhs.storage, &epoch);
+            let (ga, gb) = crate::storage::read_two(&lhs.storage, &rhs.storage);
             let (a, b) = (ga.host(), gb.as_ref().map_or(ga.host(), |g| g.host()));
             macro_rules! go {
                 ($a:expr, $b:expr) => {{
@@ -460,8 +454,7 @@ pub(crate) fn run_dense_small(kernel: &Kernel<'_>, out: &mut CpuBuffer) -> Optio
         }
         Kernel::Unary { op, src } => {
             let s0 = dense_start(&src.layout, len)?;
-            let epoch = ReadEpoch::enter();
-            let g = crate::storage::read_one(&src.storage, &epoch);
+            let g = src.storage.read();
             let flat = Layout::contiguous(crate::Shape::from(len));
             match (g.host(), out) {
                 (CpuBuffer::F32(s), CpuBuffer::F32(o)) => unary_float(*op, s.get(s0..s0 + len)?, &flat, o, 1),
@@ -593,7 +586,7 @@ pub(crate) fn index_list(ids: &Src) -> Result<Vec<usize>> {
 fn fill<T: WithDType>(v: &mut [T], value: f64, threads: usize) {
     let x = T::from_f64(value);
     if threads > 1 && v.len() >= PAR_MIN {
-        v.par_chunks_mut(CHUNK).for_each(|c| c.fill(x));
+        on_pool(|| v.par_chunks_mut(CHUNK).for_each(|c| c.fill(x)));
     } else {
         v.fill(x);
     }
@@ -625,7 +618,7 @@ fn random<T: WithDType>(v: &mut [T], seed: u64, offset: u64, dist: Distribution,
         }
     };
     if threads > 1 && v.len() >= PAR_MIN {
-        v.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| fill_chunk(c * CHUNK, chunk));
+        on_pool(|| v.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| fill_chunk(c * CHUNK, chunk)));
     } else {
         fill_chunk(0, v);
     }
@@ -637,10 +630,12 @@ fn map_unary<T: WithDType, U: WithDType, F: Fn(T) -> U + Sync>(src: &[T], layout
     if let Some((a, b)) = layout.contiguous_range() {
         let src = &src[a..b];
         if threads > 1 && out.len() >= PAR_MIN {
-            out.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(o, s)| {
-                for (o, &s) in o.iter_mut().zip(s) {
-                    *o = f(s);
-                }
+            on_pool(|| {
+                out.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(o, s)| {
+                    for (o, &s) in o.iter_mut().zip(s) {
+                        *o = f(s);
+                    }
+                })
             });
         } else {
             for (o, &s) in out.iter_mut().zip(src) {
@@ -685,10 +680,12 @@ impl<T: WithDType> Apply<T> for InPlace<'_, T> {
     #[inline(always)]
     fn apply<F: Fn(T) -> T + Sync>(self, f: F) {
         if self.threads > 1 && self.buf.len() >= PAR_MIN {
-            self.buf.par_chunks_mut(CHUNK).for_each(|c| {
-                for x in c.iter_mut() {
-                    *x = f(*x);
-                }
+            on_pool(|| {
+                self.buf.par_chunks_mut(CHUNK).for_each(|c| {
+                    for x in c.iter_mut() {
+                        *x = f(*x);
+                    }
+                })
             });
         } else {
             for x in self.buf.iter_mut() {
@@ -826,10 +823,12 @@ fn map_binary<T: Copy + Send + Sync, U: Copy + Send + Sync, F: Fn(T, T) -> U + S
     if let (Some((a0, a1)), Some((b0, b1))) = (la.contiguous_range(), lb.contiguous_range()) {
         let (a, b) = (&a[a0..a1], &b[b0..b1]);
         if threads > 1 && out.len() >= PAR_MIN {
-            out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK))).for_each(|(o, (a, b))| {
-                for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
-                    *o = f(x, y);
-                }
+            on_pool(|| {
+                out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK))).for_each(|(o, (a, b))| {
+                    for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
+                        *o = f(x, y);
+                    }
+                })
             });
         } else {
             for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
@@ -874,10 +873,12 @@ fn map_binary<T: Copy + Send + Sync, U: Copy + Send + Sync, F: Fn(T, T) -> U + S
     }
     if threads > 1 && out.len() >= PAR_MIN {
         let rows_per = (CHUNK / n).max(1);
-        out.par_chunks_mut(rows_per * n).enumerate().for_each(|(c, chunk)| {
-            for (i, o) in chunk.chunks_mut(n).enumerate() {
-                row(c * rows_per + i, o);
-            }
+        on_pool(|| {
+            out.par_chunks_mut(rows_per * n).enumerate().for_each(|(c, chunk)| {
+                for (i, o) in chunk.chunks_mut(n).enumerate() {
+                    row(c * rows_per + i, o);
+                }
+            })
         });
     } else {
         for (r, o) in out.chunks_mut(n).enumerate() {
@@ -1041,10 +1042,14 @@ fn reduce<T: Num>(op: ReduceOp, s: &[T], l: &Layout, dims: &[usize], out: &mut [
             // Integer sums wrap like every other integer op: through f64 a
             // u8 sum would saturate and an i64 one lose bits above 2^53.
             out[0] = if op == ReduceOp::Sum && T::DTYPE.is_float() {
-                let total = if threads > 1 && s.len() >= PAR_MIN { s.par_chunks(CHUNK).map(dense_sum).sum::<f64>() } else { dense_sum(s) };
+                let total = if threads > 1 && s.len() >= PAR_MIN {
+                    on_pool(|| s.par_chunks(CHUNK).map(dense_sum).sum::<f64>())
+                } else {
+                    dense_sum(s)
+                };
                 T::from_f64(total)
             } else if threads > 1 && s.len() >= PAR_MIN {
-                s.par_chunks(CHUNK).map(|c| c.iter().fold(init, |a, &b| combine(a, b))).reduce(|| init, combine)
+                on_pool(|| s.par_chunks(CHUNK).map(|c| c.iter().fold(init, |a, &b| combine(a, b))).reduce(|| init, combine))
             } else {
                 s.iter().fold(init, |a, &b| combine(a, b))
             };
@@ -1166,33 +1171,41 @@ fn matmul_gemm<T: WithDType + 'static>(
         out.fill(zero);
         return;
     }
-    for (bi, (oa, ob)) in batch_offsets(la).into_iter().zip(batch_offsets(lb)).enumerate() {
-        let dst = &mut out[bi * m * n..(bi + 1) * m * n];
-        // SAFETY: the front end checked that every index the strides reach
-        // lies inside the operands' storages, and `dst` holds m·n elements.
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                dst.as_mut_ptr(),
-                1,
-                n as isize,
-                false,
-                a.as_ptr().add(oa),
-                a_cs,
-                a_rs,
-                b.as_ptr().add(ob),
-                b_cs,
-                b_rs,
-                zero,
-                one,
-                false,
-                false,
-                false,
-                par,
-            );
+    let mut products = || {
+        for (bi, (oa, ob)) in batch_offsets(la).into_iter().zip(batch_offsets(lb)).enumerate() {
+            let dst = &mut out[bi * m * n..(bi + 1) * m * n];
+            // SAFETY: the front end checked that every index the strides reach
+            // lies inside the operands' storages, and `dst` holds m·n elements.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    dst.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    a.as_ptr().add(oa),
+                    a_cs,
+                    a_rs,
+                    b.as_ptr().add(ob),
+                    b_cs,
+                    b_rs,
+                    zero,
+                    one,
+                    false,
+                    false,
+                    false,
+                    par,
+                );
+            }
         }
+    };
+    // gemm's threads are those of the pool it is called in: kiln's own.
+    if matches!(par, gemm::Parallelism::None) {
+        products()
+    } else {
+        on_pool(products)
     }
 }
 

@@ -130,8 +130,7 @@ pub(crate) fn run_new(
 ) -> Result<Arc<Storage>> {
     if device == Device::Cpu {
         let buffer = cpu::CPU.run_new(kernel, dtype, len)?;
-        // Complete and not written again unless thawed: frozen (epoch.rs).
-        return Ok(Storage::new_frozen(backend, device, buffer, dtype, len));
+        return Ok(Storage::new_on(backend, device, buffer, dtype, len));
     }
     let out = alloc_on(backend, device, dtype, len)?;
     backend.launch(kernel, &out)?;

@@ -47,7 +47,9 @@ struct Progress {
 
 impl Progress {
     fn wait_for(&self, seq: u64) {
-        if self.completed.load(Ordering::Acquire) >= seq {
+        // In a forked child the worker does not exist: nothing more will
+        // complete, and every later submission fails (`submit`).
+        if self.completed.load(Ordering::Acquire) >= seq || crate::fork::in_child() {
             return;
         }
         let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -165,6 +167,9 @@ impl SimBackend {
 
     /// Enqueues a job; blocks while the queue holds `depth` jobs.
     fn submit(&self, job: Job) -> Result<u64> {
+        if crate::fork::in_child() {
+            return Err(self.gone_after_fork());
+        }
         // Numbering and sending under one lock keeps sequence numbers in
         // queue order when several threads submit at once.
         let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
@@ -176,6 +181,15 @@ impl SimBackend {
             return Err(Error::Backend { device: self.device, msg: "the simulated GPU's worker thread has stopped".into() });
         }
         Ok(seq)
+    }
+
+    fn gone_after_fork(&self) -> Error {
+        Error::Backend {
+            device: self.device,
+            msg: "this process is a child made by fork(), and the simulated GPU's queue worker stayed in the parent; \
+                  use the CPU in the child, or create the child with std::process::Command instead of fork"
+                .into(),
+        }
     }
 
     /// Waits for all submitted work unless the queue is held (then waiting
@@ -352,6 +366,9 @@ impl Backend for SimBackend {
         true
     }
     fn synchronize(&self) -> Result<()> {
+        if crate::fork::in_child() {
+            return Err(self.gone_after_fork());
+        }
         let seq = self.progress.submitted.load(Ordering::Acquire);
         self.progress.wait_for(seq);
         match self.progress.take_failure() {
