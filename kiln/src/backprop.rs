@@ -207,7 +207,7 @@ impl Tensor {
     /// `to`) are booked in the transfer ledger at the caller's line.
     #[track_caller]
     pub fn backward(&self) -> Result<()> {
-        let _site = crate::ledger::site_scope(std::panic::Location::caller());
+        let _site = crate::runtime::ledger::site_scope(std::panic::Location::caller());
         if self.elem_count() != 1 {
             return Err(Error::invalid(
                 "backward",
@@ -227,7 +227,7 @@ impl Tensor {
     /// Backpropagates with an explicit output gradient of `self`'s shape.
     #[track_caller]
     pub fn backward_with(&self, seed: &Tensor) -> Result<()> {
-        let _site = crate::ledger::site_scope(std::panic::Location::caller());
+        let _site = crate::runtime::ledger::site_scope(std::panic::Location::caller());
         let root =
             self.node.as_ref().ok_or_else(|| Error::invalid("backward", "this tensor does not depend on any tensor that requires grad"))?;
         if seed.dims() != self.dims() {

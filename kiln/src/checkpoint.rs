@@ -30,8 +30,8 @@
 //! # Ok::<(), kiln::Error>(())
 //! ```
 
+use crate::base::buffer::CpuBuffer;
 use crate::nn::Module;
-use crate::storage::CpuBuffer;
 use crate::{no_grad, DType, Device, Error, Result, Shape, Tensor};
 use half::{bf16, f16};
 use safetensors::{Dtype as SDtype, SafeTensors, View};

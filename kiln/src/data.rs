@@ -17,7 +17,8 @@
 //! # Ok::<(), kiln::Error>(())
 //! ```
 
-use crate::{rng, DType, Device, Error, Result, Tensor};
+use crate::runtime::rng;
+use crate::{DType, Device, Error, Result, Tensor};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 

@@ -151,7 +151,7 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn show(&self) {
-        let _site = crate::ledger::site_scope(std::panic::Location::caller());
+        let _site = crate::runtime::ledger::site_scope(std::panic::Location::caller());
         std::println!("{self}");
     }
 }

@@ -28,52 +28,50 @@
 
 mod backend;
 mod backprop;
+mod base;
 pub mod checkpoint;
 pub mod data;
-mod device;
 mod display;
-mod dtype;
-mod error;
-mod fork;
-mod ledger;
-mod memory;
 pub mod nn;
 mod op;
 mod operators;
 mod ops;
 pub mod optim;
-mod rng;
-mod shape;
+mod registry;
+mod runtime;
 mod shape_ops;
 mod storage;
 mod tensor;
-mod thread_slot;
 pub mod trainer;
 
 pub use backend::QueueHold;
 pub use backprop::{is_grad_enabled, no_grad, NoGradGuard};
-pub use device::{
-    cpu, default_device, default_device_scope, devices, empty_cache, ensure_simulated_gpus, env_flag, gpu, memory_stats, num_gpus,
-    reset_peak_memory, synchronize, try_all_gpus, try_ensure_simulated_gpus, try_gpu, why_no_cuda_device, why_not_gpu, DefaultDeviceGuard,
-    Device, DeviceInfo, DeviceKind, FallbackReason, DEFAULT_SIM_GPU_MEMORY, MAX_SIM_GPUS,
+pub use base::buffer::CpuBuffer;
+pub use base::device::{cpu, gpu, Device, DeviceInfo, DeviceKind, FallbackReason};
+pub use base::dtype::{DType, WithDType};
+pub use base::env::{env_flag, parse_bytes};
+pub use base::error::{human_bytes, Direction, Error, Result};
+pub use base::shape::{Layout, Shape};
+pub use op::{BinaryOp, ReduceOp, UnaryOp};
+#[doc(hidden)]
+pub use registry::hold_queue;
+pub use registry::{
+    default_device, default_device_scope, devices, empty_cache, ensure_simulated_gpus, memory_stats, num_gpus, reset_peak_memory,
+    synchronize, try_all_gpus, try_ensure_simulated_gpus, try_gpu, why_no_cuda_device, why_not_gpu, DefaultDeviceGuard,
+    DEFAULT_SIM_GPU_MEMORY, MAX_SIM_GPUS,
 };
 #[doc(hidden)]
-pub use device::{hold_queue, inject_kernel_failure};
-pub use dtype::{DType, WithDType};
-pub use error::{human_bytes, Direction, Error, Result};
+pub use runtime::faults::inject_kernel_failure;
 #[doc(hidden)]
-pub use fork::busy_threads;
+pub use runtime::fork::busy_threads;
 #[doc(hidden)]
-pub use ledger::{__site_scope, SiteScope};
-pub use ledger::{
+pub use runtime::ledger::{__site_scope, SiteScope};
+pub use runtime::ledger::{
     reset_transfer_stats, thread_transfer_stats, transfer_guard, transfer_guard_for, transfer_stats, GuardLevel, TransferCount,
     TransferGuard, TransferStats,
 };
-pub use memory::{parse_bytes, MemoryStats};
-pub use op::{BinaryOp, ReduceOp, UnaryOp};
-pub use rng::{manual_seed, philox4x32};
-pub use shape::{Layout, Shape};
-pub use storage::CpuBuffer;
+pub use runtime::memory::MemoryStats;
+pub use runtime::rng::{manual_seed, philox4x32};
 pub use tensor::{Dim, HostData, Tensor};
 
 /// `std::println!` whose tensor reads are booked in the transfer ledger at
@@ -101,7 +99,7 @@ pub struct ReadmeDoctests;
 
 /// Finds real GPUs: CUDA devices through a driver library loaded at run
 /// time (none, with the reason, when there is no driver or no device).
-pub(crate) fn cuda_probe() -> device::RealGpus {
+pub(crate) fn cuda_probe() -> registry::RealGpus {
     backend::cuda::probe()
 }
 

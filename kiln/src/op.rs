@@ -4,7 +4,7 @@
 //! has a user error to report, so an asynchronous queue can run it later.
 //! Everything else (norms, softmax, losses, stacking...) is composed from these.
 
-use crate::shape::{Dims, Layout};
+use crate::base::shape::{Dims, Layout};
 use crate::storage::Storage;
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -242,7 +242,7 @@ pub(crate) enum Kernel<'a> {
 pub(crate) enum Out<'a> {
     /// A buffer nobody else can see yet: the new tensor of an operation on a
     /// synchronous device, computed before its storage exists. No lock.
-    Fresh(&'a mut crate::storage::CpuBuffer),
+    Fresh(&'a mut crate::base::buffer::CpuBuffer),
     /// A storage others may see (an in-place write, or a kernel that ran
     /// later on a device's queue): write-locked together with the inputs.
     Storage(&'a Storage),

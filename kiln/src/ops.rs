@@ -3,8 +3,8 @@
 //! and shapes, then launches one primitive kernel.
 
 use crate::backprop::{self, BackOp};
+use crate::base::shape::{broadcast_shapes, Layout};
 use crate::op::{BinaryOp, Kernel, ReduceOp, UnaryOp};
-use crate::shape::{broadcast_shapes, Layout};
 use crate::tensor::{check_compute, check_same_device, check_same_dtype, Dim};
 use crate::{DType, Error, Result, Shape, Tensor};
 use std::borrow::Cow;
@@ -293,7 +293,7 @@ impl Tensor {
         }
         let kept: Shape = Shape((0..self.rank()).map(|d| if dims.contains(&d) { 1 } else { self.dims()[d] }).collect());
         let dtype = if arg { DType::I64 } else { self.dtype() };
-        let mut t = self.run_new(Kernel::Reduce { op, src: self.src(), dims: crate::shape::Dims::from_slice(dims) }, dtype, kept)?;
+        let mut t = self.run_new(Kernel::Reduce { op, src: self.src(), dims: crate::base::shape::Dims::from_slice(dims) }, dtype, kept)?;
         if !arg {
             t = backprop::record(t, || BackOp::Reduce(op, self.clone(), dims.to_vec()), &[self]);
         }
@@ -365,7 +365,7 @@ impl Tensor {
         let dims = resolve_dims("mean", dims, self.rank())?;
         let dims = dims.as_slice();
         let picked: Vec<usize> = dims.iter().filter_map(|&d| self.dims().get(d).copied()).collect();
-        let n = crate::shape::checked_product("mean", &picked)?;
+        let n = crate::base::shape::checked_product("mean", &picked)?;
         // The mean of nothing is 0/0 = NaN, as in PyTorch and numpy.
         self.sum_dims(dims, keepdim)?.div_scalar(n as f64)
     }

@@ -105,7 +105,7 @@ fn follow_moves(params: &mut [Tensor]) {
 impl Optimizer for Sgd {
     #[track_caller]
     fn step(&mut self) -> Result<()> {
-        let _site = crate::ledger::site_scope(std::panic::Location::caller());
+        let _site = crate::runtime::ledger::site_scope(std::panic::Location::caller());
         let _g = no_grad();
         follow_moves(&mut self.params);
         // Compute everything into new buffers; commit only when all exist.
@@ -216,7 +216,7 @@ impl Adam {
 impl Optimizer for Adam {
     #[track_caller]
     fn step(&mut self) -> Result<()> {
-        let _site = crate::ledger::site_scope(std::panic::Location::caller());
+        let _site = crate::runtime::ledger::site_scope(std::panic::Location::caller());
         let _g = no_grad();
         follow_moves(&mut self.params);
         let t = self.t.saturating_add(1);

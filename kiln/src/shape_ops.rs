@@ -3,8 +3,8 @@
 //! cat, stack, index_select.
 
 use crate::backprop::{self, BackOp};
+use crate::base::shape::Layout;
 use crate::op::Kernel;
-use crate::shape::Layout;
 use crate::tensor::{check_dim, check_same_device, check_same_dtype, Dim};
 use crate::{DType, Error, Result, Shape, Tensor};
 use std::borrow::Cow;
@@ -170,7 +170,7 @@ impl Tensor {
             return Ok(self.clone());
         }
         let mut dims = self.dims()[..from].to_vec();
-        dims.push(crate::shape::checked_product("flatten_from", &self.dims()[from..])?);
+        dims.push(crate::base::shape::checked_product("flatten_from", &self.dims()[from..])?);
         self.reshape(dims)
     }
 
@@ -301,7 +301,7 @@ impl Tensor {
             if !same_rest {
                 return Err(Error::shape("cat", first.dims(), t.dims()));
             }
-            total = crate::shape::checked_sum("cat", total, t.dims()[dim], t.dims())?;
+            total = crate::base::shape::checked_sum("cat", total, t.dims()[dim], t.dims())?;
         }
         let mut dims = first.dims().to_vec();
         dims[dim] = total;

@@ -1,167 +1,18 @@
 //! Storage: one allocation on one device, shared by every view of it.
 //!
 //! A storage is created by its device's backend, which accounts its bytes in
-//! the device's [`MemoryPool`](crate::memory::MemoryPool) and gets them back
+//! the device's [`MemoryPool`](crate::runtime::memory::MemoryPool) and gets them back
 //! when the last view drops. The buffer sits behind a lock because on an
 //! asynchronous device the kernel that fills it runs later, on the device's
 //! queue, while the host already holds the tensor.
 
 use crate::backend::Backend;
-use crate::fork::Busy;
+use crate::base::buffer::CpuBuffer;
 use crate::op::Out;
-use crate::{DType, Device, WithDType};
-use half::{bf16, f16};
+use crate::runtime::fork::Busy;
+use crate::{DType, Device};
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::sync::Arc;
-
-/// Elements in host memory, one variant per dtype.
-#[derive(Clone, Debug, PartialEq)]
-pub enum CpuBuffer {
-    /// f32 elements.
-    F32(Vec<f32>),
-    /// f64 elements.
-    F64(Vec<f64>),
-    /// i64 elements.
-    I64(Vec<i64>),
-    /// i32 elements.
-    I32(Vec<i32>),
-    /// u8 elements.
-    U8(Vec<u8>),
-    /// f16 elements.
-    F16(Vec<f16>),
-    /// bf16 elements.
-    BF16(Vec<bf16>),
-}
-
-/// Runs `$body` with `$v` bound to the typed vector inside a [`CpuBuffer`].
-#[macro_export]
-#[doc(hidden)]
-macro_rules! map_buffer {
-    ($buf:expr, $v:ident => $body:expr) => {
-        match $buf {
-            $crate::CpuBuffer::F32($v) => $body,
-            $crate::CpuBuffer::F64($v) => $body,
-            $crate::CpuBuffer::I64($v) => $body,
-            $crate::CpuBuffer::I32($v) => $body,
-            $crate::CpuBuffer::U8($v) => $body,
-            $crate::CpuBuffer::F16($v) => $body,
-            $crate::CpuBuffer::BF16($v) => $body,
-        }
-    };
-}
-
-impl CpuBuffer {
-    /// The dtype of the elements.
-    pub fn dtype(&self) -> DType {
-        match self {
-            CpuBuffer::F32(_) => DType::F32,
-            CpuBuffer::F64(_) => DType::F64,
-            CpuBuffer::I64(_) => DType::I64,
-            CpuBuffer::I32(_) => DType::I32,
-            CpuBuffer::U8(_) => DType::U8,
-            CpuBuffer::F16(_) => DType::F16,
-            CpuBuffer::BF16(_) => DType::BF16,
-        }
-    }
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        map_buffer!(self, v => v.len())
-    }
-    /// True when there are no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// A zeroed buffer (large ones come straight from the OS as zero pages).
-    pub(crate) fn zeros(dtype: DType, len: usize) -> CpuBuffer {
-        if len <= 64 {
-            // calloc costs more than malloc plus a short fill for tiny buffers,
-            // which is what per-op overhead is made of.
-            fn small<T: Copy>(x: T, len: usize) -> Vec<T> {
-                let mut v = Vec::with_capacity(len);
-                v.resize(len, x);
-                v
-            }
-            return match dtype {
-                DType::F32 => CpuBuffer::F32(small(0f32, len)),
-                DType::F64 => CpuBuffer::F64(small(0f64, len)),
-                DType::I64 => CpuBuffer::I64(small(0i64, len)),
-                DType::I32 => CpuBuffer::I32(small(0i32, len)),
-                DType::U8 => CpuBuffer::U8(small(0u8, len)),
-                DType::F16 => CpuBuffer::F16(small(f16::ZERO, len)),
-                DType::BF16 => CpuBuffer::BF16(small(bf16::ZERO, len)),
-            };
-        }
-        CpuBuffer::try_zeros(dtype, len).unwrap_or_else(|| CpuBuffer::zeros(dtype, 0))
-    }
-
-    /// A zeroed buffer, or `None` when the allocator cannot provide it
-    /// (instead of aborting the process as `vec!` would).
-    pub(crate) fn try_zeros(dtype: DType, len: usize) -> Option<CpuBuffer> {
-        let buf = match dtype {
-            DType::F32 => CpuBuffer::F32(zeroed_vec(len)?),
-            DType::F64 => CpuBuffer::F64(zeroed_vec(len)?),
-            DType::I64 => CpuBuffer::I64(zeroed_vec(len)?),
-            DType::I32 => CpuBuffer::I32(zeroed_vec(len)?),
-            DType::U8 => CpuBuffer::U8(zeroed_vec(len)?),
-            DType::F16 => CpuBuffer::F16(zeroed_vec(len)?),
-            DType::BF16 => CpuBuffer::BF16(zeroed_vec(len)?),
-        };
-        buf.advise_huge_pages();
-        Some(buf)
-    }
-    /// Asks the kernel for transparent huge pages on big buffers: a 400 MB
-    /// output otherwise takes 100,000 page faults before the first write ends.
-    fn advise_huge_pages(&self) {
-        #[cfg(target_os = "linux")]
-        {
-            const HUGE: usize = 2 << 20;
-            let (ptr, bytes) = map_buffer!(self, v => (v.as_ptr() as usize, std::mem::size_of_val(&v[..])));
-            if bytes < 4 * HUGE {
-                return;
-            }
-            let start = ptr.div_ceil(HUGE) * HUGE;
-            let end = (ptr + bytes) / HUGE * HUGE;
-            if end > start {
-                // SAFETY: the range lies inside our own allocation; madvise only
-                // changes how the kernel backs it, never its contents.
-                unsafe {
-                    libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-                }
-            }
-        }
-    }
-    /// Bytes held.
-    pub fn size_in_bytes(&self) -> usize {
-        self.len() * self.dtype().size_in_bytes()
-    }
-    /// Element `i` as f64.
-    pub(crate) fn get_f64(&self, i: usize) -> f64 {
-        map_buffer!(self, v => v[i].to_f64())
-    }
-    /// The elements as a typed vector, if the dtype matches.
-    pub fn into_vec<T: WithDType>(self) -> Option<Vec<T>> {
-        T::from_buffer(self)
-    }
-}
-
-/// `len` zeroed elements straight from the allocator (large ones are fresh
-/// zero pages, touched only when written), or `None` when it refuses.
-fn zeroed_vec<T: WithDType>(len: usize) -> Option<Vec<T>> {
-    if len == 0 {
-        return Some(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<T>(len).ok()?;
-    // SAFETY: the layout has a non-zero size; every dtype of kiln is valid as
-    // all-zero bits (0.0, 0, +0 half); the pointer comes from the global
-    // allocator with T's layout, as Vec::from_raw_parts requires.
-    unsafe {
-        let ptr = std::alloc::alloc_zeroed(layout) as *mut T;
-        if ptr.is_null() {
-            return None;
-        }
-        Some(Vec::from_raw_parts(ptr, len, len))
-    }
-}
 
 /// Where a storage's bytes are.
 pub(crate) enum Buffer {

@@ -9,11 +9,13 @@
 
 use crate::backend::{self, Backend};
 use crate::backprop::{self, BackOp, Node};
-use crate::device::{backend as device_backend, default_device};
+use crate::base::buffer::CpuBuffer;
+use crate::base::shape::Layout;
 use crate::op::{Distribution, Kernel, Src};
-use crate::shape::Layout;
-use crate::storage::{CpuBuffer, Storage, StorageHandle};
-use crate::{ledger, rng, DType, Device, Error, Result, Shape, WithDType};
+use crate::registry::{backend as device_backend, default_device};
+use crate::runtime::{ledger, rng};
+use crate::storage::{Storage, StorageHandle};
+use crate::{DType, Device, Error, Result, Shape, WithDType};
 use std::borrow::Cow;
 use std::panic::Location;
 use std::sync::Arc;
@@ -342,7 +344,7 @@ impl Tensor {
         let out = Tensor::zeros((n, n), dtype, device)?;
         let one = Tensor::ones((1,), dtype, device)?.broadcast_to(n)?;
         // The diagonal is a strided view of the matrix: stride n + 1.
-        let diagonal = Layout { shape: Shape::from(n), strides: crate::shape::Dims::from_slice(&[n + 1]), offset: 0 };
+        let diagonal = Layout { shape: Shape::from(n), strides: crate::base::shape::Dims::from_slice(&[n + 1]), offset: 0 };
         backend::launch_into(&Kernel::Copy { src: one.src(), dst_layout: Cow::Owned(diagonal) }, &out.storage)?;
         Ok(out)
     }

@@ -216,7 +216,7 @@ impl Trainer {
     /// already there).
     #[track_caller]
     pub fn prepare_batch(&self, batch: Vec<Tensor>) -> Result<Vec<Tensor>> {
-        let _site = crate::ledger::site_scope(std::panic::Location::caller());
+        let _site = crate::runtime::ledger::site_scope(std::panic::Location::caller());
         match self.gpus.first() {
             Some(d) => batch.iter().map(|t| t.to(d)).collect(),
             None => Ok(batch),
@@ -226,7 +226,7 @@ impl Trainer {
     /// Moves the model's parameters to `gpus[0]` (no-op without GPUs).
     #[track_caller]
     pub fn prepare_model(&self, model: &mut dyn Module) -> Result<()> {
-        let _site = crate::ledger::site_scope(std::panic::Location::caller());
+        let _site = crate::runtime::ledger::site_scope(std::panic::Location::caller());
         match self.gpus.first() {
             Some(d) => model.to(d),
             None => Ok(()),
@@ -282,7 +282,7 @@ impl Trainer {
     pub fn fit<N: Module>(&mut self, model: &mut Learner<N>, data: &DataModule) -> Result<History> {
         // Every transfer of the fit (model, batches, losses) is booked at the
         // caller's line.
-        let _site = crate::ledger::site_scope(std::panic::Location::caller());
+        let _site = crate::runtime::ledger::site_scope(std::panic::Location::caller());
         if data.train.is_empty() {
             return Err(Error::invalid("fit", "the training loader yields no batch (fewer examples than one batch with drop_last?)"));
         }

@@ -2,9 +2,10 @@
 //! ones spread over kiln's own rayon pool (all cores, or `RAYON_NUM_THREADS`).
 
 use super::{host_kernels, Backend, Event};
-use crate::memory::MemoryPool;
+use crate::base::buffer::CpuBuffer;
 use crate::op::{Kernel, Out, Src};
-use crate::storage::{Buffer, CpuBuffer, Storage};
+use crate::runtime::memory::MemoryPool;
+use crate::storage::{Buffer, Storage};
 use crate::{DType, Device, DeviceKind, Result};
 use std::sync::Arc;
 
@@ -88,7 +89,7 @@ pub(crate) fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 #[inline]
 pub(crate) fn threads() -> usize {
     static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    if rayon::current_thread_index().is_some() || crate::fork::in_child() {
+    if rayon::current_thread_index().is_some() || crate::runtime::fork::in_child() {
         return 1;
     }
     *THREADS.get_or_init(|| pool().map_or(1, |p| p.current_num_threads()))
@@ -120,7 +121,7 @@ impl Backend for CpuBackend {
         false
     }
     fn driver_free_memory(&self) -> Option<usize> {
-        crate::device::host_memory_available()
+        crate::runtime::host::host_memory_available()
     }
     fn alloc_buffer(&self, dtype: DType, len: usize) -> Result<Buffer> {
         self.alloc(dtype, len)

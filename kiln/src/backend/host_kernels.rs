@@ -5,10 +5,12 @@
 //! rayon pool when `threads > 1`. Besides the output, nothing is allocated.
 
 use super::cpu::on_pool;
+use crate::base::buffer::CpuBuffer;
+use crate::base::shape::{Dims, Layout};
 use crate::op::{BinaryOp, Distribution, Kernel, Out, ReduceOp, Src, UnaryOp};
-use crate::shape::{Dims, Layout};
-use crate::storage::{CpuBuffer, OperandLocks};
-use crate::{map_buffer, rng, Device, Error, Result, WithDType};
+use crate::runtime::rng;
+use crate::storage::OperandLocks;
+use crate::{map_buffer, Device, Error, Result, WithDType};
 use half::{bf16, f16};
 use rayon::prelude::*;
 use smallvec::SmallVec;
@@ -424,7 +426,7 @@ pub(crate) const DENSE_SMALL_MAX: usize = 1 << 12;
 #[inline]
 pub(crate) fn run_dense_small(kernel: &Kernel<'_>, out: &mut CpuBuffer) -> Option<()> {
     let len = out.len();
-    if len > DENSE_SMALL_MAX || crate::device::injected_failure_pending(Device::Cpu) {
+    if len > DENSE_SMALL_MAX || crate::runtime::faults::injected_failure_pending(Device::Cpu) {
         return None;
     }
     match kernel {
@@ -486,7 +488,7 @@ fn slice_of<T: WithDType>(b: &mut CpuBuffer) -> Option<&mut [T]> {
 /// an error naming the kernel and `device`, so no panic crosses the API or
 /// kills a device's worker.
 pub(crate) fn run_caught(kernel: &Kernel<'_>, out: Out<'_>, threads: usize, device: Device) -> Result<()> {
-    if crate::device::take_injected_failure(device) {
+    if crate::runtime::faults::take_injected_failure(device) {
         return Err(Error::KernelFailed { device, op: kernel.name().to_string(), msg: "a failure injected by a test".into() });
     }
     caught(|| kernel.name(), device, || run(kernel, out, threads, device))
@@ -530,7 +532,7 @@ fn unsupported(kernel: &Kernel) -> Error {
 /// Host memory refused for a kernel's temporary of `bytes`.
 fn host_oom(bytes: usize) -> Error {
     let in_use = crate::memory_stats(&Device::Cpu).map(|s| s.in_use).unwrap_or(0);
-    Error::OutOfMemory { device: Device::Cpu, requested: bytes, in_use, capacity: crate::device::host_memory_total().unwrap_or(0) }
+    Error::OutOfMemory { device: Device::Cpu, requested: bytes, in_use, capacity: crate::runtime::host::host_memory_total().unwrap_or(0) }
 }
 
 /// `len` elements in a new vector, or `OutOfMemory` when the host refuses

@@ -7,9 +7,10 @@ pub(crate) mod cuda;
 pub(crate) mod host_kernels;
 pub(crate) mod sim;
 
-use crate::memory::MemoryPool;
+use crate::base::buffer::CpuBuffer;
 use crate::op::{Kernel, Src};
-use crate::storage::{Buffer, CpuBuffer, Storage};
+use crate::runtime::memory::MemoryPool;
+use crate::storage::{Buffer, Storage};
 use crate::{DType, Device, DeviceKind, Result};
 use std::sync::Arc;
 

@@ -5,9 +5,10 @@
 //! and return at once; reads wait for the work that produces them.
 
 use super::{host_kernels, Backend, Event};
-use crate::memory::MemoryPool;
+use crate::base::buffer::CpuBuffer;
 use crate::op::{Kernel, Out, Src};
-use crate::storage::{Buffer, CpuBuffer, Storage};
+use crate::runtime::memory::MemoryPool;
+use crate::storage::{Buffer, Storage};
 use crate::{human_bytes, DType, Device, DeviceKind, Error, Result};
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -49,7 +50,7 @@ impl Progress {
     fn wait_for(&self, seq: u64) {
         // In a forked child the worker does not exist: nothing more will
         // complete, and every later submission fails (`submit`).
-        if self.completed.load(Ordering::Acquire) >= seq || crate::fork::in_child() {
+        if self.completed.load(Ordering::Acquire) >= seq || crate::runtime::fork::in_child() {
             return;
         }
         let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -167,7 +168,7 @@ impl SimBackend {
 
     /// Enqueues a job; blocks while the queue holds `depth` jobs.
     fn submit(&self, job: Job) -> Result<u64> {
-        if crate::fork::in_child() {
+        if crate::runtime::fork::in_child() {
             return Err(self.gone_after_fork());
         }
         // Numbering and sending under one lock keeps sequence numbers in
@@ -217,7 +218,7 @@ impl SimBackend {
 fn queue_depth() -> usize {
     static DEPTH: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *DEPTH.get_or_init(|| {
-        crate::device::env_setting("KILN_SIM_QUEUE_DEPTH", "a number of kernels from 1 to 1048576, e.g. 1024", |v| {
+        crate::base::env::env_setting("KILN_SIM_QUEUE_DEPTH", "a number of kernels from 1 to 1048576, e.g. 1024", |v| {
             v.parse::<usize>().ok().filter(|&d| (1..=1 << 20).contains(&d))
         })
         .unwrap_or(DEFAULT_QUEUE_DEPTH)
@@ -232,7 +233,7 @@ pub(crate) const DEFAULT_TRANSFER_LATENCY_US: u64 = 10;
 fn transfer_latency() -> std::time::Duration {
     static US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     let us = *US.get_or_init(|| {
-        crate::device::env_setting("KILN_SIM_TRANSFER_LATENCY", "microseconds from 0 to 1000000, e.g. 10", |v| {
+        crate::base::env::env_setting("KILN_SIM_TRANSFER_LATENCY", "microseconds from 0 to 1000000, e.g. 10", |v| {
             v.trim_end_matches("us").trim().parse::<u64>().ok().filter(|&us| us <= 1_000_000)
         })
         .unwrap_or(DEFAULT_TRANSFER_LATENCY_US)
@@ -366,7 +367,7 @@ impl Backend for SimBackend {
         true
     }
     fn synchronize(&self) -> Result<()> {
-        if crate::fork::in_child() {
+        if crate::runtime::fork::in_child() {
             return Err(self.gone_after_fork());
         }
         let seq = self.progress.submitted.load(Ordering::Acquire);

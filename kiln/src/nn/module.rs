@@ -105,7 +105,7 @@ pub trait Module {
     /// one elsewhere is copied and becomes a new parameter on `device`.
     #[track_caller]
     fn to(&mut self, device: &Device) -> Result<()> {
-        let _site = crate::ledger::site_scope(std::panic::Location::caller());
+        let _site = crate::runtime::ledger::site_scope(std::panic::Location::caller());
         let device = *device;
         // Copy first, then swap in, so that a failure (e.g. out of memory)
         // leaves the module where it was. A moved parameter keeps its

@@ -4,8 +4,8 @@
 
 use super::kernels::{binary_code, dtype_tag, reduce_code, unary_code, MAX_DIMS};
 use super::{dev_ptr, CudaBackend};
+use crate::base::shape::Layout;
 use crate::op::{Distribution, Kernel, ReduceOp, Src};
-use crate::shape::Layout;
 use crate::{DType, Result};
 use std::ffi::c_void;
 

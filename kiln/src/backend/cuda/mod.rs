@@ -17,10 +17,11 @@ mod launch;
 mod nvrtc;
 
 use super::{Backend, Event};
-use crate::device::RealGpus;
-use crate::memory::MemoryPool;
+use crate::base::buffer::CpuBuffer;
 use crate::op::{Kernel, Src};
-use crate::storage::{Buffer, CpuBuffer, Storage};
+use crate::registry::RealGpus;
+use crate::runtime::memory::MemoryPool;
+use crate::storage::{Buffer, Storage};
 use crate::{map_buffer, DType, Device, DeviceKind, Error, FallbackReason, Result};
 use cudarc::driver::sys as cu;
 use std::collections::HashMap;
@@ -162,7 +163,7 @@ pub(crate) struct CudaBackend {
 /// Finds the CUDA devices. Never panics and never aborts: a missing library
 /// or symbol becomes the reason why there is no GPU.
 pub(crate) fn probe() -> RealGpus {
-    if crate::device::env_flag("KILN_DISABLE_CUDA").unwrap_or(false) {
+    if crate::base::env::env_flag("KILN_DISABLE_CUDA").unwrap_or(false) {
         return RealGpus { backends: Vec::new(), absent: Some(FallbackReason::NoDevice("disabled by KILN_DISABLE_CUDA=1".into())) };
     }
     // SAFETY: only tries to dlopen the candidate library names.
@@ -647,7 +648,7 @@ impl CudaBackend {
                     let _ = cb::cublasDestroy_v2(h);
                     return Err(format!("cublasSetStream failed: {st:?}"));
                 }
-                if crate::device::env_flag("KILN_CUDA_TF32").unwrap_or(false) {
+                if crate::base::env::env_flag("KILN_CUDA_TF32").unwrap_or(false) {
                     let _ = cb::cublasSetMathMode(h, cb::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH);
                 }
                 Ok(Blas { handle: Raw(h) })

@@ -251,7 +251,7 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 /// Like [`compile`], through the disk cache (`KILN_NO_KERNEL_CACHE=1` skips it).
 pub(crate) fn compile_cached(name: &str, source: &str, options: &[String], cubin: bool) -> Result<Image, String> {
     let (major, minor) = version()?;
-    let use_cache = !crate::device::env_flag("KILN_NO_KERNEL_CACHE").unwrap_or(false);
+    let use_cache = !crate::base::env::env_flag("KILN_NO_KERNEL_CACHE").unwrap_or(false);
     let path = cache_dir().filter(|_| use_cache).map(|d| {
         let key = fnv1a(&[source.as_bytes(), options.join(" ").as_bytes(), format!("{major}.{minor}").as_bytes(), &[cubin as u8]]);
         d.join("cuda").join(format!("{name}-{key:016x}.{}", if cubin { "cubin" } else { "ptx" }))

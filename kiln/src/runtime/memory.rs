@@ -2,8 +2,8 @@
 //! one, and a cache of large host buffers so that repeated big operations
 //! reuse warm pages instead of faulting in fresh ones.
 
-use crate::storage::CpuBuffer;
-use crate::thread_slot;
+use crate::base::buffer::CpuBuffer;
+use crate::runtime::thread_slot;
 use crate::{human_bytes, DType, Device, Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -187,7 +187,7 @@ impl MemoryPool {
             device: self.device,
             requested,
             in_use,
-            capacity: self.capacity.or_else(crate::device::host_memory_total).unwrap_or(0),
+            capacity: self.capacity.or_else(crate::runtime::host::host_memory_total).unwrap_or(0),
         }
     }
 
@@ -234,7 +234,7 @@ impl MemoryPool {
                 device: self.device,
                 requested: bytes,
                 in_use: stats.in_use.saturating_sub(bytes),
-                capacity: stats.capacity.or_else(crate::device::host_memory_total).unwrap_or(0),
+                capacity: stats.capacity.or_else(crate::runtime::host::host_memory_total).unwrap_or(0),
             }
         })
     }
@@ -452,36 +452,4 @@ fn small_put(buf: CpuBuffer) {
             kept.push(buf);
         }
     });
-}
-
-/// Parses sizes like `2GiB`, `512MiB`, `1.5GB` or a plain byte count.
-///
-/// ```
-/// assert_eq!(kiln::parse_bytes("2GiB")?, 2 << 30);
-/// assert_eq!(kiln::parse_bytes("512")?, 512);
-/// assert!(kiln::parse_bytes("lots").is_err());
-/// # Ok::<(), kiln::Error>(())
-/// ```
-pub fn parse_bytes(text: &str) -> Result<usize> {
-    let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| Error::invalid("parse_bytes", format!("`{text}` is not a size; write e.g. `2GiB`, `512MiB` or `1000000`")))?;
-    let scale = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" => 1e3,
-        "kib" => 1024.0,
-        "m" | "mb" => 1e6,
-        "mib" => 1024.0 * 1024.0,
-        "g" | "gb" => 1e9,
-        "gib" => 1024.0 * 1024.0 * 1024.0,
-        "t" | "tb" => 1e12,
-        "tib" => 1024f64.powi(4),
-        other => {
-            return Err(Error::invalid("parse_bytes", format!("unknown unit `{other}` in `{text}`; use B, KiB, MiB, GiB, KB, MB or GB")))
-        }
-    };
-    Ok((value * scale) as usize)
 }

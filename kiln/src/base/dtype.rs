@@ -91,11 +91,11 @@ pub trait WithDType: Copy + Send + Sync + 'static + std::fmt::Debug + PartialOrd
     /// Conversion to f64.
     fn to_f64(self) -> f64;
     /// Wraps a vector into a host buffer.
-    fn into_buffer(v: Vec<Self>) -> crate::storage::CpuBuffer;
+    fn into_buffer(v: Vec<Self>) -> crate::base::buffer::CpuBuffer;
     /// Borrows the elements if the buffer has this dtype.
-    fn slice(b: &crate::storage::CpuBuffer) -> Option<&[Self]>;
+    fn slice(b: &crate::base::buffer::CpuBuffer) -> Option<&[Self]>;
     /// Takes the elements if the buffer has this dtype.
-    fn from_buffer(b: crate::storage::CpuBuffer) -> Option<Vec<Self>>;
+    fn from_buffer(b: crate::base::buffer::CpuBuffer) -> Option<Vec<Self>>;
 }
 
 macro_rules! with_dtype {
@@ -114,18 +114,18 @@ macro_rules! with_dtype {
             fn from_i64(v: i64) -> Self {
                 $from_i64(v)
             }
-            fn into_buffer(v: Vec<Self>) -> crate::storage::CpuBuffer {
-                crate::storage::CpuBuffer::$variant(v)
+            fn into_buffer(v: Vec<Self>) -> crate::base::buffer::CpuBuffer {
+                crate::base::buffer::CpuBuffer::$variant(v)
             }
-            fn slice(b: &crate::storage::CpuBuffer) -> Option<&[Self]> {
+            fn slice(b: &crate::base::buffer::CpuBuffer) -> Option<&[Self]> {
                 match b {
-                    crate::storage::CpuBuffer::$variant(v) => Some(v),
+                    crate::base::buffer::CpuBuffer::$variant(v) => Some(v),
                     _ => None,
                 }
             }
-            fn from_buffer(b: crate::storage::CpuBuffer) -> Option<Vec<Self>> {
+            fn from_buffer(b: crate::base::buffer::CpuBuffer) -> Option<Vec<Self>> {
                 match b {
-                    crate::storage::CpuBuffer::$variant(v) => Some(v),
+                    crate::base::buffer::CpuBuffer::$variant(v) => Some(v),
                     _ => None,
                 }
             }

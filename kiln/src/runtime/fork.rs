@@ -29,7 +29,7 @@
 //! sees the flag. Where membarrier is unavailable (not Linux, an old
 //! kernel, a sandbox that forbids it) the locking side pays a full fence.
 
-use crate::thread_slot;
+use crate::runtime::thread_slot;
 use std::cell::Cell;
 use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -184,19 +184,19 @@ extern "C" fn prepare() {
     while UNSLOTTED.load(Ordering::SeqCst) > usize::from(own_unslotted) {
         std::thread::sleep(std::time::Duration::from_micros(50));
     }
-    crate::ledger::hold_for_fork(true);
+    crate::runtime::ledger::hold_for_fork(true);
 }
 
 #[cfg(unix)]
 extern "C" fn parent() {
-    crate::ledger::hold_for_fork(false);
+    crate::runtime::ledger::hold_for_fork(false);
     CLOSED.store(false, Ordering::SeqCst);
 }
 
 #[cfg(unix)]
 extern "C" fn child() {
     CHILD.store(true, Ordering::SeqCst);
-    crate::ledger::hold_for_fork(false);
+    crate::runtime::ledger::hold_for_fork(false);
     CLOSED.store(false, Ordering::SeqCst);
 }
 

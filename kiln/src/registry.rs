@@ -1,0 +1,305 @@
+//! Which devices exist: the registry of backends behind `cpu()` and
+//! `gpu(i)`, and the chapter's `num_gpus()`, `try_gpu(i)`, `try_all_gpus()`,
+//! `devices()`, `synchronize`, memory statistics and the default device.
+//! GPUs are numbered real ones first (CUDA), then simulated ones.
+
+use crate::backend::cpu::CPU;
+use crate::backend::sim::SimBackend;
+use crate::backend::Backend;
+use crate::base::device::{Device, DeviceInfo, DeviceKind, FallbackReason};
+use crate::base::env::{env_setting, parse_bytes};
+use crate::base::error::{Error, Result};
+use crate::runtime::host::host_memory_total;
+use crate::runtime::memory::MemoryStats;
+use std::sync::{OnceLock, RwLock};
+
+impl Device {
+    /// Whether the device exists on this machine.
+    pub fn exists(&self) -> bool {
+        backend(*self).is_ok()
+    }
+    /// Memory statistics of this device.
+    pub fn memory_stats(&self) -> Result<MemoryStats> {
+        Ok(backend(*self)?.pool().stats())
+    }
+}
+
+/// The most simulated GPUs a process can have (`KILN_SIM_GPUS`,
+/// `--sim-gpus`, [`ensure_simulated_gpus`]): each has a worker thread, and a
+/// multi-GPU program on more than this many simulated devices tests nothing
+/// that 64 do not.
+pub const MAX_SIM_GPUS: usize = 64;
+
+/// Default capacity of a simulated GPU.
+pub const DEFAULT_SIM_GPU_MEMORY: usize = 2 << 30;
+
+/// The status of the real-GPU backend, decided once per process.
+pub(crate) struct RealGpus {
+    pub(crate) backends: Vec<&'static dyn Backend>,
+    /// Why there are none, when there are none.
+    pub(crate) absent: Option<FallbackReason>,
+}
+
+/// Backends are created once and never dropped: storages and kernels refer
+/// to them as `&'static dyn Backend`, without reference counts.
+struct Registry {
+    cpu: &'static dyn Backend,
+    real: RealGpus,
+    gpus: RwLock<Vec<&'static dyn Backend>>,
+}
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let real = crate::cuda_probe();
+        let mut gpus = real.backends.clone();
+        let count = env_setting("KILN_SIM_GPUS", &format!("a number of simulated GPUs from 0 to {MAX_SIM_GPUS}, e.g. 2"), |v| {
+            v.parse::<usize>().ok().filter(|&n| n <= MAX_SIM_GPUS)
+        })
+        .unwrap_or(0);
+        let capacity = env_setting("KILN_SIM_GPU_MEMORY", "a size such as 2GiB, 512MiB or 1000000", |v| parse_bytes(v).ok())
+            .unwrap_or(DEFAULT_SIM_GPU_MEMORY);
+        for s in 0..count {
+            let index = gpus.len();
+            gpus.push(Box::leak(Box::new(SimBackend::new(Device::Gpu(index), s, capacity))));
+        }
+        Registry { cpu: &CPU, real, gpus: RwLock::new(gpus) }
+    })
+}
+
+/// Makes sure at least `n` simulated GPUs exist, adding them with `capacity`
+/// bytes each when fewer do, and returns their devices. Independent of the
+/// environment, so tests can call it; adding is permanent for the process.
+/// At most [`MAX_SIM_GPUS`] simulated GPUs exist: a larger `n` gives that many
+/// (see [`try_ensure_simulated_gpus`] for an error instead).
+///
+/// ```
+/// let sims = kiln::ensure_simulated_gpus(2, 256 << 20);
+/// assert_eq!(sims.len(), 2);
+/// assert!(kiln::num_gpus() >= 2);
+/// ```
+pub fn ensure_simulated_gpus(n: usize, capacity: usize) -> Vec<Device> {
+    add_simulated_gpus(n.min(MAX_SIM_GPUS), capacity)
+}
+
+/// Like [`ensure_simulated_gpus`], but asking for more than [`MAX_SIM_GPUS`]
+/// is an error rather than capped.
+///
+/// ```
+/// assert!(kiln::try_ensure_simulated_gpus(100_000, 1 << 20).is_err());
+/// assert_eq!(kiln::try_ensure_simulated_gpus(1, 256 << 20)?.len(), 1);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn try_ensure_simulated_gpus(n: usize, capacity: usize) -> Result<Vec<Device>> {
+    if n > MAX_SIM_GPUS {
+        return Err(Error::invalid(
+            "simulated GPUs",
+            format!("{n} simulated GPUs asked for, at most {MAX_SIM_GPUS} are supported; e.g. `kiln::ensure_simulated_gpus(2, kiln::DEFAULT_SIM_GPU_MEMORY)`"),
+        ));
+    }
+    Ok(add_simulated_gpus(n, capacity))
+}
+
+fn add_simulated_gpus(n: usize, capacity: usize) -> Vec<Device> {
+    let reg = registry();
+    let mut gpus = reg.gpus.write().unwrap_or_else(|e| e.into_inner());
+    let mut sims: Vec<Device> = gpus.iter().filter(|b| b.kind() == DeviceKind::Simulated).map(|b| b.device()).collect();
+    while sims.len() < n {
+        let index = gpus.len();
+        let device = Device::Gpu(index);
+        gpus.push(Box::leak(Box::new(SimBackend::new(device, sims.len(), capacity))));
+        sims.push(device);
+    }
+    sims.truncate(n);
+    sims
+}
+
+pub(crate) fn backend(device: Device) -> Result<&'static dyn Backend> {
+    let reg = registry();
+    match device {
+        Device::Cpu => Ok(reg.cpu),
+        Device::Gpu(i) => {
+            let gpus = reg.gpus.read().unwrap_or_else(|e| e.into_inner());
+            gpus.get(i).copied().ok_or_else(|| Error::NoSuchDevice { device, available: all_devices(&gpus) })
+        }
+    }
+}
+
+fn all_devices(gpus: &[&'static dyn Backend]) -> Vec<Device> {
+    std::iter::once(Device::Cpu).chain((0..gpus.len()).map(Device::Gpu)).collect()
+}
+
+/// The number of GPUs: real ones plus simulated ones.
+///
+/// ```
+/// // Without a GPU and without KILN_SIM_GPUS this is 0.
+/// let n = kiln::num_gpus();
+/// assert_eq!(kiln::try_all_gpus().len(), n.max(1));
+/// ```
+pub fn num_gpus() -> usize {
+    registry().gpus.read().unwrap_or_else(|e| e.into_inner()).len()
+}
+
+/// `gpu(i)` if it exists, otherwise the CPU (the chapter's `try_gpu`).
+/// [`why_not_gpu`] says why it fell back.
+///
+/// ```
+/// let d = kiln::try_gpu(10);
+/// if kiln::num_gpus() < 11 {
+///     assert_eq!(d, kiln::cpu());
+/// }
+/// ```
+pub fn try_gpu(i: usize) -> Device {
+    if i < num_gpus() {
+        Device::Gpu(i)
+    } else {
+        Device::Cpu
+    }
+}
+
+/// Why `try_gpu(i)` falls back to the CPU, or `None` when `gpu(i)` exists.
+///
+/// ```
+/// if kiln::num_gpus() == 0 {
+///     println!("{}", kiln::why_not_gpu(0).unwrap());
+/// }
+/// ```
+pub fn why_not_gpu(i: usize) -> Option<FallbackReason> {
+    let count = num_gpus();
+    if i < count {
+        return None;
+    }
+    if count > 0 {
+        return Some(FallbackReason::IndexOutOfRange { index: i, count });
+    }
+    Some(registry().real.absent.clone().unwrap_or(FallbackReason::IndexOutOfRange { index: i, count }))
+}
+
+/// Why there is no CUDA device, or None when there is one. Unlike
+/// [`why_not_gpu`], it answers also when simulated GPUs are present.
+///
+/// ```
+/// if !kiln::devices().iter().any(|d| d.kind == kiln::DeviceKind::Cuda) {
+///     assert!(kiln::why_no_cuda_device().is_some());
+/// }
+/// ```
+pub fn why_no_cuda_device() -> Option<FallbackReason> {
+    registry().real.absent.clone()
+}
+
+/// Every GPU, or `[cpu()]` when there is none (the chapter's documented
+/// contract, so that code written for GPUs still runs).
+pub fn try_all_gpus() -> Vec<Device> {
+    let n = num_gpus();
+    if n == 0 {
+        vec![Device::Cpu]
+    } else {
+        (0..n).map(Device::Gpu).collect()
+    }
+}
+
+/// One record per device: name, kind, memory total, free and in use by kiln.
+///
+/// ```
+/// let list = kiln::devices();
+/// assert_eq!(list[0].device, kiln::cpu());
+/// ```
+pub fn devices() -> Vec<DeviceInfo> {
+    let reg = registry();
+    let gpus = reg.gpus.read().unwrap_or_else(|e| e.into_inner()).clone();
+    std::iter::once(reg.cpu).chain(gpus).map(info).collect()
+}
+
+fn info(b: &dyn Backend) -> DeviceInfo {
+    let stats = b.pool().stats();
+    let memory_total = match b.kind() {
+        DeviceKind::Cpu => host_memory_total(),
+        _ => stats.capacity,
+    };
+    DeviceInfo {
+        device: b.device(),
+        name: b.name(),
+        kind: b.kind(),
+        memory_total,
+        memory_free: b.driver_free_memory(),
+        memory_in_use: stats.in_use,
+        details: b.details(),
+    }
+}
+
+/// Memory statistics of a device: in use, peak, live tensors, capacity.
+pub fn memory_stats(device: &Device) -> Result<MemoryStats> {
+    device.memory_stats()
+}
+
+/// Restarts peak tracking of a device at its current use.
+pub fn reset_peak_memory(device: &Device) -> Result<()> {
+    backend(*device)?.pool().reset_peak();
+    Ok(())
+}
+
+/// Frees the buffers kiln keeps for reuse on a device.
+pub fn empty_cache(device: &Device) -> Result<()> {
+    backend(*device)?.empty_cache()
+}
+
+/// Waits until all work submitted to `device` has run (the chapter's
+/// `torch.cuda.synchronize`).
+pub fn synchronize(device: &Device) -> Result<()> {
+    backend(*device)?.synchronize()
+}
+
+thread_local! {
+    static DEFAULT_DEVICE: std::cell::Cell<Device> = const { std::cell::Cell::new(Device::Cpu) };
+}
+
+/// The device that code which names none uses on this thread: the CPU unless
+/// a [`default_device_scope`] is active.
+pub fn default_device() -> Device {
+    DEFAULT_DEVICE.with(|d| d.get())
+}
+
+/// Restores the previous default device when dropped.
+#[must_use = "the scope ends when this guard is dropped"]
+pub struct DefaultDeviceGuard {
+    previous: Device,
+}
+
+impl Drop for DefaultDeviceGuard {
+    fn drop(&mut self) {
+        DEFAULT_DEVICE.with(|d| d.set(self.previous));
+    }
+}
+
+/// Makes `device` the default for this thread until the guard drops (the
+/// chapter's `with mx.Context(...)`, `jax.default_device(...)`). Fails with
+/// `NoSuchDevice` when the device does not exist.
+///
+/// ```
+/// use kiln::{cpu, default_device, default_device_scope};
+/// {
+///     let _scope = default_device_scope(cpu())?;
+///     assert_eq!(default_device(), cpu());
+/// }
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn default_device_scope(device: Device) -> Result<DefaultDeviceGuard> {
+    backend(device)?;
+    let previous = DEFAULT_DEVICE.with(|d| d.replace(device));
+    Ok(DefaultDeviceGuard { previous })
+}
+
+/// Stops `device`'s queue after the work submitted so far until the hold is
+/// dropped, so that tests can observe asynchronous execution without timing:
+/// operations still return while the queue is held. `None` on a synchronous
+/// device (the CPU).
+///
+/// ```
+/// let hold = kiln::hold_queue(&kiln::cpu())?;
+/// assert!(hold.is_none());
+/// # Ok::<(), kiln::Error>(())
+/// ```
+#[doc(hidden)]
+pub fn hold_queue(device: &Device) -> Result<Option<crate::backend::QueueHold>> {
+    backend(*device)?.hold_queue()
+}
