@@ -35,6 +35,7 @@ mod display;
 mod dtype;
 mod error;
 mod fork;
+pub mod io;
 mod ledger;
 mod memory;
 pub mod nn;
