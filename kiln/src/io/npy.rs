@@ -41,6 +41,8 @@ pub(crate) struct Bounds {
     /// The `total` bytes are really there (a file or a slice, not a
     /// compressed stream's promise), so the output may be allocated whole.
     pub(crate) present: bool,
+    /// `total` is what an archive's directory says, not what was measured.
+    pub(crate) declared: bool,
     /// The most data bytes the stream can produce (a deflated member: its
     /// compressed size times deflate's largest ratio).
     pub(crate) max_data: Option<u64>,
@@ -389,6 +391,11 @@ pub(crate) fn read_array(r: &mut dyn Read, bounds: Bounds, origin: &Origin, devi
     let what = format!("the header (bytes 0..{start}) describes {dtype} of shape {dims:?}, {data_bytes} bytes from byte {start}");
     if let Some(total) = bounds.total {
         let follow = total.saturating_sub(start);
+        if bounds.declared && data_bytes != follow {
+            return Err(origin.format(format!(
+                "the zip directory says the member is {total} bytes, {follow} after the header, but {what}: the member's header or the directory is wrong"
+            )));
+        }
         if data_bytes > follow {
             return Err(origin.format(format!("truncated or lying header: {what}, but only {follow} bytes follow")));
         }
@@ -411,9 +418,10 @@ pub(crate) fn read_array(r: &mut dyn Read, bounds: Bounds, origin: &Origin, devi
         Err(DecodeError::Io(e)) => return Err(origin.io("cannot read the array's data", e)),
         Err(DecodeError::Other(e)) => return Err(e),
     };
-    if !exact {
-        // A stream of unknown length (an inflating member): it must end
-        // here. Reading to its end also makes the archive check its CRC.
+    if !exact || bounds.declared {
+        // A stream of unknown length (an inflating member) must end here;
+        // and reading an archive's member to its end makes the archive
+        // check its CRC.
         let mut extra = [0u8; 64];
         let more = super::read_full(r, &mut extra).map_err(|e| origin.io("cannot read the end of the member", e))?;
         if more > 0 {
@@ -499,7 +507,7 @@ pub fn read_npy(path: impl AsRef<Path>, device: &Device) -> Result<Tensor> {
     crate::device::backend(*device)?;
     let file = std::fs::File::open(path).map_err(|e| origin.io("cannot open the .npy file", e))?;
     let len = file.metadata().map_err(|e| origin.io("cannot read the .npy file's size", e))?.len();
-    let bounds = Bounds { total: Some(len), present: true, max_data: None };
+    let bounds = Bounds { total: Some(len), present: true, declared: false, max_data: None };
     read_array(&mut BufReader::new(file), bounds, &origin, device)
 }
 
@@ -518,7 +526,7 @@ pub fn read_npy(path: impl AsRef<Path>, device: &Device) -> Result<Tensor> {
 pub fn npy_from_bytes(bytes: &[u8], device: &Device) -> Result<Tensor> {
     let _site = ledger::site_scope(Location::caller());
     crate::device::backend(*device)?;
-    let bounds = Bounds { total: Some(bytes.len() as u64), present: true, max_data: None };
+    let bounds = Bounds { total: Some(bytes.len() as u64), present: true, declared: false, max_data: None };
     read_array(&mut &bytes[..], bounds, &Origin::bytes(), device)
 }
 

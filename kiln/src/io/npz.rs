@@ -5,7 +5,7 @@ use super::npy::{npy_len, read_array, write_array, Bounds};
 use super::Origin;
 use crate::{ledger, Device, Error, Result, Tensor};
 use std::collections::HashMap;
-use std::io::{BufReader, Cursor, Read, Seek, Write};
+use std::io::{BufReader, Cursor, Read, Seek, SeekFrom, Write};
 use std::panic::Location;
 use std::path::Path;
 use zip::CompressionMethod;
@@ -19,15 +19,58 @@ const MAX_DEFLATE_RATIO: u64 = 1032;
 const DEFLATE_SLACK: u64 = 1 << 10;
 
 fn zip_err(origin: &Origin, e: zip::result::ZipError) -> Error {
+    use std::io::ErrorKind::{InvalidData, InvalidInput, UnexpectedEof};
     match e {
+        // The zip crate's reads past the end (a lying offset or size) and
+        // bad data are the archive's fault, not the disk's.
+        zip::result::ZipError::Io(e) if matches!(e.kind(), InvalidData | InvalidInput | UnexpectedEof) => {
+            origin.format(format!("not a readable .npz (zip) archive: {e}"))
+        }
         zip::result::ZipError::Io(e) => origin.io("cannot read the archive", e),
         e => origin.format(format!("not a readable .npz (zip) archive: {e}")),
     }
 }
 
+/// The fixed part of a central directory entry: no entry is shorter.
+const MIN_DIRECTORY_ENTRY: u64 = 46;
+
+/// Refuses an end-of-central-directory record that counts more members
+/// than its directory's size can hold. The zip crate reserves room for the
+/// count before it reads the entries (up to 65,535 of some 200 bytes each,
+/// 14 MB for a file of a few KiB); Python's zipfile, numpy's reader, relies
+/// on the same size field. Zip64 records are checked by the zip crate.
+fn check_member_count<R: Read + Seek>(r: &mut R, archive_len: u64, origin: &Origin) -> Result<()> {
+    const EOCD: u64 = 22;
+    let tail_len = archive_len.min(u16::MAX as u64 + EOCD);
+    let mut tail = vec![0u8; tail_len as usize];
+    r.seek(SeekFrom::Start(archive_len - tail_len))
+        .and_then(|_| r.read_exact(&mut tail))
+        .and_then(|_| r.seek(SeekFrom::Start(0)))
+        .map_err(|e| origin.io("cannot read the archive", e))?;
+    let Some(at) = tail.windows(4).rposition(|w| w == b"PK\x05\x06") else { return Ok(()) };
+    let Some(eocd) = tail.get(at..at + EOCD as usize) else { return Ok(()) };
+    let u16_at = |i: usize| u16::from_le_bytes([eocd[i], eocd[i + 1]]);
+    let (on_disk, total, comment) = (u16_at(8), u16_at(10), u16_at(20) as usize);
+    let directory_size = u32::from_le_bytes([eocd[12], eocd[13], eocd[14], eocd[15]]);
+    // Only a record that ends the file (after its comment) is the real one;
+    // one with a Zip64 locator before it has its counts in the Zip64 record.
+    let zip64 = at >= 20 && &tail[at - 20..at - 16] == b"PK\x06\x07";
+    if at + EOCD as usize + comment != tail.len() || zip64 {
+        return Ok(());
+    }
+    let count = on_disk.max(total) as u64;
+    if count * MIN_DIRECTORY_ENTRY > directory_size as u64 {
+        return Err(origin.format(format!(
+            "the zip directory claims {count} members in {directory_size} bytes, where each takes at least {MIN_DIRECTORY_ENTRY}: the archive is corrupt"
+        )));
+    }
+    Ok(())
+}
+
 /// Every array of an archive, in the order of its directory.
 #[track_caller]
-fn read_archive<R: Read + Seek>(reader: R, archive_len: u64, origin: &Origin, device: &Device) -> Result<Vec<(String, Tensor)>> {
+fn read_archive<R: Read + Seek>(mut reader: R, archive_len: u64, origin: &Origin, device: &Device) -> Result<Vec<(String, Tensor)>> {
+    check_member_count(&mut reader, archive_len, origin)?;
     let mut zip = zip::ZipArchive::new(reader).map_err(|e| zip_err(origin, e))?;
     let mut out: Vec<(String, Tensor)> = Vec::with_capacity(zip.len().min(1 << 10));
     for i in 0..zip.len() {
@@ -46,11 +89,12 @@ fn read_archive<R: Read + Seek>(reader: R, archive_len: u64, origin: &Origin, de
                     )));
                 }
                 // Allocated whole only when the archive can hold that much.
-                Bounds { total: Some(size), present: compressed <= archive_len, max_data: None }
+                Bounds { total: Some(size), present: compressed <= archive_len, declared: true, max_data: None }
             }
             CompressionMethod::Deflated => Bounds {
                 total: Some(size),
                 present: false,
+                declared: true,
                 max_data: Some(compressed.saturating_mul(MAX_DEFLATE_RATIO).saturating_add(DEFLATE_SLACK)),
             },
             other => {
