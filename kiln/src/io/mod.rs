@@ -47,6 +47,8 @@ mod npy;
 mod npz;
 mod safetensors;
 
+#[cfg(feature = "ndarray")]
+mod ndarray;
 
 pub use npy::{npy_from_bytes, npy_to_bytes, read_npy, write_npy};
 pub use npz::{npz_from_bytes, npz_from_bytes_ordered, npz_to_bytes, read_npz, read_npz_ordered, write_npz};
