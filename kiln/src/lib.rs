@@ -35,6 +35,7 @@ mod display;
 mod dtype;
 mod error;
 mod fork;
+mod host_info;
 pub mod io;
 mod ledger;
 mod memory;
