@@ -156,7 +156,8 @@ fn zip_write_err(origin: &Origin, e: zip::result::ZipError) -> Error {
 /// Members may be stored (`np.savez`) or deflated (`np.savez_compressed`);
 /// each is read as [`read_npy`](super::read_npy) reads a file, with the same
 /// checks, and a deflated member is inflated only as far as its header's
-/// size. A member that is not `<name>.npy`, any compression but these two,
+/// size. A member that is not `<name>.npy` (numpy would hand out its raw
+/// bytes; a map of tensors has no place for them), any compression but these two,
 /// a corrupt member (CRC mismatch, bad deflate stream) or a zip directory
 /// whose sizes disagree with the member are [`Error::Format`] naming the
 /// member. Reading onto a GPU books one host-to-device transfer per array
