@@ -383,6 +383,11 @@ fn transfers_are_booked_at_the_callers_line_and_guarded() {
     }
     assert!(matches!(io::write_npy(dir.join("refused.npy"), &on_gpu), Err(Error::TransferDisallowed { .. })));
     assert!(!dir.join("refused.npy").exists());
+    assert!(matches!(
+        io::write_npz(dir.join("refused.npz"), &[("c", &on_cpu), ("g", &on_gpu)], false),
+        Err(Error::TransferDisallowed { .. })
+    ));
+    assert!(!dir.join("refused.npz").exists(), "a refused write leaves no half-written archive");
     assert!(matches!(io::npz_from_bytes(&bytes, &gpu), Err(Error::TransferDisallowed { .. })));
     assert!(matches!(io::load_safetensors(dir.join("s.safetensors"), &gpu), Err(Error::TransferDisallowed { .. })));
     assert!(io::read_npy(dir.join("g.npy"), &cpu()).is_ok(), "the CPU needs no transfer");

@@ -95,6 +95,14 @@ impl Origin {
             _ => Error::Io { path: self.path.clone(), msg: format!("{what}: {e}") },
         }
     }
+    /// A write that failed: always an I/O error, naming the member.
+    pub(crate) fn write_io(&self, e: std::io::Error) -> Error {
+        let what = match &self.member {
+            Some(m) => format!("cannot write member `{m}`"),
+            None => "cannot write the array".to_string(),
+        };
+        Error::Io { path: self.path.clone(), msg: format!("{what}: {e}") }
+    }
 }
 
 /// Host memory refused for `bytes` of elements being read.

@@ -465,7 +465,7 @@ pub(crate) fn header_bytes(dtype: DType, dims: &[usize]) -> Vec<u8> {
 pub(crate) fn write_array(out: &mut dyn Write, t: &Tensor, site: &'static Location<'static>, origin: &Origin) -> Result<()> {
     let buf = t.read_host(site)?;
     let header = header_bytes(t.dtype(), t.dims());
-    out.write_all(&header).and_then(|_| encode_le(&buf, out)).map_err(|e| origin.io("cannot write the array", e))
+    out.write_all(&header).and_then(|_| encode_le(&buf, out)).map_err(|e| origin.write_io(e))
 }
 
 /// The number of bytes of a tensor's `.npy` stream.
@@ -535,8 +535,7 @@ pub fn npy_from_bytes(bytes: &[u8], device: &Device) -> Result<Tensor> {
 /// line. The array is little-endian and in C order; bf16 is written as
 /// `<V2`, as `ml_dtypes` does (numpy loads it as `V2`:
 /// `np.load(path).view(ml_dtypes.bfloat16)`). An existing file is replaced;
-/// a write that fails part-way leaves a truncated file, which the readers
-/// refuse.
+/// a write that fails part-way removes it.
 ///
 /// ```
 /// use kiln::{cpu, io, DType, Tensor};
@@ -558,10 +557,12 @@ pub fn write_npy(path: impl AsRef<Path>, tensor: &Tensor) -> Result<()> {
     let header = header_bytes(tensor.dtype(), tensor.dims());
     let file = std::fs::File::create(path).map_err(|e| origin.io("cannot create the .npy file", e))?;
     let mut w = BufWriter::new(file);
-    w.write_all(&header)
-        .and_then(|_| encode_le(&buf, &mut w))
-        .and_then(|_| w.flush())
-        .map_err(|e| origin.io("cannot write the .npy file", e))
+    let written = w.write_all(&header).and_then(|_| encode_le(&buf, &mut w)).and_then(|_| w.flush());
+    written.map_err(|e| {
+        // No truncated array is left behind (a full disk).
+        let _ = std::fs::remove_file(path);
+        origin.write_io(e)
+    })
 }
 
 /// A tensor as the bytes of a `.npy` file. See [`write_npy`].

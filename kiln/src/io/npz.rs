@@ -73,6 +73,7 @@ fn read_archive<R: Read + Seek>(mut reader: R, archive_len: u64, origin: &Origin
     check_member_count(&mut reader, archive_len, origin)?;
     let mut zip = zip::ZipArchive::new(reader).map_err(|e| zip_err(origin, e))?;
     let mut out: Vec<(String, Tensor)> = Vec::with_capacity(zip.len().min(1 << 10));
+    let mut index: HashMap<String, usize> = HashMap::new();
     for i in 0..zip.len() {
         let mut member = zip.by_index(i).map_err(|e| zip_err(origin, e))?;
         let name = member.name().to_string();
@@ -102,10 +103,13 @@ fn read_archive<R: Read + Seek>(mut reader: R, archive_len: u64, origin: &Origin
             }
         };
         let tensor = read_array(&mut member, bounds, &at, device)?;
-        match out.iter_mut().find(|(k, _)| k == key) {
+        match index.get(key) {
             // Two members of one name: the last wins, as in np.load.
-            Some(slot) => slot.1 = tensor,
-            None => out.push((key.to_string(), tensor)),
+            Some(&slot) => out[slot].1 = tensor,
+            None => {
+                index.insert(key.to_string(), out.len());
+                out.push((key.to_string(), tensor));
+            }
         }
     }
     Ok(out)
@@ -240,7 +244,8 @@ pub fn npz_from_bytes_ordered(bytes: &[u8], device: &Device) -> Result<Vec<(Stri
 /// `np.savez_compressed`) and stored otherwise (`np.savez`). Reading a GPU
 /// tensor is a device-to-host transfer booked at the caller's line. Names
 /// must be non-empty and distinct ([`Error::InvalidArgument`]); an existing
-/// file is replaced.
+/// file is replaced, and a write that fails part-way (a refused transfer, a
+/// full disk) removes the file.
 ///
 /// ```
 /// use kiln::{cpu, io, DType, Tensor};
@@ -260,8 +265,13 @@ pub fn write_npz(path: impl AsRef<Path>, tensors: &[(&str, &Tensor)], compressed
     let path = path.as_ref();
     let origin = Origin::file(path);
     let file = std::fs::File::create(path).map_err(|e| origin.io("cannot create the .npz file", e))?;
-    let mut w = write_archive(std::io::BufWriter::new(file), tensors, compressed, &origin, site)?;
-    w.flush().map_err(|e| origin.io("cannot write the .npz file", e))
+    let written = write_archive(std::io::BufWriter::new(file), tensors, compressed, &origin, site)
+        .and_then(|mut w| w.flush().map_err(|e| origin.io("cannot write the .npz file", e)));
+    if written.is_err() {
+        // No half-written archive is left behind (a refused transfer, a full disk).
+        let _ = std::fs::remove_file(path);
+    }
+    written
 }
 
 /// Named tensors as the bytes of an `.npz` archive. See [`write_npz`].
