@@ -32,6 +32,7 @@ mod base;
 pub mod checkpoint;
 pub mod data;
 mod display;
+pub mod io;
 pub mod nn;
 mod op;
 mod operators;

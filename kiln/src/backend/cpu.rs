@@ -97,10 +97,7 @@ pub(crate) fn threads() -> usize {
 
 pub(crate) fn cpu_name() -> String {
     let threads = pool().map_or(1, |p| p.current_num_threads());
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let model = crate::runtime::host::cpu_name().unwrap_or_else(|| std::env::consts::ARCH.to_string());
     format!("{model} ({threads} threads)")
 }
 

@@ -112,13 +112,15 @@ impl TransferStats {
 
 static GLOBAL: Mutex<Option<TransferStats>> = Mutex::new(None);
 
+#[cfg(unix)]
 thread_local! {
     static HELD_FOR_FORK: RefCell<Option<std::sync::MutexGuard<'static, Option<TransferStats>>>> = const { RefCell::new(None) };
 }
 
 /// Takes (`true`) or lets go of (`false`) the global ledger's lock on the
 /// thread that forks, so that the child never inherits it held by a thread
-/// that does not exist there (see `fork.rs`).
+/// that does not exist there (see `fork.rs`). Only Unix forks.
+#[cfg(unix)]
 pub(crate) fn hold_for_fork(hold: bool) {
     let _ = HELD_FOR_FORK.try_with(|h| {
         let mut h = h.borrow_mut();

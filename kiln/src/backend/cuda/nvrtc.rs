@@ -62,14 +62,55 @@ unsafe fn fn_ptr<F: Copy>(p: *mut std::ffi::c_void) -> F {
     std::mem::transmute_copy(&p)
 }
 
-fn dlerror() -> String {
-    // SAFETY: dlerror returns null or a C string valid until the next dl call.
-    let e = unsafe { libc::dlerror() };
-    if e.is_null() {
-        "unknown error".into()
-    } else {
-        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+/// The dynamic loader: dlopen on Unix; elsewhere (Windows) libloading,
+/// which cudarc loads the driver with, so it adds no crate.
+#[cfg(unix)]
+mod dl {
+    use std::ffi::{c_void, CStr};
+    /// Opens a library; `global` makes its symbols visible to later loads.
+    pub(super) unsafe fn open(name: &CStr, global: bool) -> *mut c_void {
+        libc::dlopen(name.as_ptr(), libc::RTLD_NOW | if global { libc::RTLD_GLOBAL } else { libc::RTLD_LOCAL })
     }
+    pub(super) unsafe fn sym(handle: *mut c_void, name: &CStr) -> *mut c_void {
+        libc::dlsym(handle, name.as_ptr())
+    }
+    pub(super) fn error() -> String {
+        // SAFETY: dlerror returns null or a C string valid until the next dl call.
+        let e = unsafe { libc::dlerror() };
+        if e.is_null() {
+            "unknown error".into()
+        } else {
+            unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+        }
+    }
+}
+
+#[cfg(not(unix))]
+mod dl {
+    use std::ffi::{c_void, CStr};
+    thread_local!(static LAST: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) });
+    /// Opens a library, kept for the life of the process (as on Unix).
+    pub(super) unsafe fn open(name: &CStr, _global: bool) -> *mut c_void {
+        let Ok(name) = name.to_str() else { return std::ptr::null_mut() };
+        match libloading::Library::new(name) {
+            Ok(lib) => Box::into_raw(Box::new(lib)).cast(),
+            Err(e) => {
+                LAST.with(|l| *l.borrow_mut() = e.to_string());
+                std::ptr::null_mut()
+            }
+        }
+    }
+    pub(super) unsafe fn sym(handle: *mut c_void, name: &CStr) -> *mut c_void {
+        let lib = &*handle.cast::<libloading::Library>();
+        lib.get::<*mut c_void>(name.to_bytes()).map(|s| *s).unwrap_or(std::ptr::null_mut())
+    }
+    pub(super) fn error() -> String {
+        LAST.with(|l| l.borrow().clone())
+    }
+}
+
+fn dlerror() -> String {
+    dl::error()
 }
 
 impl Api {
@@ -80,7 +121,7 @@ impl Api {
     unsafe fn from_handle(handle: *mut std::ffi::c_void, lib: &str) -> Result<Api, String> {
         let sym = |name: &str| -> Option<*mut std::ffi::c_void> {
             let c = CString::new(name).ok()?;
-            let p = libc::dlsym(handle, c.as_ptr());
+            let p = dl::sym(handle, &c);
             (!p.is_null()).then_some(p)
         };
         let need = |name: &str| sym(name).ok_or_else(|| format!("the NVRTC library {lib} lacks {name}"));
@@ -112,7 +153,7 @@ fn load() -> Result<Api, String> {
         let shown = path.to_string_lossy().into_owned();
         let c = CString::new(path.into_encoded_bytes()).map_err(|_| format!("KILN_NVRTC_LIB={shown} contains a NUL byte"))?;
         // SAFETY: dlopen with a valid C string.
-        let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+        let handle = unsafe { dl::open(&c, true) };
         if handle.is_null() {
             return Err(format!(
                 "KILN_NVRTC_LIB={shown} could not be loaded ({}); fix the path or unset KILN_NVRTC_LIB to use the NVRTC on the library path",
@@ -125,7 +166,7 @@ fn load() -> Result<Api, String> {
     for name in cudarc::get_lib_name_candidates("nvrtc") {
         let Ok(c) = CString::new(name.as_str()) else { continue };
         // SAFETY: dlopen with a valid C string.
-        let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        let handle = unsafe { dl::open(&c, false) };
         if !handle.is_null() {
             // SAFETY: a live handle of a library named like NVRTC.
             return unsafe { Api::from_handle(handle, &name) };
