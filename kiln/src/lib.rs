@@ -26,40 +26,42 @@
 //! ```
 #![warn(missing_docs)]
 
-mod backend;
-mod backprop;
+// The layers, bottom up (ARCHITECTURE.md; `tests/layers.rs` checks that no
+// module imports one above it): base → runtime → kernel → backends →
+// registry → tensor → autograd → ops → nn, optim, data, trainer,
+// checkpoint, io.
+mod autograd;
+mod backends;
 mod base;
 pub mod checkpoint;
 pub mod data;
-mod display;
 pub mod io;
+mod kernel;
 pub mod nn;
-mod op;
-mod operators;
 mod ops;
 pub mod optim;
 mod registry;
 mod runtime;
-mod shape_ops;
-mod storage;
 mod tensor;
 pub mod trainer;
 
-pub use backend::QueueHold;
-pub use backprop::{is_grad_enabled, no_grad, NoGradGuard};
+pub use autograd::{is_grad_enabled, no_grad, NoGradGuard};
+pub use backends::sim::{ensure_simulated_gpus, try_ensure_simulated_gpus, DEFAULT_SIM_GPU_MEMORY, MAX_SIM_GPUS};
 pub use base::buffer::CpuBuffer;
 pub use base::device::{cpu, gpu, Device, DeviceInfo, DeviceKind, FallbackReason};
 pub use base::dtype::{DType, WithDType};
 pub use base::env::{env_flag, parse_bytes};
 pub use base::error::{human_bytes, Direction, Error, Result};
 pub use base::shape::{Layout, Shape};
-pub use op::{BinaryOp, ReduceOp, UnaryOp};
+pub use kernel::backend::QueueHold;
+pub use ops::binary::BinaryOp;
+pub use ops::reduce::ReduceOp;
+pub use ops::unary::UnaryOp;
 #[doc(hidden)]
 pub use registry::hold_queue;
 pub use registry::{
-    default_device, default_device_scope, devices, empty_cache, ensure_simulated_gpus, memory_stats, num_gpus, reset_peak_memory,
-    synchronize, try_all_gpus, try_ensure_simulated_gpus, try_gpu, why_no_cuda_device, why_not_gpu, DefaultDeviceGuard,
-    DEFAULT_SIM_GPU_MEMORY, MAX_SIM_GPUS,
+    default_device, default_device_scope, devices, empty_cache, memory_stats, num_gpus, reset_peak_memory, synchronize, try_all_gpus,
+    try_gpu, why_no_cuda_device, why_not_gpu, DefaultDeviceGuard,
 };
 #[doc(hidden)]
 pub use runtime::faults::inject_kernel_failure;
@@ -98,12 +100,18 @@ macro_rules! println {
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
-/// Finds real GPUs: CUDA devices through a driver library loaded at run
-/// time (none, with the reason, when there is no driver or no device).
-pub(crate) fn cuda_probe() -> registry::RealGpus {
-    backend::cuda::probe()
-}
-
-/// The CUDA kernel sources and NVRTC access, for the compile check.
+/// The CUDA kernel sources and NVRTC access, for the compile check
+/// (`tests/cuda.rs`, `.ci/cuda-check.sh`): every module the backend may
+/// compile, exactly as it compiles it.
 #[doc(hidden)]
-pub use backend::cuda::check as cuda_check;
+pub mod cuda_check {
+    pub use crate::backends::cuda::modules::check::{compile_ptx, driver_present, nvrtc_options, nvrtc_version};
+
+    /// `(module, full CUDA C++ source)` of every module an op declares.
+    pub fn kernel_sources() -> Vec<(String, String)> {
+        crate::kernel::cuda::declared_modules()
+            .into_iter()
+            .map(|m| (m.name.to_string(), crate::backends::cuda::modules::check::module_source(m)))
+            .collect()
+    }
+}

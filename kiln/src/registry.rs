@@ -3,12 +3,11 @@
 //! `devices()`, `synchronize`, memory statistics and the default device.
 //! GPUs are numbered real ones first (CUDA), then simulated ones.
 
-use crate::backend::cpu::CPU;
-use crate::backend::sim::SimBackend;
-use crate::backend::Backend;
+use crate::backends::cpu::CPU;
+use crate::backends::GPU_BACKENDS;
 use crate::base::device::{Device, DeviceInfo, DeviceKind, FallbackReason};
-use crate::base::env::{env_setting, parse_bytes};
 use crate::base::error::{Error, Result};
+use crate::kernel::backend::{Backend, QueueHold};
 use crate::runtime::host::host_memory_total;
 use crate::runtime::memory::MemoryStats;
 use std::sync::{OnceLock, RwLock};
@@ -24,94 +23,44 @@ impl Device {
     }
 }
 
-/// The most simulated GPUs a process can have (`KILN_SIM_GPUS`,
-/// `--sim-gpus`, [`ensure_simulated_gpus`]): each has a worker thread, and a
-/// multi-GPU program on more than this many simulated devices tests nothing
-/// that 64 do not.
-pub const MAX_SIM_GPUS: usize = 64;
-
-/// Default capacity of a simulated GPU.
-pub const DEFAULT_SIM_GPU_MEMORY: usize = 2 << 30;
-
-/// The status of the real-GPU backend, decided once per process.
-pub(crate) struct RealGpus {
-    pub(crate) backends: Vec<&'static dyn Backend>,
-    /// Why there are none, when there are none.
-    pub(crate) absent: Option<FallbackReason>,
-}
-
-/// Backends are created once and never dropped: storages and kernels refer
-/// to them as `&'static dyn Backend`, without reference counts.
+/// What the registry holds: the CPU, and the GPUs the backends of
+/// [`GPU_BACKENDS`] found (probed once, in order; simulated GPUs may be
+/// added later). Backends are created once and never dropped: storages and
+/// kernels refer to them as `&'static dyn Backend`, without reference counts.
 struct Registry {
     cpu: &'static dyn Backend,
-    real: RealGpus,
+    /// Why each backend found no device, by backend name.
+    absent: Vec<(&'static str, FallbackReason)>,
     gpus: RwLock<Vec<&'static dyn Backend>>,
 }
 
 fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| {
-        let real = crate::cuda_probe();
-        let mut gpus = real.backends.clone();
-        let count = env_setting("KILN_SIM_GPUS", &format!("a number of simulated GPUs from 0 to {MAX_SIM_GPUS}, e.g. 2"), |v| {
-            v.parse::<usize>().ok().filter(|&n| n <= MAX_SIM_GPUS)
-        })
-        .unwrap_or(0);
-        let capacity = env_setting("KILN_SIM_GPU_MEMORY", "a size such as 2GiB, 512MiB or 1000000", |v| parse_bytes(v).ok())
-            .unwrap_or(DEFAULT_SIM_GPU_MEMORY);
-        for s in 0..count {
-            let index = gpus.len();
-            gpus.push(Box::leak(Box::new(SimBackend::new(Device::Gpu(index), s, capacity))));
+        let mut gpus: Vec<&'static dyn Backend> = Vec::new();
+        let mut absent = Vec::new();
+        for b in GPU_BACKENDS {
+            let found = (b.probe)(gpus.len());
+            gpus.extend(found.backends);
+            if let Some(why) = found.absent {
+                absent.push((b.name, why));
+            }
         }
-        Registry { cpu: &CPU, real, gpus: RwLock::new(gpus) }
+        Registry { cpu: &CPU, absent, gpus: RwLock::new(gpus) }
     })
 }
 
-/// Makes sure at least `n` simulated GPUs exist, adding them with `capacity`
-/// bytes each when fewer do, and returns their devices. Independent of the
-/// environment, so tests can call it; adding is permanent for the process.
-/// At most [`MAX_SIM_GPUS`] simulated GPUs exist: a larger `n` gives that many
-/// (see [`try_ensure_simulated_gpus`] for an error instead).
-///
-/// ```
-/// let sims = kiln::ensure_simulated_gpus(2, 256 << 20);
-/// assert_eq!(sims.len(), 2);
-/// assert!(kiln::num_gpus() >= 2);
-/// ```
-pub fn ensure_simulated_gpus(n: usize, capacity: usize) -> Vec<Device> {
-    add_simulated_gpus(n.min(MAX_SIM_GPUS), capacity)
+/// Adds GPUs made by `make(first_index, existing)` to the registry (under
+/// its lock, so that indices stay dense), returning what `make` returns:
+/// how a backend that adds devices on demand (the simulated GPUs) registers them.
+pub(crate) fn add_gpus<R>(make: impl FnOnce(&mut Vec<&'static dyn Backend>) -> R) -> R {
+    let mut gpus = registry().gpus.write().unwrap_or_else(|e| e.into_inner());
+    make(&mut gpus)
 }
 
-/// Like [`ensure_simulated_gpus`], but asking for more than [`MAX_SIM_GPUS`]
-/// is an error rather than capped.
-///
-/// ```
-/// assert!(kiln::try_ensure_simulated_gpus(100_000, 1 << 20).is_err());
-/// assert_eq!(kiln::try_ensure_simulated_gpus(1, 256 << 20)?.len(), 1);
-/// # Ok::<(), kiln::Error>(())
-/// ```
-pub fn try_ensure_simulated_gpus(n: usize, capacity: usize) -> Result<Vec<Device>> {
-    if n > MAX_SIM_GPUS {
-        return Err(Error::invalid(
-            "simulated GPUs",
-            format!("{n} simulated GPUs asked for, at most {MAX_SIM_GPUS} are supported; e.g. `kiln::ensure_simulated_gpus(2, kiln::DEFAULT_SIM_GPU_MEMORY)`"),
-        ));
-    }
-    Ok(add_simulated_gpus(n, capacity))
-}
-
-fn add_simulated_gpus(n: usize, capacity: usize) -> Vec<Device> {
-    let reg = registry();
-    let mut gpus = reg.gpus.write().unwrap_or_else(|e| e.into_inner());
-    let mut sims: Vec<Device> = gpus.iter().filter(|b| b.kind() == DeviceKind::Simulated).map(|b| b.device()).collect();
-    while sims.len() < n {
-        let index = gpus.len();
-        let device = Device::Gpu(index);
-        gpus.push(Box::leak(Box::new(SimBackend::new(device, sims.len(), capacity))));
-        sims.push(device);
-    }
-    sims.truncate(n);
-    sims
+/// Why the GPU backend `name` found no device, if it found none.
+fn why_absent(name: &str) -> Option<FallbackReason> {
+    registry().absent.iter().find(|(n, _)| *n == name).map(|(_, why)| why.clone())
 }
 
 pub(crate) fn backend(device: Device) -> Result<&'static dyn Backend> {
@@ -172,7 +121,8 @@ pub fn why_not_gpu(i: usize) -> Option<FallbackReason> {
     if count > 0 {
         return Some(FallbackReason::IndexOutOfRange { index: i, count });
     }
-    Some(registry().real.absent.clone().unwrap_or(FallbackReason::IndexOutOfRange { index: i, count }))
+    // No GPU at all: the first backend's reason (a real GPU was looked for first).
+    Some(registry().absent.first().map(|(_, why)| why.clone()).unwrap_or(FallbackReason::IndexOutOfRange { index: i, count }))
 }
 
 /// Why there is no CUDA device, or None when there is one. Unlike
@@ -184,7 +134,7 @@ pub fn why_not_gpu(i: usize) -> Option<FallbackReason> {
 /// }
 /// ```
 pub fn why_no_cuda_device() -> Option<FallbackReason> {
-    registry().real.absent.clone()
+    why_absent("cuda")
 }
 
 /// Every GPU, or `[cpu()]` when there is none (the chapter's documented
@@ -300,6 +250,6 @@ pub fn default_device_scope(device: Device) -> Result<DefaultDeviceGuard> {
 /// # Ok::<(), kiln::Error>(())
 /// ```
 #[doc(hidden)]
-pub fn hold_queue(device: &Device) -> Result<Option<crate::backend::QueueHold>> {
+pub fn hold_queue(device: &Device) -> Result<Option<QueueHold>> {
     backend(*device)?.hold_queue()
 }

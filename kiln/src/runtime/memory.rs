@@ -78,6 +78,13 @@ pub(crate) struct MemoryPool {
     cached: AtomicUsize,
 }
 
+/// Host buffers the CPU keeps for reuse at most (see `MemoryPool::recycle`).
+const CPU_CACHE_LIMIT: usize = 2 << 30;
+
+/// The CPU's pool: a `static`, so that the front end and storages book and
+/// release host memory without going through a backend.
+pub(crate) static CPU_POOL: MemoryPool = MemoryPool::new(Device::Cpu, None, CPU_CACHE_LIMIT);
+
 impl MemoryPool {
     pub(crate) const fn new(device: Device, capacity: Option<usize>, cache_limit: usize) -> Self {
         MemoryPool {

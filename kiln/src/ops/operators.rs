@@ -4,7 +4,7 @@
 //! may be overwritten with the result when nothing else holds its storage
 //! (`Tensor::unary_owned`).
 
-use crate::op::UnaryOp;
+use crate::ops::unary::UnaryOp;
 use crate::{Result, Tensor};
 use std::ops::{Add, Div, Mul, Neg, Sub};
 

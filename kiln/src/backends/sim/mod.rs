@@ -4,12 +4,17 @@
 //! core). Operations validate and allocate on the caller's thread, enqueue
 //! and return at once; reads wait for the work that produces them.
 
-use super::{host_kernels, Backend, Event};
+use super::host;
+use super::Found;
 use crate::base::buffer::CpuBuffer;
-use crate::op::{Kernel, Out, Src};
+use crate::base::device::{Device, DeviceKind};
+use crate::base::dtype::DType;
+use crate::base::env::{env_setting, parse_bytes};
+use crate::base::error::{human_bytes, Error, Result};
+use crate::kernel::backend::{Backend, Event, QueueHold};
+use crate::kernel::storage::{Buffer, Storage};
+use crate::kernel::{Kernel, Out, Src};
 use crate::runtime::memory::MemoryPool;
-use crate::storage::{Buffer, Storage};
-use crate::{human_bytes, DType, Device, DeviceKind, Error, Result};
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -249,7 +254,7 @@ fn worker(device: Device, receiver: Receiver<Job>, progress: Arc<Progress>) {
                 // is reported: their inputs may be unwritten.
                 if !progress.poisoned.load(Ordering::Acquire) {
                     let (kernel, out) = &*kernel;
-                    if let Err(err) = host_kernels::run_caught(kernel, Out::Storage(out), 1, device) {
+                    if let Err(err) = host::run_caught(kernel, Out::Storage(out), 1, device) {
                         progress.fail(err);
                     }
                 }
@@ -260,7 +265,7 @@ fn worker(device: Device, receiver: Receiver<Job>, progress: Arc<Progress>) {
             Job::Read(src, reply) => {
                 let result = match progress.take_failure() {
                     Some(err) => Err(err),
-                    None => host_kernels::gather_caught(&src, device),
+                    None => host::gather_caught(&src, device),
                 };
                 drop(src);
                 let _ = reply.send(result);
@@ -348,7 +353,7 @@ impl Backend for SimBackend {
         self.submit(Job::Control(Box::new(move || event.wait())))?;
         Ok(())
     }
-    fn hold_queue(&self) -> Result<Option<super::QueueHold>> {
+    fn hold_queue(&self) -> Result<Option<QueueHold>> {
         let (tx, rx) = crossbeam_channel::bounded::<()>(0);
         let progress = self.progress.clone();
         progress.holds.fetch_add(1, Ordering::AcqRel);
@@ -361,9 +366,15 @@ impl Backend for SimBackend {
             self.progress.holds.fetch_sub(1, Ordering::AcqRel);
             return Err(err);
         }
-        Ok(Some(super::QueueHold { _release: tx }))
+        Ok(Some(QueueHold { _release: tx }))
     }
     fn host_memory(&self) -> bool {
+        true
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn stream_ordered_release(&self) -> bool {
         true
     }
     fn synchronize(&self) -> Result<()> {
@@ -377,4 +388,77 @@ impl Backend for SimBackend {
             None => Ok(()),
         }
     }
+}
+
+// ---- how simulated GPUs come to exist ---------------------------------------
+
+/// The most simulated GPUs a process can have (`KILN_SIM_GPUS`,
+/// `--sim-gpus`, [`ensure_simulated_gpus`]): each has a worker thread, and a
+/// multi-GPU program on more than this many simulated devices tests nothing
+/// that 64 do not.
+pub const MAX_SIM_GPUS: usize = 64;
+
+/// Default capacity of a simulated GPU.
+pub const DEFAULT_SIM_GPU_MEMORY: usize = 2 << 30;
+
+/// The simulated GPUs `KILN_SIM_GPUS` asks for (with
+/// `KILN_SIM_GPU_MEMORY` each), numbered from `gpu(first)`: this backend's
+/// line of the registry's probe list. Never absent: without the variable it
+/// simply finds none (and gives no reason, so the real GPUs' reason stands).
+pub(crate) fn probe(first: usize) -> Found {
+    let count = env_setting("KILN_SIM_GPUS", &format!("a number of simulated GPUs from 0 to {MAX_SIM_GPUS}, e.g. 2"), |v| {
+        v.parse::<usize>().ok().filter(|&n| n <= MAX_SIM_GPUS)
+    })
+    .unwrap_or(0);
+    let capacity = env_setting("KILN_SIM_GPU_MEMORY", "a size such as 2GiB, 512MiB or 1000000", |v| parse_bytes(v).ok())
+        .unwrap_or(DEFAULT_SIM_GPU_MEMORY);
+    let backends =
+        (0..count).map(|s| Box::leak(Box::new(SimBackend::new(Device::Gpu(first + s), s, capacity))) as &'static dyn Backend).collect();
+    Found { backends, absent: None }
+}
+
+/// Makes sure at least `n` simulated GPUs exist, adding them with `capacity`
+/// bytes each when fewer do, and returns their devices. Independent of the
+/// environment, so tests can call it; adding is permanent for the process.
+/// At most [`MAX_SIM_GPUS`] simulated GPUs exist: a larger `n` gives that many
+/// (see [`try_ensure_simulated_gpus`] for an error instead).
+///
+/// ```
+/// let sims = kiln::ensure_simulated_gpus(2, 256 << 20);
+/// assert_eq!(sims.len(), 2);
+/// assert!(kiln::num_gpus() >= 2);
+/// ```
+pub fn ensure_simulated_gpus(n: usize, capacity: usize) -> Vec<Device> {
+    add_simulated_gpus(n.min(MAX_SIM_GPUS), capacity)
+}
+
+/// Like [`ensure_simulated_gpus`], but asking for more than [`MAX_SIM_GPUS`]
+/// is an error rather than capped.
+///
+/// ```
+/// assert!(kiln::try_ensure_simulated_gpus(100_000, 1 << 20).is_err());
+/// assert_eq!(kiln::try_ensure_simulated_gpus(1, 256 << 20)?.len(), 1);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn try_ensure_simulated_gpus(n: usize, capacity: usize) -> Result<Vec<Device>> {
+    if n > MAX_SIM_GPUS {
+        return Err(Error::invalid(
+            "simulated GPUs",
+            format!("{n} simulated GPUs asked for, at most {MAX_SIM_GPUS} are supported; e.g. `kiln::ensure_simulated_gpus(2, kiln::DEFAULT_SIM_GPU_MEMORY)`"),
+        ));
+    }
+    Ok(add_simulated_gpus(n, capacity))
+}
+
+fn add_simulated_gpus(n: usize, capacity: usize) -> Vec<Device> {
+    crate::registry::add_gpus(|gpus| {
+        let mut sims: Vec<Device> = gpus.iter().filter(|b| b.as_any().is::<SimBackend>()).map(|b| b.device()).collect();
+        while sims.len() < n {
+            let device = Device::Gpu(gpus.len());
+            gpus.push(Box::leak(Box::new(SimBackend::new(device, sims.len(), capacity))));
+            sims.push(device);
+        }
+        sims.truncate(n);
+        sims
+    })
 }

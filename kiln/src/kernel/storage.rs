@@ -6,12 +6,14 @@
 //! asynchronous device the kernel that fills it runs later, on the device's
 //! queue, while the host already holds the tensor.
 
-use crate::backend::Backend;
 use crate::base::buffer::CpuBuffer;
-use crate::op::Out;
+use crate::kernel::backend::Backend;
+use crate::kernel::Out;
 use crate::runtime::fork::Busy;
+use crate::runtime::memory::CPU_POOL;
 use crate::{DType, Device};
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use smallvec::SmallVec;
 use std::sync::Arc;
 
 /// Where a storage's bytes are.
@@ -50,7 +52,7 @@ impl Storage {
     /// the CPU for the static CPU backend).
     #[inline]
     pub(crate) fn new_on(backend: &'static dyn Backend, device: Device, buffer: Buffer, dtype: DType, len: usize) -> Arc<Storage> {
-        let stream_ordered = device != Device::Cpu && backend.kind() == crate::DeviceKind::Simulated;
+        let stream_ordered = device != Device::Cpu && backend.stream_ordered_release();
         let storage = Storage {
             dtype,
             len,
@@ -136,16 +138,15 @@ impl BufferRead<'_> {
 /// global order (the storages' addresses), and holds no other lock while
 /// waiting: a cycle of waits is then impossible. An input that appears twice
 /// is locked once (a second read lock can queue behind a waiting writer).
-/// The output must not also be an input; callers that write in place copy a
-/// source sharing the output's storage first. A fresh output
+/// The output must not also be an input; callers that write in place read
+/// an input sharing the output's storage out first. A fresh output
 /// ([`Out::Fresh`]) is nobody else's yet and takes no lock at all: the hot
 /// path of a small operation on the CPU locks its inputs only.
 pub(crate) struct OperandLocks<'a> {
-    /// The distinct inputs: a kernel reads at most two storages under lock
-    /// (`Where`'s condition is gathered first).
-    inputs: [Option<BufferRead<'a>>; 2],
-    /// True when input 1 is the same storage as input 0 (one access serves both).
-    shared: bool,
+    /// One read lock per distinct input storage.
+    guards: SmallVec<[BufferRead<'a>; 3]>,
+    /// For each input, the index of its guard.
+    of_input: SmallVec<[u8; 3]>,
     output: OutputAccess<'a>,
     /// Dropped last, after every lock (field order): see `fork.rs`.
     _busy: Busy,
@@ -162,58 +163,53 @@ fn addr(s: &Storage) -> usize {
 }
 
 impl<'a> OperandLocks<'a> {
-    /// Reads `inputs` (at most two) under read locks and, when it is a
-    /// storage, writes `out` under its write lock; all locks in address
-    /// order. An input that is also the output is refused (a kiln bug):
-    /// locking it twice would deadlock the thread on itself.
+    /// Reads `inputs` under read locks and, when it is a storage, writes
+    /// `out` under its write lock; all locks in address order. An input that
+    /// is also the output is refused (a kiln bug): locking it twice would
+    /// deadlock the thread on itself.
     #[inline]
     pub(crate) fn new(inputs: &[&'a Storage], out: Out<'a>) -> crate::Result<Self> {
-        let (first, second) = match *inputs {
-            [] => (None, None),
-            [a] => (Some(a), None),
-            [a, b] => (Some(a), (!std::ptr::eq(a, b)).then_some(b)),
-            _ => return Err(lock_bug(&out, "a kernel locks more than two inputs")),
-        };
-        let shared = inputs.len() == 2 && second.is_none();
+        if inputs.len() > u8::MAX as usize {
+            return Err(lock_bug(&out, "a kernel locks more than 255 inputs"));
+        }
         if let Out::Storage(o) = &out {
             if inputs.iter().any(|s| std::ptr::eq(*s, *o)) {
                 return Err(lock_bug(&out, "a kernel's output storage is also one of its inputs"));
             }
         }
+        // The distinct storages, in address order, and each input's place among them.
+        let mut distinct: SmallVec<[&'a Storage; 3]> = SmallVec::new();
+        for s in inputs {
+            if !distinct.iter().any(|d| std::ptr::eq(*d, *s)) {
+                distinct.push(s);
+            }
+        }
+        distinct.sort_unstable_by_key(|s| addr(s));
+        let of_input = inputs.iter().map(|s| distinct.iter().position(|d| std::ptr::eq(*d, *s)).unwrap_or(0) as u8).collect();
         // Marked busy before the first lock, for a fork that may be waiting.
         let busy = Busy::enter();
-        // Locks in address order (slot 0, 1: inputs, 2: output).
-        let mut order: [(usize, u8); 3] = [(usize::MAX, 0), (usize::MAX, 1), (usize::MAX, 2)];
-        let mut n = 0;
-        for (slot, s) in [(0u8, first), (1, second)] {
-            if let Some(s) = s {
-                order[n] = (addr(s), slot);
-                n += 1;
-            }
-        }
-        if let Out::Storage(o) = &out {
-            order[n] = (addr(o), 2);
-            n += 1;
-        }
-        order[..n].sort_unstable();
-        let (mut g0, mut g1, mut w) = (None, None, None);
-        for &(_, slot) in &order[..n] {
-            match slot {
-                0 => g0 = first.map(|s| s.read()),
-                1 => g1 = second.map(|s| s.read()),
-                _ => {
-                    if let Out::Storage(o) = &out {
-                        w = Some(o.buffer.write());
-                    }
+        let out_addr = match &out {
+            Out::Storage(o) => Some(addr(o)),
+            Out::Fresh(_) => None,
+        };
+        let mut guards = SmallVec::new();
+        let mut w = None;
+        for s in &distinct {
+            if w.is_none() && out_addr.is_some_and(|o| o < addr(s)) {
+                if let Out::Storage(o) = &out {
+                    w = Some(o.buffer.write());
                 }
             }
+            guards.push(s.read());
         }
-        let output = match (out, w) {
-            (Out::Fresh(buffer), _) => OutputAccess::Fresh(buffer),
-            (Out::Storage(_), Some(guard)) => OutputAccess::Locked(guard),
-            (out @ Out::Storage(_), None) => return Err(lock_bug(&out, "the output was not locked")),
+        let output = match out {
+            Out::Fresh(buffer) => OutputAccess::Fresh(buffer),
+            Out::Storage(o) => OutputAccess::Locked(match w {
+                Some(guard) => guard,
+                None => o.buffer.write(),
+            }),
         };
-        Ok(OperandLocks { inputs: [g0, g1], shared, output, _busy: busy })
+        Ok(OperandLocks { guards, of_input, output, _busy: busy })
     }
 
     /// The inputs (by their position in `new`) and the output, borrowed together.
@@ -226,7 +222,7 @@ impl<'a> OperandLocks<'a> {
                 _ => unreachable!("host kernel given a storage of another backend"),
             },
         };
-        (LockedInputs { inputs: &self.inputs, shared: self.shared }, out)
+        (LockedInputs { guards: &self.guards, of_input: &self.of_input }, out)
     }
 }
 
@@ -240,18 +236,14 @@ fn lock_bug(out: &Out<'_>, msg: &str) -> crate::Error {
 
 /// The inputs of an [`OperandLocks`].
 pub(crate) struct LockedInputs<'g, 'a> {
-    inputs: &'g [Option<BufferRead<'a>>; 2],
-    shared: bool,
+    guards: &'g [BufferRead<'a>],
+    of_input: &'g [u8],
 }
 
 impl<'g> LockedInputs<'g, '_> {
     /// Input `i`'s host elements.
     pub(crate) fn host(&self, i: usize) -> &'g CpuBuffer {
-        let slot = if i == 1 && self.shared { 0 } else { i };
-        match &self.inputs[slot] {
-            Some(input) => input.host(),
-            None => unreachable!("input {i} was not passed to OperandLocks::new"),
-        }
+        self.guards[self.of_input[i] as usize].host()
     }
 }
 
@@ -348,6 +340,16 @@ impl Drop for StorageHandle {
     }
 }
 
+/// Gives a CPU storage's buffer back to the CPU's pool (called directly: a
+/// small operation drops a storage every time).
+#[inline]
+fn release_cpu(buffer: Buffer, bytes: usize) {
+    match buffer {
+        Buffer::Host(b) => CPU_POOL.release_host(b, bytes),
+        Buffer::Device(_) => CPU_POOL.unreserve(bytes),
+    }
+}
+
 /// Emptied storage allocations kept per thread (at most this many).
 const SHELLS_KEPT: usize = 64;
 
@@ -365,7 +367,7 @@ fn keep_shell(arc: Arc<Storage>) {
     let storage = unsafe { &mut *(Arc::as_ptr(&arc) as *mut Storage) };
     let buffer = storage.buffer.get_mut().take();
     if let Some(buffer) = buffer {
-        crate::backend::cpu::CPU.release(buffer, storage.bytes());
+        release_cpu(buffer, storage.bytes());
     }
     // Dropped normally (its buffer is gone) when the thread keeps enough.
     let _ = SHELLS.try_with(|shells| {
@@ -402,7 +404,7 @@ impl Drop for Storage {
                 // Unbooked already (`unbook_early`): only the memory goes.
                 self.backend.release_unbooked(buffer);
             } else if self.device == Device::Cpu {
-                crate::backend::cpu::CPU.release(buffer, self.bytes());
+                release_cpu(buffer, self.bytes());
             } else {
                 self.backend.release(buffer, self.bytes());
             }

@@ -1,17 +1,13 @@
-//! The seam between the front end and the devices. One trait, implemented by
-//! the CPU (synchronous, all cores), the simulated GPUs (own memory pool and an
-//! in-order queue on a worker thread) and, when present, CUDA.
-
-pub(crate) mod cpu;
-pub(crate) mod cuda;
-pub(crate) mod host_kernels;
-pub(crate) mod sim;
+//! The backend trait: what a device must provide (memory, kernel launches,
+//! transfers, events). One implementation per folder of `backends/`.
 
 use crate::base::buffer::CpuBuffer;
-use crate::op::{Kernel, Src};
+use crate::base::device::{Device, DeviceKind};
+use crate::base::dtype::DType;
+use crate::base::error::Result;
+use crate::kernel::storage::{Buffer, Storage};
+use crate::kernel::{Kernel, Src};
 use crate::runtime::memory::MemoryPool;
-use crate::storage::{Buffer, Storage};
-use crate::{DType, Device, DeviceKind, Result};
 use std::sync::Arc;
 
 /// Keeps a device's queue stopped while alive (see [`crate::hold_queue`]).
@@ -83,9 +79,14 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn hold_queue(&self) -> Result<Option<QueueHold>> {
         Ok(None)
     }
-    /// This backend as a CUDA device (for copies between two of them).
-    fn as_cuda(&self) -> Option<&cuda::CudaBackend> {
-        None
+    /// This backend, for a backend that recognises its own kind in
+    /// [`copy_to_peer`](Self::copy_to_peer) (CUDA to CUDA).
+    fn as_any(&self) -> &dyn std::any::Any;
+    /// True when the bytes of a storage whose last tensor is gone may be
+    /// booked again at once while kernels queued before still use it (a
+    /// stream-ordered allocator: the simulated GPUs').
+    fn stream_ordered_release(&self) -> bool {
+        false
     }
     /// Copies the view `src` (on this device) into a new storage on `dst`
     /// without the host: after the work queued here so far, with `dst`'s later
@@ -98,53 +99,5 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn empty_cache(&self) -> Result<()> {
         self.pool().empty_cache();
         Ok(())
-    }
-}
-
-/// Allocates a storage of `len` elements on `backend`.
-pub(crate) fn alloc(backend: &'static dyn Backend, dtype: DType, len: usize) -> Result<Arc<Storage>> {
-    alloc_on(backend, backend.device(), dtype, len)
-}
-
-/// [`alloc`] when the caller knows the device: the CPU is called directly
-/// (see [`cpu::CPU`]), other devices through their backend.
-#[inline]
-pub(crate) fn alloc_on(backend: &'static dyn Backend, device: Device, dtype: DType, len: usize) -> Result<Arc<Storage>> {
-    let buffer = if device == Device::Cpu { cpu::CPU.alloc(dtype, len)? } else { backend.alloc_buffer(dtype, len)? };
-    Ok(Storage::new_on(backend, device, buffer, dtype, len))
-}
-
-/// Runs `kernel` into a new storage of `len` elements of `dtype` on `device`.
-///
-/// The hot path of every operation that makes a new tensor. On the CPU the
-/// kernel runs at once into a plain buffer that nobody else can see, so the
-/// output takes no lock, and the storage is made around the finished
-/// buffer; elsewhere the storage is allocated first and the kernel is
-/// launched (or enqueued) to write it.
-#[inline]
-pub(crate) fn run_new(
-    backend: &'static dyn Backend,
-    device: Device,
-    kernel: &Kernel<'_>,
-    dtype: DType,
-    len: usize,
-) -> Result<Arc<Storage>> {
-    if device == Device::Cpu {
-        let buffer = cpu::CPU.run_new(kernel, dtype, len)?;
-        return Ok(Storage::new_on(backend, device, buffer, dtype, len));
-    }
-    let out = alloc_on(backend, device, dtype, len)?;
-    backend.launch(kernel, &out)?;
-    Ok(out)
-}
-
-/// Runs (or enqueues) `kernel` writing into the existing storage `out`, on
-/// `out`'s device (the CPU directly).
-#[inline]
-pub(crate) fn launch_into(kernel: &Kernel<'_>, out: &Arc<Storage>) -> Result<()> {
-    if out.device == Device::Cpu {
-        cpu::CPU.run(kernel, crate::op::Out::Storage(out))
-    } else {
-        out.backend.launch(kernel, out)
     }
 }

@@ -1,0 +1,223 @@
+//! The kernel contract: what the front end hands a backend, and what an op
+//! implements so that every backend can run it.
+//!
+//! A [`Kernel`] names an op and its operands (borrowed views of storages).
+//! The op itself is a trait object of one of four kinds:
+//! - [`UnaryKernel`], [`BinaryKernel`], [`ReduceKernel`]: members of an
+//!   elementwise family, each one line in its family's list
+//!   (`ops/unary/mod.rs`, ...). The family shares the loops (dense and
+//!   strided, parallel), the CPU's small-operand path and one CUDA module
+//!   generated from its members' expressions;
+//! - [`CustomKernel`]: an op with kernels of its own (matmul, copy,
+//!   indexing, cumsum...), one file under `ops/`.
+//!
+//! Backends never name an op: they lock the operands and call the op's host
+//! kernel, or launch its CUDA kernel through [`cuda::CudaDevice`]. Adding an
+//! op therefore touches no backend, and a backend runs every op. The op's
+//! front end (validation, dtype and shape rules) and its gradient live in
+//! the same file as its kernels.
+
+pub(crate) mod backend;
+pub(crate) mod cuda;
+pub(crate) mod storage;
+
+use crate::base::buffer::CpuBuffer;
+use crate::base::dtype::DType;
+use crate::base::error::Result;
+use crate::base::shape::{Dims, Layout};
+use smallvec::SmallVec;
+use std::borrow::Cow;
+use std::sync::Arc;
+use storage::Storage;
+
+/// A storage as a kernel names it. On a synchronous device the kernel runs
+/// before the call returns, so it borrows the caller's tensors (no reference
+/// count is touched); a kernel that waits in a device's queue owns a
+/// reference instead ([`Kernel::to_owned`]), so dropping the tensors
+/// meanwhile is safe.
+pub(crate) type StorageRef<'a> = Cow<'a, Arc<Storage>>;
+
+/// A view of a storage: the operand of a kernel.
+#[derive(Clone)]
+pub(crate) struct Src<'a> {
+    pub storage: StorageRef<'a>,
+    pub layout: Cow<'a, Layout>,
+}
+
+impl<'a> Src<'a> {
+    /// A view with a layout of its own (a broadcast, say) of a borrowed storage.
+    pub(crate) fn with_layout(storage: &'a Arc<Storage>, layout: Layout) -> Src<'a> {
+        Src { storage: Cow::Borrowed(storage), layout: Cow::Owned(layout) }
+    }
+    /// The same view, owning its storage reference and layout.
+    pub(crate) fn to_owned(&self) -> Src<'static> {
+        Src { storage: Cow::Owned(Arc::clone(&self.storage)), layout: Cow::Owned(Layout::clone(&self.layout)) }
+    }
+}
+
+/// An op as a kernel names it: borrowed for a kernel that runs at once,
+/// shared when the kernel waits in a device's queue.
+pub(crate) enum OpRef<'a, T: ?Sized> {
+    Borrowed(&'a T),
+    Shared(Arc<T>),
+}
+
+impl<T: ?Sized> std::ops::Deref for OpRef<'_, T> {
+    type Target = T;
+    #[inline]
+    fn deref(&self) -> &T {
+        match self {
+            OpRef::Borrowed(t) => t,
+            OpRef::Shared(t) => t,
+        }
+    }
+}
+
+/// One kernel: an op and the views it reads. Where the result goes is given
+/// beside it ([`Out`], or the storage a backend's `launch` gets): a new
+/// buffer for most kernels, an existing storage for ops that write in place
+/// (a copy into a view, `index_add`).
+pub(crate) enum Kernel<'a> {
+    /// out = op(src), elementwise; out has src's shape.
+    Unary { op: OpRef<'a, dyn UnaryKernel>, src: Src<'a> },
+    /// out = lhs op rhs, elementwise; both layouts already broadcast to out's shape.
+    Binary { op: OpRef<'a, dyn BinaryKernel>, lhs: Src<'a>, rhs: Src<'a> },
+    /// out has src's shape with the `dims` set to 1.
+    Reduce { op: OpRef<'a, dyn ReduceKernel>, src: Src<'a>, dims: Dims },
+    /// An op with kernels of its own, reading `inputs`.
+    Custom { op: OpRef<'a, dyn CustomKernel>, inputs: SmallVec<[Src<'a>; 3]> },
+}
+
+impl Kernel<'_> {
+    /// The kernel with owned operand and op references, to wait in a queue.
+    pub(crate) fn to_owned(&self) -> Kernel<'static> {
+        match self {
+            Kernel::Unary { op, src } => Kernel::Unary { op: OpRef::Shared(op.to_shared()), src: src.to_owned() },
+            Kernel::Binary { op, lhs, rhs } => {
+                Kernel::Binary { op: OpRef::Shared(op.to_shared()), lhs: lhs.to_owned(), rhs: rhs.to_owned() }
+            }
+            Kernel::Reduce { op, src, dims } => {
+                Kernel::Reduce { op: OpRef::Shared(op.to_shared()), src: src.to_owned(), dims: dims.clone() }
+            }
+            Kernel::Custom { op, inputs } => {
+                Kernel::Custom { op: OpRef::Shared(op.to_shared()), inputs: inputs.iter().map(Src::to_owned).collect() }
+            }
+        }
+    }
+
+    /// The op's name, for errors reported after it ran.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Kernel::Unary { op, .. } => op.name(),
+            Kernel::Binary { op, .. } => op.name(),
+            Kernel::Reduce { op, .. } => op.name(),
+            Kernel::Custom { op, .. } => op.name(),
+        }
+    }
+
+    /// True when the kernel writes no element of an output of `out_len`
+    /// elements. Such kernels are skipped, so no backend walks the
+    /// dimensions of an empty tensor.
+    #[inline]
+    pub(crate) fn writes_nothing(&self, out_len: usize) -> bool {
+        match self {
+            Kernel::Custom { op, inputs } => op.writes_nothing(inputs, out_len),
+            Kernel::Unary { .. } | Kernel::Binary { .. } | Kernel::Reduce { .. } => out_len == 0,
+        }
+    }
+}
+
+/// Where a host kernel writes.
+pub(crate) enum Out<'a> {
+    /// A buffer nobody else can see yet: the new tensor of an operation on a
+    /// synchronous device, computed before its storage exists. No lock.
+    Fresh(&'a mut CpuBuffer),
+    /// A storage others may see (an in-place write, or a kernel that ran
+    /// later on a device's queue): write-locked together with the inputs.
+    Storage(&'a Storage),
+}
+
+impl Out<'_> {
+    /// Elements of the output.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Out::Fresh(b) => b.len(),
+            Out::Storage(s) => s.len,
+        }
+    }
+}
+
+/// An input of a host kernel: its elements (read-locked) and the view.
+pub(crate) struct HostIn<'a> {
+    pub buf: &'a CpuBuffer,
+    pub layout: &'a Layout,
+}
+
+/// A member of the unary family: out = f(x) elementwise (`ops/unary`).
+pub(crate) trait UnaryKernel: Send + Sync + 'static {
+    /// The op's name: errors report it, and its CUDA kernels are
+    /// `unary_{name}_{dtype}`.
+    fn name(&self) -> &'static str;
+    /// out[i] = f(src[layout(i)]) over host memory, spread over the pool when
+    /// `threads > 1`. False when the op has no host kernel for these dtypes
+    /// (the front end should have refused them: a kiln bug).
+    fn host(&self, src: &CpuBuffer, layout: &Layout, out: &mut CpuBuffer, threads: usize) -> bool;
+    /// buf[i] = f(buf[i]) (numpy's temporary elision); false as `host`.
+    fn host_in_place(&self, buf: &mut CpuBuffer, threads: usize) -> bool;
+    /// The family's CUDA module, this op's kernel for `dtype`, and its scalars.
+    fn cuda(&self, dtype: DType) -> cuda::FamilyCall;
+    /// The op as a shared reference, for a kernel that waits in a queue.
+    fn to_shared(&self) -> Arc<dyn UnaryKernel>;
+}
+
+/// A member of the binary family: out = f(a, b) elementwise, of the
+/// operands' dtype or u8 for comparisons (`ops/binary`).
+pub(crate) trait BinaryKernel: Send + Sync + 'static {
+    /// The op's name (CUDA kernels: `binary_{name}_{dtype}`).
+    fn name(&self) -> &'static str;
+    /// out[i] = f(a[la(i)], b[lb(i)]) over host memory; false as
+    /// [`UnaryKernel::host`].
+    fn host(&self, a: &CpuBuffer, la: &Layout, b: &CpuBuffer, lb: &Layout, out: &mut CpuBuffer, threads: usize) -> bool;
+    /// The same over dense runs starting at `a0` and `b0`, one thread: the
+    /// CPU's path for small operands. False when the dtypes do not match
+    /// or a run does not fit (the caller then takes the general path).
+    fn host_dense(&self, a: &CpuBuffer, a0: usize, b: &CpuBuffer, b0: usize, out: &mut CpuBuffer) -> bool;
+    /// The family's CUDA module and this op's kernel for operands of `dtype`.
+    fn cuda(&self, dtype: DType) -> cuda::FamilyCall;
+    /// The op as a shared reference.
+    fn to_shared(&self) -> Arc<dyn BinaryKernel>;
+}
+
+/// A member of the reduction family (`ops/reduce`).
+pub(crate) trait ReduceKernel: Send + Sync + 'static {
+    /// The op's name (CUDA kernels: `reduce_{name}_{shape}_{dtype}`).
+    fn name(&self) -> &'static str;
+    /// out = the reduction of src over `dims` (kept as size 1) on the host;
+    /// false as [`UnaryKernel::host`].
+    fn host(&self, src: &CpuBuffer, layout: &Layout, dims: &[usize], out: &mut CpuBuffer, threads: usize) -> bool;
+    /// The family's CUDA module and the kernel prefix for `dtype` (the
+    /// backend appends the launch shape: `block`, `thread`, `partial`, `final`).
+    fn cuda(&self, dtype: DType) -> cuda::FamilyCall;
+    /// The op as a shared reference.
+    fn to_shared(&self) -> Arc<dyn ReduceKernel>;
+}
+
+/// An op with kernels of its own: one file under `ops/` holds its front end,
+/// its gradient, and the two kernels below.
+pub(crate) trait CustomKernel: Send + Sync + 'static {
+    /// The op's name, as errors report it.
+    fn name(&self) -> &'static str;
+    /// Runs over host memory: `inputs` are read-locked (an input that shares
+    /// the output's storage was read out first, contiguous), `out` is
+    /// written, possibly in place. `threads > 1`: the pool may be used.
+    fn host(&self, inputs: &[HostIn<'_>], out: &mut CpuBuffer, threads: usize) -> Result<()>;
+    /// Runs on a CUDA device: launches its kernels through `dev`.
+    fn cuda(&self, dev: &dyn cuda::CudaDevice, inputs: &[Src<'_>], out: &Storage) -> Result<()>;
+    /// True when nothing would be written into an output of `out_len`
+    /// elements (an empty output, or an in-place write from nothing).
+    fn writes_nothing(&self, _inputs: &[Src<'_>], out_len: usize) -> bool {
+        out_len == 0
+    }
+    /// The op as a shared reference.
+    fn to_shared(&self) -> Arc<dyn CustomKernel>;
+}

@@ -1,0 +1,88 @@
+//! The macro that turns the reduction family's list (`mod.rs`) into the op
+//! enum, its host kernels, its CUDA module and its gradients.
+
+/// Builds the reduction family. Each member:
+///
+/// ```text
+/// /// doc
+/// Variant => "name", init IDENTITY, host |a, b| <combine in any Num>,
+///     cuda init "<C expr of type A>" combine "<C expr of a, b>",
+///     grad |g, x, dims [, y]| <Result<Tensor>>;
+/// ```
+///
+/// `IDENTITY` is a constant of `Num` (ZERO, ONE, LOWEST, HIGHEST). Floats
+/// accumulate in f64 (so that a sum hardly depends on how the work was
+/// split), integers in their own dtype (they wrap like every integer op).
+/// Naming `y` keeps the forward output (with the reduced dimensions kept)
+/// for the gradient. The `arg`
+/// section names index-returning reductions, which `Tensor::reduce` hands to
+/// their own op (`ops/argreduce.rs`).
+macro_rules! reduce_family {
+    (
+        fold { $(
+            $(#[$doc:meta])* $v:ident => $name:literal, init $init:ident, host |$ha:ident, $hb:ident| $host:expr,
+            cuda init $cinit:literal combine $ccomb:literal,
+            grad |$g:ident, $x:ident, $dims:ident $(, $y:ident)?| $grad:expr;
+        )* }
+        arg { $( $(#[$adoc:meta])* $av:ident => $aname:literal; )* }
+    ) => {
+        /// Reductions over some dimensions: the members of the reduction
+        /// family (`ops/reduce/mod.rs`) and the arg-reductions.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum ReduceOp {
+            $( $(#[$doc])* $v, )*
+            $( $(#[$adoc])* $av, )*
+        }
+
+        impl ReduceOp {
+            /// The op's name, as errors report it.
+            pub(crate) fn name(self) -> &'static str {
+                match self {
+                    $( ReduceOp::$v => $name, )*
+                    $( ReduceOp::$av => $aname, )*
+                }
+            }
+            /// True for the index-returning reductions (argmax, argmin).
+            pub(crate) fn is_arg(self) -> bool {
+                match self {
+                    $( ReduceOp::$v => false, )*
+                    $( ReduceOp::$av => true, )*
+                }
+            }
+            /// Folds src over `dims` into `out`, accumulating in `T::Acc`.
+            #[inline(always)]
+            fn fold<T: Accumulate>(self, s: &[T], l: &Layout, dims: &[usize], out: &mut [T], threads: usize) -> bool {
+                match self {
+                    $( ReduceOp::$v => reduce(s, l, dims, out, threads, Fold { init: <T::Acc as Num>::$init, combine: |$ha: T::Acc, $hb: T::Acc| $host }), )*
+                    $( ReduceOp::$av => return false, )*
+                }
+                true
+            }
+            /// True when the gradient reuses the forward output.
+            pub(crate) fn saves_output(self) -> bool {
+                match self {
+                    $( ReduceOp::$v => $crate::ops::present!($($y)?), )*
+                    $( ReduceOp::$av => false, )*
+                }
+            }
+            /// The gradient of src from the output gradient `g` (of the kept
+            /// shape), src `x` and, for members that name it, the output `y`.
+            #[allow(unused_variables)]
+            fn grad(self, g: &Tensor, x: &Tensor, y: Option<&Tensor>, dims: &[usize]) -> Result<Tensor> {
+                match self {
+                    $( ReduceOp::$v => {
+                        let ($g, $x, $dims) = (g, x, dims);
+                        $( let Some($y) = y else { return Err(Error::invalid($name, "the output was not kept (a kiln bug)")) }; )?
+                        $grad
+                    } )*
+                    $( ReduceOp::$av => Err(Error::invalid($aname, "has no gradient (its output is indices)")), )*
+                }
+            }
+        }
+
+        /// (name, CUDA identity, CUDA combination) of every folding member.
+        const MEMBERS: &[(&str, &str, &str)] = &[ $( ($name, $cinit, $ccomb), )* ];
+    };
+}
+
+pub(crate) use reduce_family;

@@ -1,0 +1,366 @@
+//! The reduction family: folds over some dimensions, each one entry of the
+//! list below (name, identity, host combination, CUDA identity and
+//! combination, gradient). The family shares its loops (dense lanes,
+//! strided rows, parallel), and one CUDA module, `reduce`, with one block
+//! per output, one thread per output, or two passes for long folds over few
+//! outputs. `Tensor::reduce` is its front end; the arg-reductions named in
+//! the list run as their own op (`ops/argreduce.rs`).
+
+mod family;
+
+use crate::backends::host::loops::{reduce, Fold};
+use crate::backends::host::num::{Accumulate, Num};
+use crate::base::buffer::CpuBuffer;
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::shape::{Dims, Layout, Shape};
+use crate::kernel::cuda::{c_type, dtype_tag, CudaModule, FamilyCall, ReduceArgs, ReduceFinalArgs, ReducePartialArgs};
+use crate::kernel::{Kernel, OpRef, ReduceKernel};
+use crate::ops::binary::BinaryOp;
+use crate::tensor::{check_compute, Dim};
+use crate::Tensor;
+use family::reduce_family;
+use std::sync::Arc;
+
+reduce_family! {
+    fold {
+        /// Sum.
+        Sum => "sum", init ZERO, host |a, b| a.add(b), cuda init "Cv<A>::from(0.0)" combine "Ar<A>::add(a, b)",
+            grad |g, x, _dims| g.broadcast_to(x.shape());
+        /// Maximum. NaN propagates; ties share the gradient equally, and a
+        /// slice holding NaNs gives it to its NaNs (the README's table).
+        Max => "max", init LOWEST, host |a, b| a.max(b), cuda init "Ar<A>::lowest()" combine "Ar<A>::mx(a, b)",
+            grad |g, x, dims, y| extremum_grad(g, x, y, dims);
+        /// Minimum, as maximum.
+        Min => "min", init HIGHEST, host |a, b| a.min(b), cuda init "Ar<A>::highest()" combine "Ar<A>::mn(a, b)",
+            grad |g, x, dims, y| extremum_grad(g, x, y, dims);
+    }
+    arg {
+        /// Index of the maximum (first one on ties; the first NaN wins), as i64; one dim only.
+        ArgMax => "argmax";
+        /// Index of the minimum, as i64; one dim only.
+        ArgMin => "argmin";
+    }
+}
+
+/// The gradient of max or min: shared equally by the elements equal to the
+/// output (PyTorch's amax/amin), or by the NaNs where the output is NaN.
+fn extremum_grad(g: &Tensor, x: &Tensor, y: &Tensor, dims: &[usize]) -> Result<Tensor> {
+    // x != x only for NaN.
+    let x_nan = x.binary(x, BinaryOp::Ne)?;
+    let out_nan = y.binary(y, BinaryOp::Ne)?;
+    let hits = out_nan.where_cond(&x_nan, &x.binary(y, BinaryOp::Eq)?)?.to_dtype(x.dtype())?;
+    let share = hits.div(&hits.sum_dims(dims, true)?)?;
+    g.broadcast_to(x.shape())?.mul(&share)
+}
+
+impl ReduceKernel for ReduceOp {
+    fn name(&self) -> &'static str {
+        ReduceOp::name(*self)
+    }
+    fn host(&self, src: &CpuBuffer, layout: &Layout, dims: &[usize], out: &mut CpuBuffer, threads: usize) -> bool {
+        match (src, out) {
+            (CpuBuffer::F32(s), CpuBuffer::F32(o)) => self.fold(s, layout, dims, o, threads),
+            (CpuBuffer::F64(s), CpuBuffer::F64(o)) => self.fold(s, layout, dims, o, threads),
+            (CpuBuffer::I64(s), CpuBuffer::I64(o)) => self.fold(s, layout, dims, o, threads),
+            (CpuBuffer::I32(s), CpuBuffer::I32(o)) => self.fold(s, layout, dims, o, threads),
+            (CpuBuffer::U8(s), CpuBuffer::U8(o)) => self.fold(s, layout, dims, o, threads),
+            // Half types are refused by the front end.
+            _ => false,
+        }
+    }
+    fn cuda(&self, dtype: DType) -> FamilyCall {
+        FamilyCall { module: &MODULE, kernel: format!("reduce_{}_{}", self.name(), dtype_tag(dtype)), a: 0.0, b: 0.0, n: 0 }
+    }
+    fn to_shared(&self) -> Arc<dyn ReduceKernel> {
+        Arc::new(*self)
+    }
+}
+
+/// The family's CUDA module: four launch shapes per member and dtype.
+pub(crate) static MODULE: CudaModule = CudaModule { name: "reduce", source: cuda_source };
+inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
+
+fn cuda_source() -> String {
+    let mut s = String::new();
+    for decl in [ReduceArgs::C_DECL, ReducePartialArgs::C_DECL, ReduceFinalArgs::C_DECL] {
+        s.push_str(decl);
+    }
+    s.push_str(REDUCE_CU);
+    for &(name, init, comb) in MEMBERS {
+        for dt in [DType::F32, DType::F64, DType::I64, DType::I32, DType::U8] {
+            let (tag, ty) = (dtype_tag(dt), c_type(dt));
+            s.push_str(&format!(
+                "struct reduce_{name}_{tag}_op {{ typedef Acc<{ty}>::type A; \
+                 static __device__ __forceinline__ A init() {{ return {init}; }} \
+                 static __device__ __forceinline__ A comb(A a, A b) {{ return {comb}; }} }};\n"
+            ));
+            for (shape, args) in
+                [("block", "ReduceArgs"), ("thread", "ReduceArgs"), ("partial", "ReducePartialArgs"), ("final", "ReduceFinalArgs")]
+            {
+                s.push_str(&format!(
+                    "extern \"C\" __global__ void reduce_{name}_{tag}_{shape}({args} p) {{ reduce_{shape}_impl<{ty}, reduce_{name}_{tag}_op>(p); }}\n"
+                ));
+            }
+        }
+    }
+    s
+}
+
+/// The launch shapes of a fold, over any member (`Op` gives the
+/// accumulator type, identity and combination).
+const REDUCE_CU: &str = r#"
+// One block per output: threads stride over the reduced elements, then a
+// shared-memory tree. `outer` maps an output index to the first source
+// element, `inner` a reduced index to its distance from there.
+template <typename T, typename Op> __device__ void reduce_block_impl(const ReduceArgs& p) {
+    typedef typename Op::A A;
+    const T* src = (const T*)p.src;
+    T* out = (T*)p.out;
+    __shared__ A sh[256];
+    for (u64 o = blockIdx.x; o < p.n_out; o += gridDim.x) {
+        i64 base = lay_off(p.outer, o);
+        A acc = Op::init();
+        for (u64 r = threadIdx.x; r < p.n_in; r += blockDim.x) acc = Op::comb(acc, (A)src[base + lay_off(p.inner, r)]);
+        sh[threadIdx.x] = acc;
+        __syncthreads();
+        for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (threadIdx.x < s) sh[threadIdx.x] = Op::comb(sh[threadIdx.x], sh[threadIdx.x + s]);
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) out[o] = (T)sh[0];
+        __syncthreads();
+    }
+}
+
+// One thread per output, for short folds over many outputs.
+template <typename T, typename Op> __device__ void reduce_thread_impl(const ReduceArgs& p) {
+    typedef typename Op::A A;
+    const T* src = (const T*)p.src;
+    T* out = (T*)p.out;
+    GRID_LOOP(o, p.n_out) {
+        i64 base = lay_off(p.outer, o);
+        A acc = Op::init();
+        for (u64 r = 0; r < p.n_in; ++r) acc = Op::comb(acc, (A)src[base + lay_off(p.inner, r)]);
+        out[o] = (T)acc;
+    }
+}
+
+// Long folds over few outputs (sum_all, norm, mean_all), pass 1: block b
+// folds part (b % parts) of output (b / parts) into its accumulator.
+template <typename T, typename Op> __device__ void reduce_partial_impl(const ReducePartialArgs& p) {
+    typedef typename Op::A A;
+    const T* src = (const T*)p.src;
+    A* part = (A*)p.part;
+    __shared__ A sh[256];
+    u64 chunk = (p.n_in + p.parts - 1) / p.parts;
+    for (u64 b = blockIdx.x; b < p.n_out * p.parts; b += gridDim.x) {
+        u64 o = b / p.parts, q = b % p.parts;
+        u64 lo = q * chunk, hi = lo + chunk < p.n_in ? lo + chunk : p.n_in;
+        i64 base = lay_off(p.outer, o);
+        A acc = Op::init();
+        for (u64 r = lo + threadIdx.x; r < hi; r += blockDim.x) acc = Op::comb(acc, (A)src[base + lay_off(p.inner, r)]);
+        sh[threadIdx.x] = acc;
+        __syncthreads();
+        for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (threadIdx.x < s) sh[threadIdx.x] = Op::comb(sh[threadIdx.x], sh[threadIdx.x + s]);
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) part[b] = sh[0];
+        __syncthreads();
+    }
+}
+
+// Pass 2: one thread per output folds its parts in order.
+template <typename T, typename Op> __device__ void reduce_final_impl(const ReduceFinalArgs& p) {
+    typedef typename Op::A A;
+    const A* part = (const A*)p.part;
+    T* out = (T*)p.out;
+    GRID_LOOP(o, p.n_out) {
+        A acc = Op::init();
+        for (u64 q = 0; q < p.parts; ++q) acc = Op::comb(acc, part[o * p.parts + q]);
+        out[o] = (T)acc;
+    }
+}
+"#;
+
+/// The dimensions `dims` as indices in `0..rank` (negative ones count from
+/// the end), or an error naming `op` and the rank. Inline up to rank 4.
+pub(crate) fn resolve_dims(op: &str, dims: &[impl Dim], rank: usize) -> Result<smallvec::SmallVec<[usize; 4]>> {
+    dims.iter().map(|&d| d.index(op, rank)).collect()
+}
+
+impl Tensor {
+    /// Reduces over `dims` (all distinct, in range); keeps them as size 1
+    /// when `keepdim`. A dimension is a `usize` or, as in PyTorch, a signed
+    /// integer counting from the end (`-1` is the last).
+    ///
+    /// ```
+    /// use kiln::{Tensor, ReduceOp, cpu};
+    /// let x = Tensor::new(&[[1f32, 5.], [3., 2.]], &cpu())?;
+    /// assert_eq!(x.reduce(ReduceOp::Max, &[-1], false)?.to_vec::<f32>()?, vec![5., 3.]);
+    /// assert_eq!(x.reduce(ReduceOp::Max, &[0usize], true)?.dims(), &[1, 2]);
+    /// // Out of range names the rank; naming a dimension twice is an error.
+    /// assert!(x.reduce(ReduceOp::Sum, &[-3], false).unwrap_err().to_string().contains("rank 2"));
+    /// assert!(x.reduce(ReduceOp::Sum, &[1, -1], false).is_err());
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn reduce(&self, op: ReduceOp, dims: &[impl Dim], keepdim: bool) -> Result<Tensor> {
+        let name = op.name();
+        check_compute(name, self.dtype())?;
+        let dims = resolve_dims(name, dims, self.rank())?;
+        let dims = dims.as_slice();
+        for (i, &d) in dims.iter().enumerate() {
+            if dims[..i].contains(&d) {
+                return Err(Error::invalid(name, format!("dimension {d} is named twice")));
+            }
+        }
+        if op.is_arg() {
+            if dims.len() != 1 {
+                return Err(Error::invalid(name, "reduces exactly one dimension; flatten first to search everything"));
+            }
+            return self.arg_reduce(op == ReduceOp::ArgMax, dims[0], keepdim);
+        }
+        if matches!(op, ReduceOp::Max | ReduceOp::Min) && dims.iter().any(|&d| self.dims()[d] == 0) {
+            return Err(Error::invalid(name, format!("cannot reduce an empty dimension of shape {}", self.shape())));
+        }
+        let kept: Shape = Shape((0..self.rank()).map(|d| if dims.contains(&d) { 1 } else { self.dims()[d] }).collect());
+        let kernel = Kernel::Reduce { op: OpRef::Borrowed(&op), src: self.src(), dims: Dims::from_slice(dims) };
+        let t = self.run_new(kernel, self.dtype(), kept)?;
+        let dims_kept: smallvec::SmallVec<[usize; 4]> = dims.into();
+        let t = crate::autograd::record(t, &[self], op.saves_output(), || {
+            Box::new(move |c| Ok(smallvec::smallvec![Some(op.grad(c.g, &c.inputs[0], c.output, &dims_kept)?)]))
+        });
+        if keepdim {
+            Ok(t)
+        } else {
+            let squeezed: Vec<usize> = (0..self.rank()).filter(|d| !dims.contains(d)).map(|d| self.dims()[d]).collect();
+            t.reshape(squeezed)
+        }
+    }
+
+    pub(crate) fn all_dims(&self) -> Vec<usize> {
+        (0..self.rank()).collect()
+    }
+
+    /// Sum of every element, as a 0-d tensor.
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::new(&[[1f32, 2.], [3., 4.]], &cpu())?;
+    /// assert_eq!(x.sum_all()?.to_scalar::<f32>()?, 10.0);
+    /// assert_eq!(x.sum(0)?.to_vec::<f32>()?, vec![4., 6.]);
+    /// assert_eq!(x.sum_keepdim(1)?.dims(), &[2, 1]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn sum_all(&self) -> Result<Tensor> {
+        self.reduce(ReduceOp::Sum, &self.all_dims(), false)
+    }
+    /// Sum over one dimension, dropping it.
+    pub fn sum(&self, dim: impl Dim) -> Result<Tensor> {
+        self.reduce(ReduceOp::Sum, &[dim.index("sum", self.rank())?], false)
+    }
+    /// Sum over one dimension, keeping it as size 1.
+    pub fn sum_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
+        self.reduce(ReduceOp::Sum, &[dim.index("sum", self.rank())?], true)
+    }
+    /// Sum over several dimensions; negative ones count from the end, as in
+    /// PyTorch.
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::new(&[[1f32, 2.], [3., 4.]], &cpu())?;
+    /// assert_eq!(x.sum_dims(&[-1], false)?.to_vec::<f32>()?, vec![3., 7.]);
+    /// assert_eq!(x.sum_dims(&[0, -1], true)?.dims(), &[1, 1]);
+    /// let dims: Vec<usize> = vec![0];
+    /// assert_eq!(x.sum_dims(&dims, false)?.to_vec::<f32>()?, vec![4., 6.]);
+    /// assert!(x.sum_dims(&[2], false).unwrap_err().to_string().contains("rank 2"));
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn sum_dims(&self, dims: &[impl Dim], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Sum, dims, keepdim)
+    }
+    /// Largest element.
+    pub fn max_all(&self) -> Result<Tensor> {
+        self.reduce(ReduceOp::Max, &self.all_dims(), false)
+    }
+    /// Maximum over one dimension.
+    ///
+    /// NaN propagates (the result is NaN where the slice holds one). The
+    /// gradient of a slice that holds NaNs goes to its NaNs, shared, and 0 to
+    /// the rest, where PyTorch's `amax`/`amin` give NaN to every element; ties
+    /// share the gradient equally. See the README's "Where kiln differs from
+    /// PyTorch".
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::new(&[[1f32, f32::NAN], [3., 2.]], &cpu())?;
+    /// let m = x.max(1)?.to_vec::<f32>()?;
+    /// assert!(m[0].is_nan());
+    /// assert_eq!(m[1], 3.0);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn max(&self, dim: impl Dim) -> Result<Tensor> {
+        self.reduce(ReduceOp::Max, &[dim.index("max", self.rank())?], false)
+    }
+    /// Maximum over one dimension, keeping it.
+    pub fn max_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
+        self.reduce(ReduceOp::Max, &[dim.index("max", self.rank())?], true)
+    }
+    /// Smallest element.
+    pub fn min_all(&self) -> Result<Tensor> {
+        self.reduce(ReduceOp::Min, &self.all_dims(), false)
+    }
+    /// Minimum over one dimension; NaN and the gradient as [`max`](Self::max).
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::new(&[[1f32, f32::NAN], [3., 2.]], &cpu())?;
+    /// let m = x.min(1)?.to_vec::<f32>()?;
+    /// assert!(m[0].is_nan());
+    /// assert_eq!(m[1], 2.0);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn min(&self, dim: impl Dim) -> Result<Tensor> {
+        self.reduce(ReduceOp::Min, &[dim.index("min", self.rank())?], false)
+    }
+    /// Minimum over one dimension, keeping it.
+    pub fn min_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
+        self.reduce(ReduceOp::Min, &[dim.index("min", self.rank())?], true)
+    }
+    /// Index of the maximum along `dim` (first on ties), i64.
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::new(&[[1f32, 5., 2.], [7., 0., 7.]], &cpu())?;
+    /// assert_eq!(x.argmax(1)?.to_vec::<i64>()?, vec![1, 0]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn argmax(&self, dim: impl Dim) -> Result<Tensor> {
+        self.reduce(ReduceOp::ArgMax, &[dim.index("argmax", self.rank())?], false)
+    }
+    /// Index of the maximum, keeping the dimension.
+    pub fn argmax_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
+        self.reduce(ReduceOp::ArgMax, &[dim.index("argmax", self.rank())?], true)
+    }
+    /// Index of the minimum along `dim`, i64.
+    pub fn argmin(&self, dim: impl Dim) -> Result<Tensor> {
+        self.reduce(ReduceOp::ArgMin, &[dim.index("argmin", self.rank())?], false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_member_has_four_launch_shapes_per_dtype() {
+        let src = cuda_source();
+        for &(name, ..) in MEMBERS {
+            for shape in ["block", "thread", "partial", "final"] {
+                assert!(src.contains(&format!("void reduce_{name}_f32_{shape}(")), "{name} {shape}");
+                assert!(src.contains(&format!("void reduce_{name}_u8_{shape}(")), "{name} {shape}");
+            }
+        }
+    }
+}
