@@ -66,7 +66,9 @@ pub(crate) fn record_launch(name: &str, grid: u32) {
 /// in the loaded `libcuda.so`): `pinned_bytes` and `pinned_blocks` (live
 /// page-locked host memory), `events` (live events), `gemms` (cuBLAS gemms
 /// queued), `launches:NAME` and `grid:NAME` (launches of kernel NAME, and
-/// the grid of the last one), `device_bytes:N` (device N's memory in use).
+/// the grid of the last one), `device_bytes:N` (device N's memory in use),
+/// `host_compiles` (kernel modules this process compiled with g++) and
+/// `host_cache_hits` (kernel modules it found compiled in the disk cache).
 /// -1 for a question it does not know.
 #[no_mangle]
 pub unsafe extern "C" fn kiln_cudasim_stat(what: *const c_char) -> i64 {
@@ -82,6 +84,8 @@ pub unsafe extern "C" fn kiln_cudasim_stat(what: *const c_char) -> i64 {
             "pinned_blocks" => mem().host.len() as i64,
             "events" => registry().events.len() as i64,
             "gemms" => GEMMS.load(Ordering::SeqCst) as i64,
+            "host_compiles" => crate::hostcc::COMPILES.load(Ordering::SeqCst) as i64,
+            "host_cache_hits" => crate::hostcc::CACHE_HITS.load(Ordering::SeqCst) as i64,
             _ => -1,
         },
         Some(("launches", name)) => lock(launches()).get(name).map(|l| l.0 as i64).unwrap_or(0),
@@ -212,9 +216,6 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
     }
     if sim().is_none() {
         // Never selected by accident: only with KILN_CUDASIM=1.
-        return NO_DEVICE;
-    }
-    if crate::exec::table().is_empty() {
         return NO_DEVICE;
     }
     INITIALIZED.store(1, Ordering::Release);

@@ -1,11 +1,11 @@
-//! cudasim: a CUDA driver API and cuBLAS simulator for kiln's tests.
+//! cudasim: a CUDA driver API, cuBLAS and NVRTC-pass-through simulator for
+//! kiln's tests.
 //!
-//! Built as a shared library that exports the subset of `libcuda.so` and
-//! `libcublas.so` that cudarc's dynamic loading resolves for kiln, so that
+//! Built as a shared library that exports the subset of `libcuda.so`,
+//! `libcublas.so` and `libnvrtc.so` that kiln resolves at run time, so that
 //! kiln's unchanged CUDA backend runs on the CPU when `scripts/cudasim.sh`
-//! puts this library first on `LD_LIBRARY_PATH` (as `libcuda.so` and
-//! `libcublas.so`) and sets `KILN_CUDASIM=1`. See README.md for what it
-//! proves and what it cannot.
+//! puts this library first on `LD_LIBRARY_PATH` under those names and sets
+//! `KILN_CUDASIM=1`. See README.md for what it proves and what it cannot.
 //!
 //! Model: per-thread current context; one primary context per device; streams
 //! run in order on worker threads, asynchronously to the host; events;
@@ -13,20 +13,27 @@
 //! apart from host memory, poisoned (0xFF bytes) on allocation and on free,
 //! and every pointer a kernel, copy or gemm uses is checked against live
 //! allocations of a device it may access; a fault is sticky for the context,
-//! as on a GPU.
+//! as on a GPU. Kernels are whatever kiln compiled: the NVRTC calls are
+//! forwarded to the real NVRTC and each program's source is remembered, so
+//! that `cuModuleLoadData` can compile that source for the host with g++ (once
+//! per machine, through a disk cache) where a GPU driver would load the cubin.
 //!
 //! Files, by concern: `context` (devices, contexts, the handle registry,
 //! fault injection and the stats tests read), `memory` (allocations, pointer
 //! checks, copies), `stream` (stream workers, events), `module` (images,
-//! modules, launches), `exec` (the host-compiled kernels, running a grid as
-//! fibers), `blas` (cuBLAS).
+//! modules, launches), `exec` (running a grid as fibers), `nvrtc` (the NVRTC
+//! pass-through that captures sources), `sources` (which source each image
+//! came from), `hostcc` (the host compiler and its cache), `blas` (cuBLAS).
 #![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
 
 mod blas;
 mod context;
 mod exec;
+mod hostcc;
 mod memory;
 mod module;
+mod nvrtc;
+mod sources;
 mod stream;
 
 use std::ffi::{c_char, c_uint, CStr};
@@ -48,6 +55,12 @@ pub const INVALID_DEVICE: CUresult = 101;
 pub const INVALID_IMAGE: CUresult = 200;
 pub const INVALID_CONTEXT: CUresult = 201;
 pub const PEER_ACCESS_UNSUPPORTED: CUresult = 217;
+/// A GPU driver says this when it cannot JIT-compile PTX; here: g++ failed on
+/// the module's source, or its output could not be loaded.
+pub const INVALID_PTX: CUresult = 218;
+/// A GPU driver says this when its PTX JIT library is missing; here: the
+/// host compiler (g++) cannot be run.
+pub const JIT_COMPILER_NOT_FOUND: CUresult = 221;
 pub const INVALID_HANDLE: CUresult = 400;
 pub const NOT_FOUND: CUresult = 500;
 pub const NOT_READY: CUresult = 600;
@@ -64,6 +77,13 @@ pub(crate) fn log(msg: &str) {
     if std::env::var("KILN_CUDASIM_QUIET").map(|v| v != "1").unwrap_or(true) {
         eprintln!("cudasim: {msg}");
     }
+}
+
+/// A diagnostic that `KILN_CUDASIM_QUIET` does not silence: a kernel source
+/// the host compiler rejects is a broken test setup, and g++'s message is
+/// the only way to see why.
+pub(crate) fn log_always(msg: &str) {
+    eprintln!("cudasim: {msg}");
 }
 
 pub(crate) fn env_bytes(name: &str, default: usize) -> usize {
@@ -117,6 +137,8 @@ fn error_name(r: CUresult) -> Option<&'static CStr> {
         INVALID_IMAGE => c"CUDA_ERROR_INVALID_IMAGE",
         INVALID_CONTEXT => c"CUDA_ERROR_INVALID_CONTEXT",
         PEER_ACCESS_UNSUPPORTED => c"CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+        INVALID_PTX => c"CUDA_ERROR_INVALID_PTX",
+        JIT_COMPILER_NOT_FOUND => c"CUDA_ERROR_JIT_COMPILER_NOT_FOUND",
         INVALID_HANDLE => c"CUDA_ERROR_INVALID_HANDLE",
         NOT_FOUND => c"CUDA_ERROR_NOT_FOUND",
         NOT_READY => c"CUDA_ERROR_NOT_READY",
@@ -140,6 +162,8 @@ fn error_text(r: CUresult) -> Option<&'static CStr> {
         INVALID_DEVICE => c"invalid device ordinal",
         INVALID_IMAGE => c"device kernel image is invalid",
         INVALID_CONTEXT => c"invalid device context",
+        INVALID_PTX => c"a PTX JIT compilation failed (cudasim: the host compiler rejected the module's source; its message is on stderr)",
+        JIT_COMPILER_NOT_FOUND => c"PTX JIT compiler library not found (cudasim: the host compiler g++ cannot be run)",
         INVALID_HANDLE => c"invalid resource handle",
         NOT_FOUND => c"named symbol not found",
         NOT_READY => c"device not ready",

@@ -6,6 +6,7 @@
 //! fault sticky and the rest of the queue is skipped, as on a GPU.
 
 use crate::context::{current, initialized, injected_failure, registry, sim, Ctx};
+use crate::hostcc::HostModule;
 use crate::memory::check_range;
 use crate::{blas, exec, lock, log, tri, CUdeviceptr, CUresult};
 use crate::{ILLEGAL_ADDRESS, INVALID_HANDLE, INVALID_VALUE, LAUNCH_FAILED, LAUNCH_OUT_OF_RESOURCES, NOT_INITIALIZED};
@@ -20,6 +21,7 @@ pub(crate) enum Op {
     /// driver does), `ptrs` which of them are pointers to check.
     Kernel {
         name: String,
+        host: Arc<HostModule>,
         index: usize,
         grid: u32,
         block: u32,
@@ -139,7 +141,7 @@ impl Stream {
         let dev = self.ctx.dev;
         let bad = |m: String| (ILLEGAL_ADDRESS, m);
         match op {
-            Op::Kernel { name, index, grid, block, mut args, ptrs } => {
+            Op::Kernel { name, host, index, grid, block, mut args, ptrs } => {
                 for &i in &ptrs {
                     let p = args[i][0];
                     if p != 0 {
@@ -147,7 +149,7 @@ impl Stream {
                     }
                 }
                 let params: Vec<*mut c_void> = args.iter_mut().map(|a| a.as_mut_ptr() as *mut c_void).collect();
-                exec::run_grid(index, grid, block, &params).map_err(|e| (LAUNCH_OUT_OF_RESOURCES, format!("kernel {name}: {e}")))
+                exec::run_grid(&host, index, grid, block, &params).map_err(|e| (LAUNCH_OUT_OF_RESOURCES, format!("kernel {name}: {e}")))
             }
             Op::HtoD { dst, src, len } => {
                 check_range(sim, dev, dst, len, "cuMemcpyHtoDAsync destination").map_err(bad)?;
