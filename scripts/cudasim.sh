@@ -23,7 +23,7 @@
 # KILN_CUDASIM_NO_NVRTC=1 leaves NVRTC off the library path,
 # KILN_CUDASIM_CACHE (~/.cache/kiln-cudasim: the host-compiled kernels and
 # which source each NVRTC image came from), KILN_CACHE_DIR (kiln's own kernel
-# cache; $KILN_CUDASIM_CACHE/kiln unless set, so that the two are cleared
+# cache; $KILN_CUDASIM_CACHE/kiln-1 unless set, so that the two are cleared
 # together), KILN_CUDASIM_CXX (g++), KILN_NVRTC_LIB (when set, that NVRTC is
 # the one forwarded to), KILN_CUDA_VENV (~/.cache/kiln-cuda-venv).
 set -euo pipefail
@@ -78,7 +78,9 @@ command -v "${KILN_CUDASIM_CXX:-g++}" >/dev/null 2>&1 ||
 export KILN_CUDASIM=1
 export KILN_CUDASIM_DEVICES="${KILN_CUDASIM_DEVICES:-2}"
 export KILN_CUDASIM_CACHE="${KILN_CUDASIM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln-cudasim}"
-export KILN_CACHE_DIR="${KILN_CACHE_DIR:-$KILN_CUDASIM_CACHE/kiln}"
+# kiln-1 follows RECORDS (images-1) in cudasim/src/sources.rs: the simulator
+# knows an image kiln cached only by a record keyed the same way.
+export KILN_CACHE_DIR="${KILN_CACHE_DIR:-$KILN_CUDASIM_CACHE/kiln-1}"
 if [ "${KILN_CUDASIM_NO_NVRTC:-0}" = 1 ]; then
     # For the check that a device without NVRTC is not listed.
     export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

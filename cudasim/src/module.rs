@@ -109,8 +109,9 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut *mut c_void, image: *cons
     };
     let Some(source) = sources::source_of(bytes) else {
         log("cuModuleLoadData: no NVRTC program under this simulator produced this image, so there is no source to compile for \
-             the host (was it compiled by an NVRTC the simulator does not stand in front of, or cached by kiln in a KILN_CACHE_DIR \
-             the simulator's cache does not know? scripts/cudasim.sh keeps kiln's cache inside the simulator's)");
+             the host: it was compiled by an NVRTC the simulator does not stand in front of, or kiln found it in a cache the \
+             simulator's records do not cover (scripts/cudasim.sh keeps kiln's cache inside the simulator's; a KILN_CACHE_DIR \
+             set by hand must be emptied or unset)");
         return INVALID_IMAGE;
     };
     if source.headers > 0 {

@@ -6,7 +6,7 @@
 //! hands out, the program's source and the options that change its meaning
 //! (`-D`, `-U`, `-std`); `cuModuleLoadData` looks the image up here.
 //!
-//! Records are also kept on disk (`<cache>/images/<hash of the image>.src`),
+//! Records are also kept on disk (`<cache>/images-1/<hash of the image>.src`),
 //! because kiln caches NVRTC's output on disk itself: a process that finds
 //! its cubins in kiln's cache never calls NVRTC, yet must find their source.
 //! `scripts/cudasim.sh` points kiln's cache inside the simulator's, so that
@@ -90,13 +90,20 @@ pub(crate) fn elf_extent(header: &[u8]) -> Option<usize> {
     (end <= MAX).then_some(end as usize)
 }
 
+/// The folder of the records, named for the way images are keyed. Kiln's
+/// own cache of images must move when this does, or the images it holds
+/// would have no record: `scripts/cudasim.sh` puts kiln's cache in
+/// `kiln-<the same number>`. Bump both when `image_key` or `fnv128` changes
+/// (a test pins their values).
+pub(crate) const RECORDS: &str = "images-1";
+
 fn records() -> &'static Mutex<HashMap<u128, Arc<Source>>> {
     static R: OnceLock<Mutex<HashMap<u128, Arc<Source>>>> = OnceLock::new();
     R.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
 fn record_path(dir: &Path, key: u128) -> PathBuf {
-    dir.join("images").join(format!("{key:032x}.src"))
+    dir.join(RECORDS).join(format!("{key:032x}.src"))
 }
 
 /// Remembers that NVRTC made `image` from `source`, in memory and (best
@@ -233,6 +240,15 @@ mod tests {
         assert_eq!(image_key(b"abc\0\0\0"), image_key(b"abc"));
         assert_ne!(image_key(b"abc"), image_key(b"abd"));
         assert_ne!(fnv128(&[b"ab", b"c"]), fnv128(&[b"a", b"bc"]));
+    }
+
+    #[test]
+    fn image_keys_are_what_the_records_on_disk_were_written_with() {
+        // Changing these values orphans every image in kiln's cache: bump
+        // RECORDS and the `kiln-N` of scripts/cudasim.sh with them.
+        assert_eq!(format!("{:032x}", image_key(b"kiln\0")), "76245ecfc18e1daf38cd6a089184e512");
+        assert_eq!(format!("{:032x}", fnv128(&[b"0123456789abcdef", b"x"])), "9470993aeba5a20962297d91c25f1e2f");
+        assert_eq!(RECORDS, "images-1");
     }
 
     #[test]
