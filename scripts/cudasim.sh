@@ -5,12 +5,15 @@
 #   scripts/cudasim.sh target/release/kiln devices --json
 #
 # It builds the simulator (cargo build -p kiln-cudasim), installs NVRTC from
-# PyPI into a cached venv when none is there (the real NVRTC compiles the
-# kernels, so a compile error still fails), puts a folder with libcuda.so and
-# libcublas.so (both the simulator) first on LD_LIBRARY_PATH, sets
-# KILN_CUDASIM=1 (without it the simulator reports no device), and runs
-# COMMAND. Nothing is installed system-wide; outside this script kiln never
-# loads the simulator.
+# PyPI into a cached venv when none is there, and makes two folders of links
+# to the simulator: target/cudasim-lib (libcuda.so, libcublas.so) and
+# target/cudasim-nvrtc (libnvrtc.so, libnvrtc.so.12). Both go first on
+# LD_LIBRARY_PATH; the NVRTC one forwards every call to the real NVRTC
+# (KILN_CUDASIM_NVRTC, its path in the venv, so a compile error still fails)
+# and remembers each program's source, which the simulated driver compiles
+# for the host with g++ when kiln loads the module. It sets KILN_CUDASIM=1
+# (without it the simulator reports no device) and runs COMMAND. Nothing is
+# installed system-wide; outside this script kiln never loads the simulator.
 #
 # Environment (defaults): KILN_CUDASIM_DEVICES=2, KILN_CUDASIM_MEMORY=1GiB per
 # device, KILN_CUDASIM_RESERVED=0 (held by "another process"),
@@ -18,7 +21,11 @@
 # (name:N: the first N calls of that driver or cuBLAS function fail),
 # KILN_CUDASIM_QUIET=1 silences the simulator's diagnostics,
 # KILN_CUDASIM_NO_NVRTC=1 leaves NVRTC off the library path,
-# KILN_CUDA_VENV (~/.cache/kiln-cuda-venv).
+# KILN_CUDASIM_CACHE (~/.cache/kiln-cudasim: the host-compiled kernels and
+# which source each NVRTC image came from), KILN_CACHE_DIR (kiln's own kernel
+# cache; $KILN_CUDASIM_CACHE/kiln-1 unless set, so that the two are cleared
+# together), KILN_CUDASIM_CXX (g++), KILN_NVRTC_LIB (when set, that NVRTC is
+# the one forwarded to), KILN_CUDA_VENV (~/.cache/kiln-cuda-venv).
 set -euo pipefail
 
 if [ $# -eq 0 ]; then
@@ -54,13 +61,36 @@ rm -f "$libdir/libcuda.so.1"
 for name in libcuda.so libcublas.so libcublas.so.12 libcublas.so.13; do
     ln -sfn "$lib" "$libdir/$name"
 done
+# NVRTC's names in a folder of their own, left off the path for
+# KILN_CUDASIM_NO_NVRTC=1 (concurrent runs with and without it share these
+# folders). libnvrtc.so is the first name kiln tries; the real NVRTC's folder
+# is not on the path at all, so no other name can reach it unseen. (The real
+# NVRTC finds its builtins library next to itself, through its RUNPATH.)
+shimdir="$target_dir/cudasim-nvrtc"
+mkdir -p "$shimdir"
+for name in libnvrtc.so libnvrtc.so.12; do
+    ln -sfn "$lib" "$shimdir/$name"
+done
+
+command -v "${KILN_CUDASIM_CXX:-g++}" >/dev/null 2>&1 ||
+    echo "cudasim: ${KILN_CUDASIM_CXX:-g++} not found: the simulator compiles kiln's kernels for the host with it when they are loaded (apt-get install g++)" >&2
 
 export KILN_CUDASIM=1
 export KILN_CUDASIM_DEVICES="${KILN_CUDASIM_DEVICES:-2}"
+export KILN_CUDASIM_CACHE="${KILN_CUDASIM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln-cudasim}"
+# kiln-1 follows RECORDS (images-1) in cudasim/src/sources.rs: the simulator
+# knows an image kiln cached only by a record keyed the same way.
+export KILN_CACHE_DIR="${KILN_CACHE_DIR:-$KILN_CUDASIM_CACHE/kiln-1}"
 if [ "${KILN_CUDASIM_NO_NVRTC:-0}" = 1 ]; then
     # For the check that a device without NVRTC is not listed.
     export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
-    export LD_LIBRARY_PATH="$libdir:$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # An NVRTC named by KILN_NVRTC_LIB is the one forwarded to; kiln then
+    # opens the simulator's stand-in, which remembers what it compiles.
+    export KILN_CUDASIM_NVRTC="${KILN_NVRTC_LIB:-$nvrtc_dir/libnvrtc.so.12}"
+    if [ -n "${KILN_NVRTC_LIB:-}" ]; then
+        export KILN_NVRTC_LIB="$shimdir/libnvrtc.so"
+    fi
+    export LD_LIBRARY_PATH="$libdir:$shimdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 exec "$@"

@@ -1,10 +1,17 @@
-// Launch glue, included after kernels.cu by the generated table: every
-// kernel's argument list is deduced from its own signature, so a new kernel
-// in kernels.cu needs no change here.
+// Launch glue, pasted after the module's source by the simulator
+// (src/hostcc.rs), which then appends the table of the module's kernels
+// (kiln_sim_table). Every kernel's argument list is deduced by the C++
+// compiler from its own signature, so the simulator needs to know nothing
+// about a kernel but its name. The module is a dlopened library: everything
+// is hidden (-fvisibility=hidden) except the KILN_SIM_EXPORT functions below,
+// which the simulator looks up by name; their layout is the simulator's
+// `KernelEntry` and `kiln_sim_abi` names its version.
 #pragma once
 #include <cstddef>
 #include <type_traits>
 #include <utility>
+
+#define KILN_SIM_EXPORT extern "C" __attribute__((visibility("default")))
 
 struct KilnSimKernel {
     const char* name;
@@ -32,11 +39,21 @@ static KilnSimKernel kiln_sim_entry(const char* name, void (*f)(A...)) {
     return KilnSimKernel{name, reinterpret_cast<void (*)()>(f), &kiln_sim_invoke<A...>, (int)sizeof...(A), sizes, ptrs};
 }
 
-thread_local kiln_sim_dim3 threadIdx, blockIdx, blockDim, gridDim;
+// Defined by the generated part that follows.
+static const KilnSimKernel* kiln_sim_table();
+static int kiln_sim_table_len();
 
-extern "C" void kiln_sim_set_ids(unsigned int tx, unsigned int bx, unsigned int bdim, unsigned int gdim) {
+KILN_SIM_EXPORT int kiln_sim_abi(void) { return 2; }
+KILN_SIM_EXPORT int kiln_sim_kernel_count(void) { return kiln_sim_table_len(); }
+KILN_SIM_EXPORT const KilnSimKernel* kiln_sim_kernel(int i) { return &kiln_sim_table()[i]; }
+KILN_SIM_EXPORT void kiln_sim_run_thread(int i, void* const* params) {
+    const KilnSimKernel& k = kiln_sim_table()[i];
+    k.invoke(k.fn, params);
+}
+KILN_SIM_EXPORT void kiln_sim_set_ids(unsigned int tx, unsigned int bx, unsigned int bdim, unsigned int gdim) {
     threadIdx = kiln_sim_dim3{tx, 0, 0};
     blockIdx = kiln_sim_dim3{bx, 0, 0};
     blockDim = kiln_sim_dim3{bdim, 1, 1};
     gridDim = kiln_sim_dim3{gdim, 1, 1};
 }
+KILN_SIM_EXPORT void kiln_sim_bind(void (*syncthreads)(void)) { kiln_sim_syncthreads = syncthreads; }

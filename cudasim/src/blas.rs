@@ -3,7 +3,8 @@
 //! f16 through `cublasGemmStridedBatchedEx`) that validates its arguments as
 //! the cuBLAS documentation says and runs on the handle's stream.
 
-use crate::{check_range, current, injected_failure, lock, log, stream_of, Ctx, Op, Sim, Stream, GEMMS};
+use crate::context::GEMMS;
+use crate::{check_range, current, injected_failure, lock, log, stream_of, Ctx, Op, Sim, Stream};
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
 

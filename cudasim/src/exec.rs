@@ -1,61 +1,14 @@
-//! The host-compiled kernels (`kernels.cu` built by build.rs with the shim
-//! header) and how one launch runs: blocks one after another, the threads of
-//! a block as fibers on the stream's worker thread, switched at
-//! `__syncthreads()`.
+//! How one launch runs: the blocks of the grid one after another on the
+//! stream's worker thread, the threads of a block as fibers (corosensei)
+//! switched at `__syncthreads()`, so that a block's threads see each other's
+//! `__shared__` writes at a barrier exactly as the kernel's author expects,
+//! without an OS thread per GPU thread.
 
+use crate::hostcc::HostModule;
 use corosensei::stack::DefaultStack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
-use std::sync::OnceLock;
-
-#[repr(C)]
-struct KernelEntry {
-    name: *const c_char,
-    fun: *const c_void,
-    invoke: *const c_void,
-    nargs: c_int,
-    sizes: *const usize,
-    is_ptr: *const u8,
-}
-
-extern "C" {
-    fn kiln_sim_kernel_count() -> c_int;
-    fn kiln_sim_kernel(i: c_int) -> *const KernelEntry;
-    fn kiln_sim_run_thread(i: c_int, params: *const *mut c_void);
-    fn kiln_sim_set_ids(tx: c_uint, bx: c_uint, bdim: c_uint, gdim: c_uint);
-}
-
-/// One kernel of the host-compiled table.
-pub struct KernelInfo {
-    pub index: usize,
-    /// Size in bytes of each argument, in order.
-    pub sizes: Vec<usize>,
-    /// Whether each argument is a pointer (checked against device memory).
-    pub is_ptr: Vec<bool>,
-}
-
-/// Every kernel, by name.
-pub fn table() -> &'static HashMap<String, KernelInfo> {
-    static TABLE: OnceLock<HashMap<String, KernelInfo>> = OnceLock::new();
-    TABLE.get_or_init(|| {
-        let mut map = HashMap::new();
-        // SAFETY: the generated table holds `count` valid entries whose
-        // arrays have `nargs` elements, alive for the life of the process.
-        unsafe {
-            for i in 0..kiln_sim_kernel_count() {
-                let e = &*kiln_sim_kernel(i);
-                let n = e.nargs.max(0) as usize;
-                let name = CStr::from_ptr(e.name).to_string_lossy().into_owned();
-                let sizes = std::slice::from_raw_parts(e.sizes, n).to_vec();
-                let is_ptr = std::slice::from_raw_parts(e.is_ptr, n).iter().map(|&b| b != 0).collect();
-                map.insert(name, KernelInfo { index: i as usize, sizes, is_ptr });
-            }
-        }
-        map
-    })
-}
+use std::ffi::c_void;
 
 const FIBER_STACK: usize = 128 * 1024;
 
@@ -65,10 +18,10 @@ thread_local! {
     static SYNCS: Cell<u64> = const { Cell::new(0) };
 }
 
-/// `__syncthreads()`: suspends the calling thread's fiber; the block's
+/// `__syncthreads()` (the host-compiled module calls it through the pointer
+/// it was given at load): suspends the calling thread's fiber; the block's
 /// scheduler resumes it once every other thread of the block got there too.
-#[no_mangle]
-pub extern "C" fn kiln_sim_syncthreads() {
+pub(crate) extern "C" fn syncthreads() {
     let y = YIELDER.with(|c| c.get());
     if y.is_null() {
         return;
@@ -87,18 +40,22 @@ fn take_stack() -> Result<DefaultStack, String> {
     DefaultStack::new(FIBER_STACK).map_err(|e| format!("cannot allocate a fiber stack: {e}"))
 }
 
-/// Runs a whole 1-D grid on the calling thread. `params` point at the
-/// argument values (copied at launch).
-pub fn run_grid(index: usize, grid: u32, block: u32, params: &[*mut c_void]) -> Result<(), String> {
+/// Runs a whole 1-D grid of kernel `index` of `host` on the calling thread.
+/// `params` point at the argument values (copied at launch).
+pub(crate) fn run_grid(host: &HostModule, index: usize, grid: u32, block: u32, params: &[*mut c_void]) -> Result<(), String> {
     let params_addr = params.as_ptr() as usize;
+    let run_thread = host.run_thread_fn();
+    let index = index as std::ffi::c_int;
     for bx in 0..grid {
         let mut fibers: Vec<Option<Coroutine<(), (), (), DefaultStack>>> = Vec::with_capacity(block as usize);
         for _ in 0..block {
             let stack = take_stack()?;
             let co = Coroutine::with_stack(stack, move |y: &Yielder<(), ()>, ()| {
                 YIELDER.with(|c| c.set(y as *const _));
-                // SAFETY: the table index is valid and `params` outlives the grid.
-                unsafe { kiln_sim_run_thread(index as c_int, params_addr as *const *mut c_void) };
+                // SAFETY: the kernel index is valid for the module, and
+                // `params` (one pointer per argument, each to a value of the
+                // argument's size) outlives the grid.
+                unsafe { run_thread(index, params_addr as *const *mut c_void) };
             });
             fibers.push(Some(co));
         }
@@ -106,8 +63,7 @@ pub fn run_grid(index: usize, grid: u32, block: u32, params: &[*mut c_void]) -> 
         while live > 0 {
             for (tx, slot) in fibers.iter_mut().enumerate() {
                 let Some(co) = slot.as_mut() else { continue };
-                // SAFETY: sets the thread-local ids the kernel reads.
-                unsafe { kiln_sim_set_ids(tx as c_uint, bx, block, grid) };
+                host.set_ids(tx as u32, bx, block, grid);
                 match co.resume(()) {
                     CoroutineResult::Yield(()) => {}
                     CoroutineResult::Return(()) => {

@@ -1,0 +1,575 @@
+//! The simulator's own tests of run-time kernel compilation: a source goes
+//! through the NVRTC stand-in, its image through `cuModuleLoadData`, and the
+//! kernels run; the disk cache, its damage and races, and the failures (a
+//! source g++ rejects, no compiler, unknown or malformed images, no real
+//! NVRTC) go through the driver's error codes without a panic.
+//!
+//! The library is dlopened from the target folder as kiln would load it.
+//! A small fake NVRTC, compiled here with g++, stands in for the real one
+//! (which `scripts/cudasim.sh` installs; kiln's suites use that), so these
+//! tests need only g++. Each scenario runs in a child process of this test
+//! binary, because the simulator reads its environment once per process.
+//! One test uses the real NVRTC when there is one (under scripts/cudasim.sh)
+//! and is reported ignored, with the reason, when there is none.
+
+use libtest_mimic::{Arguments, Completion, Trial};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Output};
+
+const SCENARIO: &str = "CUDASIM_TEST_SCENARIO";
+
+const KERNELS: &str = r#"
+// Reverses each block of `data` through shared memory: wrong unless every
+// thread's write lands before any thread reads, i.e. unless __syncthreads works.
+extern "C" __global__ void reverse_block(float* data) {
+    __shared__ float tile[64];
+    unsigned int t = threadIdx.x;
+    tile[t] = data[blockIdx.x * blockDim.x + t];
+    __syncthreads();
+    data[blockIdx.x * blockDim.x + t] = tile[blockDim.x - 1 - t];
+}
+// SCALE comes from an NVRTC option (-DSCALE=...), which must reach g++ too.
+extern "C" __global__ void scale(float* data, float by, unsigned long long n) {
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (unsigned long long)blockDim.x * gridDim.x)
+        data[i] = data[i] * by * SCALE;
+}
+"#;
+
+/// The atomics of the shim: every thread of every block adds once.
+const ATOMICS: &str = r#"
+extern "C" __global__ void tally(unsigned int* count, float* sum, int* high) {
+    atomicAdd(count, 1u);
+    atomicAdd(sum, 0.5f);
+    atomicMax(high, (int)(blockIdx.x * blockDim.x + threadIdx.x));
+}
+"#;
+
+/// NVRTC accepts it (the fake one does not look), g++ does not.
+const REJECTED_BY_GXX: &str = r#"
+extern "C" __global__ void broken(float* data) { data[0] = function_the_host_lacks(); }
+"#;
+
+/// A stand-in for NVRTC: "compiles" a source into PTX text with an `.entry`
+/// for each `__global__ void NAME(` and the source as comments (so that two
+/// sources never make the same image); rejects sources that say
+/// NVRTC_REJECTS. It has no CUBIN functions, as an old NVRTC.
+const FAKE_NVRTC: &str = r#"
+#include <stdlib.h>
+#include <string.h>
+#include <string>
+struct Prog { std::string src, ptx; };
+extern "C" {
+int nvrtcVersion(int* a, int* b) { *a = 12; *b = 9; return 0; }
+const char* nvrtcGetErrorString(int r) { return r ? "FAKE_NVRTC_ERROR" : "FAKE_NVRTC_SUCCESS"; }
+int nvrtcGetNumSupportedArchs(int* n) { *n = 1; return 0; }
+int nvrtcGetSupportedArchs(int* a) { a[0] = 90; return 0; }
+int nvrtcCreateProgram(Prog** p, const char* src, const char*, int, const char* const*, const char* const*) {
+    *p = new Prog{src, ""};
+    return 0;
+}
+int nvrtcDestroyProgram(Prog** p) { delete *p; *p = 0; return 0; }
+int nvrtcCompileProgram(Prog* p, int, const char* const*) {
+    if (p->src.find("NVRTC_REJECTS") != std::string::npos) return 6;
+    p->ptx = ".version 8.0\n.target sm_90\n";
+    size_t at = 0;
+    const std::string marker = "__global__ void ";
+    while ((at = p->src.find(marker, at)) != std::string::npos) {
+        at += marker.size();
+        size_t end = p->src.find('(', at);
+        p->ptx += ".visible .entry " + p->src.substr(at, end - at) + "(\n";
+    }
+    for (char c : p->src) { p->ptx += c; if (c == '\n') p->ptx += "// "; }
+    return 0;
+}
+int nvrtcGetPTXSize(Prog* p, size_t* n) { *n = p->ptx.size() + 1; return 0; }
+int nvrtcGetPTX(Prog* p, char* out) { memcpy(out, p->ptx.c_str(), p->ptx.size() + 1); return 0; }
+int nvrtcGetProgramLogSize(Prog*, size_t* n) { *n = 9; return 0; }
+int nvrtcGetProgramLog(Prog*, char* out) { memcpy(out, "fake log", 9); return 0; }
+}
+"#;
+
+type Res = c_int;
+type Prog = *mut c_void;
+
+/// The simulator library as a process would load it, and the functions
+/// these tests call.
+struct Sim {
+    lib: *mut c_void,
+}
+
+impl Sim {
+    fn open() -> Sim {
+        let path = CString::new(sim_library().to_string_lossy().as_bytes()).unwrap();
+        // SAFETY: dlopen of the simulator, as cudarc does.
+        let lib = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!lib.is_null(), "cannot dlopen {}", sim_library().display());
+        Sim { lib }
+    }
+
+    /// The simulator's function `name` as `F`.
+    fn f<F: Copy>(&self, name: &str) -> F {
+        let c = CString::new(name).unwrap();
+        // SAFETY: a live handle; the caller names the C signature as F.
+        let p = unsafe { libc::dlsym(self.lib, c.as_ptr()) };
+        assert!(!p.is_null(), "the simulator lacks {name}");
+        assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+        unsafe { std::mem::transmute_copy(&p) }
+    }
+
+    fn stat(&self, what: &str) -> i64 {
+        let c = CString::new(what).unwrap();
+        unsafe { self.f::<unsafe extern "C" fn(*const c_char) -> i64>("kiln_cudasim_stat")(c.as_ptr()) }
+    }
+
+    /// Compiles `source` with `options` through the NVRTC stand-in; the PTX
+    /// image, or NVRTC's result code.
+    fn nvrtc_ptx(&self, source: &str, options: &[&str]) -> Result<Vec<u8>, Res> {
+        self.nvrtc_image(source, options, false)
+    }
+
+    /// Like [`Self::nvrtc_ptx`], or the cubin when `cubin`.
+    fn nvrtc_image(&self, source: &str, options: &[&str], cubin: bool) -> Result<Vec<u8>, Res> {
+        unsafe {
+            let create: unsafe extern "C" fn(
+                *mut Prog,
+                *const c_char,
+                *const c_char,
+                c_int,
+                *const *const c_char,
+                *const *const c_char,
+            ) -> Res = self.f("nvrtcCreateProgram");
+            let compile: unsafe extern "C" fn(Prog, c_int, *const *const c_char) -> Res = self.f("nvrtcCompileProgram");
+            let (size_name, get_name) = if cubin { ("nvrtcGetCUBINSize", "nvrtcGetCUBIN") } else { ("nvrtcGetPTXSize", "nvrtcGetPTX") };
+            let size: unsafe extern "C" fn(Prog, *mut usize) -> Res = self.f(size_name);
+            let get: unsafe extern "C" fn(Prog, *mut c_char) -> Res = self.f(get_name);
+            let destroy: unsafe extern "C" fn(*mut Prog) -> Res = self.f("nvrtcDestroyProgram");
+            let src = CString::new(source).unwrap();
+            let mut prog: Prog = std::ptr::null_mut();
+            let r = create(&mut prog, src.as_ptr(), c"test_module.cu".as_ptr(), 0, std::ptr::null(), std::ptr::null());
+            if r != 0 {
+                return Err(r);
+            }
+            let opts: Vec<CString> = options.iter().map(|o| CString::new(*o).unwrap()).collect();
+            let ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+            let r = compile(prog, ptrs.len() as c_int, ptrs.as_ptr());
+            if r != 0 {
+                destroy(&mut prog);
+                return Err(r);
+            }
+            let mut n = 0usize;
+            assert_eq!(size(prog, &mut n), 0);
+            let mut ptx = vec![0u8; n];
+            assert_eq!(get(prog, ptx.as_mut_ptr() as *mut c_char), 0);
+            assert_eq!(destroy(&mut prog), 0);
+            Ok(ptx)
+        }
+    }
+
+    /// cuInit and device 0's primary context made current.
+    fn init(&self) -> Result<(), u32> {
+        unsafe {
+            let init: unsafe extern "C" fn(c_uint) -> u32 = self.f("cuInit");
+            let retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> u32 = self.f("cuDevicePrimaryCtxRetain");
+            let set: unsafe extern "C" fn(*mut c_void) -> u32 = self.f("cuCtxSetCurrent");
+            check(init(0))?;
+            let mut ctx = std::ptr::null_mut();
+            check(retain(&mut ctx, 0))?;
+            check(set(ctx))
+        }
+    }
+
+    fn load(&self, image: &[u8]) -> Result<*mut c_void, u32> {
+        let load: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> u32 = self.f("cuModuleLoadData");
+        let mut module = std::ptr::null_mut();
+        check(unsafe { load(&mut module, image.as_ptr() as *const c_void) })?;
+        Ok(module)
+    }
+
+    fn function(&self, module: *mut c_void, name: &str) -> Result<*mut c_void, u32> {
+        let get: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> u32 = self.f("cuModuleGetFunction");
+        let name = CString::new(name).unwrap();
+        let mut f = std::ptr::null_mut();
+        check(unsafe { get(&mut f, module, name.as_ptr()) })?;
+        Ok(f)
+    }
+
+    /// Device memory holding `bytes`.
+    fn upload(&self, bytes: &[u8]) -> u64 {
+        let alloc: unsafe extern "C" fn(*mut u64, usize) -> u32 = self.f("cuMemAlloc_v2");
+        let htod: unsafe extern "C" fn(u64, *const c_void, usize) -> u32 = self.f("cuMemcpyHtoD_v2");
+        let mut dev = 0u64;
+        unsafe {
+            assert_eq!(alloc(&mut dev, bytes.len()), 0);
+            assert_eq!(htod(dev, bytes.as_ptr() as *const c_void, bytes.len()), 0);
+        }
+        dev
+    }
+
+    /// `len` bytes of device memory at `dev`, after the work queued before.
+    fn download(&self, dev: u64, len: usize) -> Vec<u8> {
+        let dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> u32 = self.f("cuMemcpyDtoH_v2");
+        let mut out = vec![0u8; len];
+        assert_eq!(unsafe { dtoh(out.as_mut_ptr() as *mut c_void, dev, len) }, 0);
+        out
+    }
+
+    /// Queues kernel `name` of `module` on the default stream; `args` point
+    /// at the argument values.
+    fn launch(&self, module: *mut c_void, name: &str, grid: c_uint, block: c_uint, args: &mut [*mut c_void]) {
+        type Launch = unsafe extern "C" fn(
+            *mut c_void,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            *mut c_void,
+            *mut *mut c_void,
+            *mut *mut c_void,
+        ) -> u32;
+        let launch: Launch = self.f("cuLaunchKernel");
+        let f = self.function(module, name).unwrap();
+        let r = unsafe { launch(f, grid, 1, 1, block, 1, 1, 0, std::ptr::null_mut(), args.as_mut_ptr(), std::ptr::null_mut()) };
+        assert_eq!(r, 0, "launching {name}");
+    }
+
+    /// Runs `reverse_block` then `scale(by)` of `module` on 0..n and returns
+    /// the result.
+    fn run_kernels(&self, module: *mut c_void, n: usize, by: f32) -> Vec<f32> {
+        let host: Vec<u8> = (0..n).flat_map(|i| (i as f32).to_ne_bytes()).collect();
+        let mut dev = self.upload(&host);
+        self.launch(module, "reverse_block", (n / 64) as c_uint, 64, &mut [&mut dev as *mut u64 as *mut c_void]);
+        let (mut by, mut count) = (by, n as u64);
+        let mut args = [&mut dev as *mut u64 as *mut c_void, &mut by as *mut f32 as *mut c_void, &mut count as *mut u64 as *mut c_void];
+        self.launch(module, "scale", 2, 32, &mut args);
+        self.download(dev, n * 4).chunks(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap())).collect()
+    }
+}
+
+fn check(r: u32) -> Result<(), u32> {
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(r)
+    }
+}
+
+/// target/debug/libkiln_cudasim.so, next to this test's own folder.
+fn sim_library() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().join("libkiln_cudasim.so")
+}
+
+/// A scratch folder of this test, emptied.
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cudasim-jit").join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The fake NVRTC, compiled into `dir`.
+fn fake_nvrtc(dir: &Path) -> PathBuf {
+    let src = dir.join("fake_nvrtc.cpp");
+    let lib = dir.join("libfake_nvrtc.so");
+    std::fs::write(&src, FAKE_NVRTC).unwrap();
+    let out =
+        Command::new("g++").args(["-shared", "-fPIC", "-O1", "-o"]).arg(&lib).arg(&src).output().expect("g++ (the simulator needs it too)");
+    assert!(out.status.success(), "building the fake NVRTC failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    lib
+}
+
+/// Runs `scenario` in a child process of this test binary with `env`.
+fn child(scenario: &str, env: &[(&str, &Path)]) -> Output {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.env(SCENARIO, scenario).env("KILN_CUDASIM", "1");
+    clean_env(&mut cmd);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+/// Leaves out the simulator settings of the environment this test runs in
+/// (under scripts/cudasim.sh there are some): each scenario sets its own.
+fn clean_env(cmd: &mut Command) {
+    for k in
+        ["KILN_CUDASIM_NVRTC", "KILN_CUDASIM_CXX", "KILN_CUDASIM_CACHE", "KILN_CUDASIM_FAIL", "KILN_CUDASIM_QUIET", "KILN_CUDASIM_DEVICES"]
+    {
+        cmd.env_remove(k);
+    }
+}
+
+fn succeeded(out: &Output, what: &str) -> String {
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("SCENARIO-OK"), "{what} failed:\n{text}");
+    text
+}
+
+fn main() -> ExitCode {
+    if let Ok(scenario) = std::env::var(SCENARIO) {
+        // A child process of one of the tests below: a panic fails it.
+        run_scenario(&scenario);
+        return ExitCode::SUCCESS;
+    }
+    let ran = |name: &str, test: fn()| {
+        Trial::test(name, move || {
+            test();
+            Ok(())
+        })
+    };
+    let trials = vec![
+        ran(
+            "kernels_compiled_through_nvrtc_run_and_are_compiled_once_per_machine",
+            kernels_compiled_through_nvrtc_run_and_are_compiled_once_per_machine,
+        ),
+        ran("racing_processes_compile_a_source_once", racing_processes_compile_a_source_once),
+        ran("atomics_add_up_across_blocks", atomics_add_up_across_blocks),
+        ran(
+            "a_source_the_host_compiler_rejects_fails_the_load_with_its_message",
+            a_source_the_host_compiler_rejects_fails_the_load_with_its_message,
+        ),
+        ran("no_compiler_and_no_cache_folder_are_reported_not_fatal", no_compiler_and_no_cache_folder_are_reported_not_fatal),
+        ran("malformed_or_unknown_images_are_invalid_not_fatal", malformed_or_unknown_images_are_invalid_not_fatal),
+        ran("without_a_real_nvrtc_the_stand_in_says_why", without_a_real_nvrtc_the_stand_in_says_why),
+        ran("without_kiln_cudasim_there_is_no_device", without_kiln_cudasim_there_is_no_device),
+        Trial::ignorable_test("the_real_nvrtcs_cubin_and_ptx_load_and_its_errors_pass_through", || {
+            Ok(match the_real_nvrtcs_cubin_and_ptx_load_and_its_errors_pass_through() {
+                Ok(()) => Completion::Completed,
+                Err(why) => Completion::ignored_with(why),
+            })
+        }),
+    ];
+    libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
+}
+
+/// The scenario a parent test asked for, in this child process.
+fn run_scenario(scenario: &str) {
+    let sim = Sim::open();
+    match scenario {
+        "compile" => {
+            sim.init().unwrap();
+            let ptx = sim.nvrtc_ptx(KERNELS, &["--fmad=false", "-DSCALE=2"]).unwrap();
+            let module = sim.load(&ptx).unwrap();
+            let out = sim.run_kernels(module, 128, 0.5);
+            let want: Vec<f32> = (0..128).map(|i| ((i / 64) * 64 + 63 - i % 64) as f32).collect();
+            assert_eq!(out, want, "reverse then scale by 0.5 * SCALE=2");
+            assert_eq!(sim.function(module, "not_there").unwrap_err(), 500, "NOT_FOUND");
+            // A second context's load of the same source shares the host module.
+            let module2 = sim.load(&ptx).unwrap();
+            assert_eq!(sim.run_kernels(module2, 64, 1.0), (0..64).rev().map(|i| i as f32 * 2.0).collect::<Vec<_>>());
+            println!("compiles={} hits={}", sim.stat("host_compiles"), sim.stat("host_cache_hits"));
+        }
+        "cached" => {
+            // The image from the fake NVRTC directly: this process never
+            // compiled it, so its source must come from the disk's records.
+            sim.init().unwrap();
+            let ptx = fake_image(KERNELS);
+            let module = sim.load(&ptx).unwrap();
+            assert_eq!(sim.run_kernels(module, 64, 1.0), (0..64).rev().map(|i| i as f32 * 2.0).collect::<Vec<_>>());
+            println!("compiles={} hits={}", sim.stat("host_compiles"), sim.stat("host_cache_hits"));
+        }
+        "atomics" => {
+            sim.init().unwrap();
+            let module = sim.load(&sim.nvrtc_ptx(ATOMICS, &[]).unwrap()).unwrap();
+            let (mut count, mut sum, mut high) = (sim.upload(&[0; 4]), sim.upload(&0f32.to_ne_bytes()), sim.upload(&(-1i32).to_ne_bytes()));
+            let ptr = |p: &mut u64| p as *mut u64 as *mut c_void;
+            sim.launch(module, "tally", 4, 32, &mut [ptr(&mut count), ptr(&mut sum), ptr(&mut high)]);
+            assert_eq!(sim.download(count, 4), 128u32.to_ne_bytes());
+            assert_eq!(sim.download(sum, 4), 64f32.to_ne_bytes());
+            assert_eq!(sim.download(high, 4), 127i32.to_ne_bytes());
+        }
+        "real_nvrtc" => {
+            sim.init().unwrap();
+            let options = ["--fmad=false", "--std=c++17", "-DSCALE=2"];
+            let want: Vec<f32> = (0..64).rev().map(|i| i as f32 * 2.0).collect();
+            let cubin = sim.nvrtc_image(KERNELS, &[&options[..], &["--gpu-architecture=sm_90"]].concat(), true).unwrap();
+            assert!(cubin.starts_with(b"\x7fELF"));
+            assert_eq!(sim.run_kernels(sim.load(&cubin).unwrap(), 64, 1.0), want, "from the cubin");
+            let ptx = sim.nvrtc_ptx(KERNELS, &[&options[..], &["--gpu-architecture=compute_90"]].concat()).unwrap();
+            assert_eq!(sim.run_kernels(sim.load(&ptx).unwrap(), 64, 1.0), want, "from the PTX");
+            assert_eq!(sim.stat("host_compiles"), 1, "one source, one host module");
+            let broken = "extern \"C\" __global__ void k(int* p) { p[0] = not_declared; }";
+            assert_eq!(sim.nvrtc_ptx(broken, &options).unwrap_err(), 6, "NVRTC_ERROR_COMPILATION");
+        }
+        "rejected" => {
+            sim.init().unwrap();
+            let ptx = sim.nvrtc_ptx(REJECTED_BY_GXX, &[]).unwrap();
+            assert_eq!(sim.load(&ptx).unwrap_err(), 218, "CUDA_ERROR_INVALID_PTX");
+            assert_eq!(sim.load(&ptx).unwrap_err(), 218, "the same again, from memory");
+            assert_eq!(sim.stat("host_compiles"), 0);
+            assert_eq!(sim.nvrtc_ptx("NVRTC_REJECTS", &[]).unwrap_err(), 6, "NVRTC's own compile error passes through");
+        }
+        "no_compiler" => {
+            sim.init().unwrap();
+            let ptx = sim.nvrtc_ptx(KERNELS, &["-DSCALE=1"]).unwrap();
+            assert_eq!(sim.load(&ptx).unwrap_err(), 221, "CUDA_ERROR_JIT_COMPILER_NOT_FOUND");
+        }
+        "bad_images" => {
+            sim.init().unwrap();
+            assert_eq!(sim.load(b"hello\0").unwrap_err(), 200);
+            assert_eq!(sim.load(b".version 8.0\n.target sm_90\n.visible .entry nobody_made_this(\n\0").unwrap_err(), 200);
+            let mut elf = vec![0u8; 128];
+            elf[..4].copy_from_slice(b"\x7fELF");
+            elf[4] = 2;
+            elf[5] = 1;
+            elf[0x12] = 62; // x86-64, not CUDA
+            assert_eq!(sim.load(&elf).unwrap_err(), 200);
+            elf[0x12] = 190;
+            assert_eq!(sim.load(&elf).unwrap_err(), 200, "a CUDA ELF nobody compiled");
+        }
+        "no_real_nvrtc" => {
+            let version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> Res = sim.f("nvrtcVersion");
+            let text: unsafe extern "C" fn(Res) -> *const c_char = sim.f("nvrtcGetErrorString");
+            let (mut a, mut b) = (0, 0);
+            let r = unsafe { version(&mut a, &mut b) };
+            assert_eq!(r, 11, "NVRTC_ERROR_INTERNAL_ERROR");
+            let why = unsafe { CStr::from_ptr(text(r)) }.to_string_lossy().into_owned();
+            assert!(why.contains("KILN_CUDASIM_NVRTC"), "{why}");
+            println!("reason: {why}");
+        }
+        "no_simulator" => {
+            // Without KILN_CUDASIM=1 nobody gets a simulated device.
+            assert_eq!(sim.init().unwrap_err(), 100, "CUDA_ERROR_NO_DEVICE");
+        }
+        other => panic!("unknown scenario {other}"),
+    }
+    println!("SCENARIO-OK");
+}
+
+/// What the fake NVRTC makes of `source`, asked directly (not through the
+/// simulator, which would record it).
+fn fake_image(source: &str) -> Vec<u8> {
+    let path = std::env::var("KILN_CUDASIM_NVRTC").unwrap();
+    let c = CString::new(path).unwrap();
+    let lib = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!lib.is_null());
+    let real = Sim { lib };
+    real.nvrtc_ptx(source, &["-DSCALE=2"]).unwrap()
+}
+
+fn stat_line(text: &str) -> (i64, i64) {
+    let line = text.lines().find_map(|l| l.find("compiles=").map(|at| &l[at..])).unwrap_or_else(|| panic!("no stats in:\n{text}"));
+    let mut nums = line.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()).map(|s| s.parse::<i64>().unwrap());
+    (nums.next().unwrap(), nums.next().unwrap())
+}
+
+fn kernels_compiled_through_nvrtc_run_and_are_compiled_once_per_machine() {
+    let dir = scratch("compile");
+    let nvrtc = fake_nvrtc(&dir);
+    let cache = dir.join("cache");
+    let env = [("KILN_CUDASIM_NVRTC", nvrtc.as_path()), ("KILN_CUDASIM_CACHE", cache.as_path())];
+    let first = succeeded(&child("compile", &env), "the first load");
+    assert_eq!(stat_line(&first), (1, 0), "compiled once for two loads:\n{first}");
+    let second = succeeded(&child("cached", &env), "a load from the disk cache");
+    assert_eq!(stat_line(&second), (0, 1), "found in the cache:\n{second}");
+    // A damaged cache entry is compiled again, not loaded or trusted.
+    for entry in std::fs::read_dir(&cache).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().is_some_and(|e| e == "so") {
+            std::fs::write(&p, b"not a library").unwrap();
+        }
+    }
+    let third = succeeded(&child("cached", &env), "a load over a damaged cache entry");
+    assert_eq!(stat_line(&third), (1, 0), "compiled again:\n{third}");
+    let leftovers: Vec<_> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left in the cache: {leftovers:?}");
+}
+
+fn racing_processes_compile_a_source_once() {
+    let dir = scratch("race");
+    let nvrtc = fake_nvrtc(&dir);
+    let cache = dir.join("cache");
+    let env = [("KILN_CUDASIM_NVRTC", nvrtc.as_path()), ("KILN_CUDASIM_CACHE", cache.as_path())];
+    let children: Vec<_> = (0..3)
+        .map(|_| {
+            let mut cmd = Command::new(std::env::current_exe().unwrap());
+            cmd.env(SCENARIO, "compile").env("KILN_CUDASIM", "1");
+            clean_env(&mut cmd);
+            for (k, v) in &env {
+                cmd.env(k, v);
+            }
+            cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap()
+        })
+        .collect();
+    let mut compiles = 0;
+    for c in children {
+        let text = succeeded(&c.wait_with_output().unwrap(), "a racing load");
+        compiles += stat_line(&text).0;
+    }
+    assert_eq!(compiles, 1, "three processes, one compile (the others wait for it under the lock)");
+}
+
+fn atomics_add_up_across_blocks() {
+    let dir = scratch("atomics");
+    let nvrtc = fake_nvrtc(&dir);
+    let cache = dir.join("cache");
+    succeeded(&child("atomics", &[("KILN_CUDASIM_NVRTC", &nvrtc), ("KILN_CUDASIM_CACHE", &cache)]), "atomics");
+}
+
+fn a_source_the_host_compiler_rejects_fails_the_load_with_its_message() {
+    let dir = scratch("rejected");
+    let nvrtc = fake_nvrtc(&dir);
+    let cache = dir.join("cache");
+    let out = child("rejected", &[("KILN_CUDASIM_NVRTC", &nvrtc), ("KILN_CUDASIM_CACHE", &cache)]);
+    let text = succeeded(&out, "loading a source g++ rejects");
+    assert!(text.contains("function_the_host_lacks"), "g++'s message is not in the log:\n{text}");
+    assert_eq!(text.matches("cannot compile the kernels").count(), 1, "compiled (and reported) once:\n{text}");
+}
+
+fn no_compiler_and_no_cache_folder_are_reported_not_fatal() {
+    let dir = scratch("no-compiler");
+    let nvrtc = fake_nvrtc(&dir);
+    let cache = dir.join("cache");
+    let missing = dir.join("no-such-g++");
+    let out = child("no_compiler", &[("KILN_CUDASIM_NVRTC", &nvrtc), ("KILN_CUDASIM_CACHE", &cache), ("KILN_CUDASIM_CXX", &missing)]);
+    let text = succeeded(&out, "loading without a compiler");
+    assert!(text.contains("KILN_CUDASIM_CXX"), "the message does not say how to fix it:\n{text}");
+    // A cache folder that cannot be created: a temporary one serves.
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let unusable = Path::new("/proc/kiln-cudasim-cannot-be-here");
+    let out = child("compile", &[("KILN_CUDASIM_NVRTC", &nvrtc), ("KILN_CUDASIM_CACHE", unusable), ("TMPDIR", &tmp)]);
+    succeeded(&out, "compiling without a usable cache folder");
+}
+
+fn malformed_or_unknown_images_are_invalid_not_fatal() {
+    let dir = scratch("bad-images");
+    let nvrtc = fake_nvrtc(&dir);
+    let cache = dir.join("cache");
+    succeeded(&child("bad_images", &[("KILN_CUDASIM_NVRTC", &nvrtc), ("KILN_CUDASIM_CACHE", &cache)]), "bad images");
+}
+
+fn without_a_real_nvrtc_the_stand_in_says_why() {
+    let dir = scratch("no-nvrtc");
+    succeeded(&child("no_real_nvrtc", &[("KILN_CUDASIM_CACHE", &dir)]), "NVRTC calls without KILN_CUDASIM_NVRTC");
+    // Pointed at the simulator itself, it must not forward to itself forever.
+    let out = child("no_real_nvrtc", &[("KILN_CUDASIM_CACHE", &dir), ("KILN_CUDASIM_NVRTC", &sim_library())]);
+    let text = succeeded(&out, "KILN_CUDASIM_NVRTC naming the simulator");
+    assert!(text.contains("is the simulator itself"), "{text}");
+}
+
+fn without_kiln_cudasim_there_is_no_device() {
+    let dir = scratch("no-simulator");
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.env(SCENARIO, "no_simulator").env_remove("KILN_CUDASIM");
+    clean_env(&mut cmd);
+    let out = cmd.env("KILN_CUDASIM_CACHE", &dir).output().unwrap();
+    succeeded(&out, "cuInit without KILN_CUDASIM=1");
+}
+
+fn the_real_nvrtcs_cubin_and_ptx_load_and_its_errors_pass_through() -> Result<(), String> {
+    let Some(real) = std::env::var_os("KILN_CUDASIM_NVRTC").filter(|p| !p.is_empty()) else {
+        return Err("needs the real NVRTC (KILN_CUDASIM_NVRTC): run under scripts/cudasim.sh".into());
+    };
+    let dir = scratch("real-nvrtc");
+    succeeded(&child("real_nvrtc", &[("KILN_CUDASIM_NVRTC", Path::new(&real)), ("KILN_CUDASIM_CACHE", &dir)]), "the real NVRTC");
+    Ok(())
+}
