@@ -440,3 +440,51 @@ fn apply_parameters(model: &mut dyn Module, mut loaded: HashMap<String, Tensor>)
         }
     })
 }
+
+/// A checkpoint of the Trainer's, read and checked: the parameters staged
+/// on the device, the other tensors (optimizer buffers) there too, and the
+/// metadata.
+pub(crate) struct TrainingFile {
+    pub(crate) parameters: HashMap<String, Tensor>,
+    pub(crate) others: std::collections::BTreeMap<String, Tensor>,
+    pub(crate) metadata: HashMap<String, String>,
+}
+
+/// Reads a checkpoint written by the Trainer for `model`, onto `device`,
+/// without changing the model ([`TrainingFile::apply`] does).
+pub(crate) fn read_training(model: &dyn Module, path: &Path, device: &Device, site: &'static Location<'static>) -> Result<TrainingFile> {
+    let _site = crate::ledger::site_scope(site);
+    let bytes = read_file(path)?;
+    let st = parse(path, &bytes)?;
+    let metadata = metadata_of(&bytes);
+    match metadata.get("format") {
+        Some(f) if f == TRAINER_FORMAT => {}
+        other => {
+            return Err(format_err(
+                path,
+                format!(
+                    "not a Trainer checkpoint (its metadata `format` is {:?}, expected \"{TRAINER_FORMAT}\"); \
+                     load a parameters-only file with `kiln::checkpoint::load(&mut model.net, path, &device)?`",
+                    other
+                ),
+            ))
+        }
+    }
+    let parameters = stage_parameters(model, path, &st, "model.", device)?;
+    let mut others = std::collections::BTreeMap::new();
+    for name in st.names() {
+        if name.starts_with("model.") {
+            continue;
+        }
+        let view = st.tensor(name).map_err(|e| format_err(path, format!("tensor `{name}`: {e}")))?;
+        others.insert(name.to_string(), upload(path, name, &view, device)?);
+    }
+    Ok(TrainingFile { parameters, others, metadata })
+}
+
+impl TrainingFile {
+    /// Puts the parameters into the model.
+    pub(crate) fn apply_parameters(&mut self, model: &mut dyn Module) -> Result<()> {
+        apply_parameters(model, std::mem::take(&mut self.parameters))
+    }
+}

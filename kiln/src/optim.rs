@@ -510,6 +510,28 @@ impl OptimizerConfig {
         }
     }
 
+    /// The optimizer over `params`, keeping `existing` (its buffers and step
+    /// counter) when it is of the same kind over the same parameters, with
+    /// this configuration's hyperparameters.
+    pub(crate) fn configure(&self, existing: Option<Configured>, params: Vec<Tensor>) -> Result<Configured> {
+        check_params("optimizer", &params)?;
+        let same_params = |old: &[Tensor]| old.len() == params.len() && old.iter().zip(&params).all(|(a, b)| a.same_parameter(b));
+        Ok(match (*self, existing) {
+            (OptimizerConfig::Sgd { lr, momentum, weight_decay }, Some(Configured::Sgd(mut sgd))) if same_params(&sgd.params) => {
+                (sgd.lr, sgd.momentum, sgd.weight_decay) = (lr, momentum, weight_decay);
+                Configured::Sgd(sgd)
+            }
+            (OptimizerConfig::Adam { lr, weight_decay }, Some(Configured::Adam(mut adam))) if same_params(&adam.params) => {
+                (adam.lr, adam.weight_decay) = (lr, weight_decay);
+                Configured::Adam(adam)
+            }
+            (OptimizerConfig::Sgd { lr, momentum, weight_decay }, _) => {
+                Configured::Sgd(Sgd::new(params, lr).momentum(momentum).weight_decay(weight_decay))
+            }
+            (OptimizerConfig::Adam { lr, weight_decay }, _) => Configured::Adam(Adam::new(params, lr).weight_decay(weight_decay)),
+        })
+    }
+
     /// The optimizer over `params`.
     pub fn build(&self, params: Vec<Tensor>) -> Result<Box<dyn Optimizer>> {
         check_params("optimizer", &params)?;
@@ -519,6 +541,28 @@ impl OptimizerConfig {
             }
             OptimizerConfig::Adam { lr, weight_decay } => Box::new(Adam::new(params, lr).weight_decay(weight_decay)),
         })
+    }
+}
+
+/// An optimizer built from an [`OptimizerConfig`], kept by a
+/// [`Learner`](crate::trainer::Learner) across fits.
+pub(crate) enum Configured {
+    Sgd(Sgd),
+    Adam(Adam),
+}
+
+impl Configured {
+    pub(crate) fn get(&self) -> &dyn Optimizer {
+        match self {
+            Configured::Sgd(o) => o,
+            Configured::Adam(o) => o,
+        }
+    }
+    pub(crate) fn get_mut(&mut self) -> &mut dyn Optimizer {
+        match self {
+            Configured::Sgd(o) => o,
+            Configured::Adam(o) => o,
+        }
     }
 }
 
