@@ -32,10 +32,10 @@ pub struct TrainArgs {
     /// Width of the hidden layer of the MLP.
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub hidden: u32,
-    /// Directory for the plot (training.png) and the checkpoint (model.safetensors).
+    /// Directory for the plot (training.png), the parameters (model.safetensors) and the training checkpoint (checkpoint.safetensors).
     #[arg(long, value_name = "DIR", default_value = "kiln-train")]
     pub out: PathBuf,
-    /// Start from the parameters of this checkpoint.
+    /// Resume from this checkpoint: a training checkpoint (checkpoint.safetensors: parameters, optimizer state, epoch count) or parameters only (model.safetensors).
     #[arg(long, value_name = "CKPT")]
     pub resume: Option<PathBuf>,
     /// Random seed (data shuffling, initial parameters, synthetic data).
@@ -82,18 +82,24 @@ pub fn run(args: TrainArgs) -> Result<()> {
         }
         None => (synthetic_classification(8192, 2048, 4, 10, batch)?, "synthetic classification (10 classes, 4 features)".into(), 4, 10),
     };
-    let mut net = mlp(inputs, args.hidden as usize, classes)?;
-    let mut trainer = Trainer::new(args.epochs as usize, args.num_gpus, 0.0).progress(Progress::Auto);
+    let net = mlp(inputs, args.hidden as usize, classes)?;
+    let mut model = Learner::new(net, Loss::CrossEntropy, OptimizerConfig::sgd(args.lr));
+    let mut trainer = Trainer::builder().max_epochs(args.epochs as usize).num_gpus(args.num_gpus).progress(Progress::Auto).build()?;
     let device = trainer.device();
     if let Some(ckpt) = &args.resume {
-        checkpoint::load(&mut net, ckpt, &device)?;
-        println!("Resumed from {}", ckpt.display());
+        if checkpoint::is_trainer_checkpoint(ckpt)? {
+            trainer.load_checkpoint(&mut model, ckpt)?;
+            println!("Resumed from {} (after epoch {})", ckpt.display(), model.epochs_trained());
+        } else {
+            checkpoint::load(&mut model.net, ckpt, &device)?;
+            println!("Resumed from {} (parameters only)", ckpt.display());
+        }
     }
     println!(
         "Training an MLP {inputs}-{}-{classes} ({} parameters) on {what}: {} training and {} validation examples, on {device} \
          (num_gpus {} asked, {} available), {} epochs, batch {batch}, SGD lr {}",
         args.hidden,
-        net.num_parameters(),
+        model.net.num_parameters(),
         data.train.num_examples(),
         data.val.as_ref().map(|v| v.num_examples()).unwrap_or(0),
         args.num_gpus,
@@ -102,7 +108,6 @@ pub fn run(args: TrainArgs) -> Result<()> {
         args.lr
     );
     let before = kiln::thread_transfer_stats();
-    let mut model = Learner::new(net, Loss::CrossEntropy, OptimizerConfig::sgd(args.lr));
     let history = trainer.fit(&mut model, &data)?;
     let transfers = kiln::thread_transfer_stats().since(&before);
 
@@ -134,7 +139,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
     );
     if device.is_gpu() {
         println!(
-            "Transfers: {} host-to-device (batches), {} device-to-host (one read per epoch)",
+            "Transfers: {} host-to-device (the model, and the data once when it fits on the device, else each batch), {} device-to-host (one read per epoch)",
             transfers.direction(Direction::HostToDevice).count,
             transfers.direction(Direction::DeviceToHost).count
         );
@@ -143,9 +148,11 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let losses = vec![("train loss".to_string(), history.train_losses()), ("val loss".to_string(), history.val_losses())];
     let acc: Vec<f64> = history.epochs.iter().filter_map(|e| e.val_metric).collect();
     crate::plot::curves(&plot, "kiln train", &losses, &[("val accuracy".to_string(), acc)])?;
-    let ckpt = args.out.join("model.safetensors");
-    checkpoint::save(&model.net, &ckpt)?;
-    println!("Wrote {} and {} (resume with --resume {})", plot.display(), ckpt.display(), ckpt.display());
+    let params = args.out.join("model.safetensors");
+    checkpoint::save(&model.net, &params)?;
+    let ckpt = args.out.join("checkpoint.safetensors");
+    trainer.save_checkpoint(&model, &ckpt)?;
+    println!("Wrote {}, {} and {} (resume with --resume {})", plot.display(), params.display(), ckpt.display(), ckpt.display());
     Ok(())
 }
 
@@ -168,8 +175,8 @@ pub fn tour_network(first: usize, x: &Tensor, step: fn(usize, &str)) -> Result<(
     kiln::manual_seed(0);
     let data = synthetic_regression(1000, 100, 32)?;
     let mut model = Learner::new(Linear::new(2, 1, &cpu())?, Loss::Mse, OptimizerConfig::sgd(0.03));
-    let mut trainer = Trainer::new(3, 1, 0.0).progress(Progress::Off);
-    println!("Trainer::new(max_epochs = 3, num_gpus = 1, gradient_clip_val = 0): gpus = {:?}", trainer.gpus());
+    let mut trainer = Trainer::builder().max_epochs(3).num_gpus(1).progress(Progress::Off).build()?;
+    println!("Trainer::builder().max_epochs(3).num_gpus(1).build()?: gpus = {:?}", trainer.gpus());
     let before = kiln::thread_transfer_stats();
     let history = trainer.fit(&mut model, &data)?;
     let moved = kiln::thread_transfer_stats().since(&before);
@@ -182,7 +189,7 @@ pub fn tour_network(first: usize, x: &Tensor, step: fn(usize, &str)) -> Result<(
         println!("bias: {:.3}   (the data was made with w = [2, -3.4], b = 4.2)", b.detach().to_vec::<f32>()?[0]);
     }
     println!(
-        "fit made {} host-to-device copies (the model once, then each batch's features and labels) and read the losses device-to-host {} times (once per epoch)",
+        "fit made {} host-to-device copies (the model and the data set once, then one shuffled order per epoch) and read the losses device-to-host {} times (once per epoch)",
         moved.direction(Direction::HostToDevice).count,
         moved.direction(Direction::DeviceToHost).count
     );

@@ -340,6 +340,22 @@ fn train_writes_a_plot_and_a_checkpoint_and_resumes() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("Resumed from") && stdout(&o).contains("on cpu"), "{}", stdout(&o));
 
+    // The training checkpoint resumes the optimizer and the epoch count too.
+    let full = out.join("checkpoint.safetensors");
+    let o = kiln(&[
+        "train",
+        "--epochs",
+        "1",
+        "--hidden",
+        "16",
+        "--out",
+        out.to_str().expect("utf-8"),
+        "--resume",
+        full.to_str().expect("utf-8"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("(after epoch 1)"), "{}", stdout(&o));
+
     // A checkpoint of another shape is refused, naming the tensor.
     let o = kiln(&[
         "train",

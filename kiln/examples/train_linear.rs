@@ -15,7 +15,7 @@ fn main() -> kiln::Result<()> {
     let net = Linear::new(2, 1, &kiln::cpu())?;
     init::normal_(&net.weight(), 0.0, 0.01)?;
     let mut model = Learner::new(net, Loss::Mse, OptimizerConfig::sgd(0.03));
-    let mut trainer = Trainer::new(3, 1, 0.0);
+    let mut trainer = Trainer::builder().max_epochs(3).num_gpus(1).build()?;
     let history = trainer.fit(&mut model, &data)?;
     for e in &history.epochs {
         println!("epoch {}: train loss {:.6}, val loss {:.6}", e.epoch + 1, e.train_loss, e.val_loss.unwrap_or(f64::NAN));

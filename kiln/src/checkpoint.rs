@@ -36,6 +36,7 @@ use crate::{no_grad, DType, Device, Error, Result, Shape, Tensor};
 use half::{bf16, f16};
 use safetensors::{Dtype as SDtype, SafeTensors, View};
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::io::Write;
 use std::panic::Location;
 use std::path::{Path, PathBuf};
@@ -133,16 +134,26 @@ pub fn temp_path(path: &Path) -> PathBuf {
 /// one booked transfer each) to a safetensors file, atomically.
 #[track_caller]
 pub fn save_tensors(tensors: &[(String, Tensor)], path: impl AsRef<Path>) -> Result<()> {
-    let path = path.as_ref();
+    save_with_metadata(tensors, None, path.as_ref(), Location::caller())
+}
+
+/// [`save_tensors`] with the safetensors header's `__metadata__` map.
+pub(crate) fn save_with_metadata(
+    tensors: &[(String, Tensor)],
+    metadata: Option<HashMap<String, String>>,
+    path: &Path,
+    site: &'static Location<'static>,
+) -> Result<()> {
+    let _site = crate::runtime::ledger::site_scope(site);
     let mut host = Vec::with_capacity(tensors.len());
     for (name, t) in tensors {
         if host.iter().any(|(n, _): &(String, HostTensor)| n == name) {
             return Err(Error::invalid("save", format!("the tensor name `{name}` appears twice")));
         }
-        let buf = t.read_host(Location::caller())?;
+        let buf = t.read_host(site)?;
         host.push((name.clone(), HostTensor { dtype: to_sdtype(t.dtype()), shape: t.dims().to_vec(), bytes: le_bytes(&buf) }));
     }
-    let bytes = safetensors::serialize(host.iter().map(|(n, h)| (n.as_str(), h)), None)
+    let bytes = safetensors::serialize(host.iter().map(|(n, h)| (n.as_str(), h)), metadata)
         .map_err(|e| format_err(path, format!("cannot encode the checkpoint: {e}")))?;
     remove_stale_temp_files(path);
     let tmp = temp_path(path);
@@ -280,7 +291,10 @@ fn upload(path: &Path, name: &str, view: &safetensors::tensor::TensorView<'_>, d
 }
 
 /// Loads every tensor of a safetensors file onto `device`, in file order.
+/// Uploads are booked at the caller's line.
+#[track_caller]
 pub fn load_tensors(path: impl AsRef<Path>, device: &Device) -> Result<Vec<(String, Tensor)>> {
+    let _site = crate::runtime::ledger::site_scope(Location::caller());
     let path = path.as_ref();
     let bytes = read_file(path)?;
     let st = parse(path, &bytes)?;
@@ -294,56 +308,186 @@ pub fn load_tensors(path: impl AsRef<Path>, device: &Device) -> Result<Vec<(Stri
     Ok(out)
 }
 
+/// The `format` entry of the metadata of a checkpoint written by
+/// [`Trainer::save_checkpoint`](crate::trainer::Trainer::save_checkpoint),
+/// whose parameters are the tensors named `model.<parameter>`.
+pub(crate) const TRAINER_FORMAT: &str = "kiln.trainer/1";
+
+/// Whether `path` is a checkpoint written by
+/// [`Trainer::save_checkpoint`](crate::trainer::Trainer::save_checkpoint)
+/// (to resume with [`Trainer::load_checkpoint`](crate::trainer::Trainer::load_checkpoint))
+/// rather than a parameters-only file of [`save`]. Reads the header only;
+/// an unreadable or malformed file is an error.
+///
+/// ```
+/// use kiln::nn::Linear;
+/// use kiln::checkpoint;
+/// let path = std::env::temp_dir().join(format!("kiln-doc-is-trainer-{}.safetensors", std::process::id()));
+/// checkpoint::save(&Linear::new(2, 1, &kiln::cpu())?, &path)?;
+/// assert!(!checkpoint::is_trainer_checkpoint(&path)?);
+/// # std::fs::remove_file(&path).ok();
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn is_trainer_checkpoint(path: impl AsRef<Path>) -> Result<bool> {
+    use std::io::Read;
+    let path = path.as_ref();
+    let mut file = std::fs::File::open(path).map_err(|e| io_err(path, "cannot read the checkpoint", e))?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(|_| format_err(path, "not a valid safetensors file: shorter than its 8-byte header length"))?;
+    // safetensors' own limit on the header.
+    const MAX_HEADER: u64 = 100_000_000;
+    let len = u64::from_le_bytes(len);
+    if len > MAX_HEADER {
+        return Err(format_err(path, format!("not a valid safetensors file: a header of {len} bytes (at most {MAX_HEADER})")));
+    }
+    let mut header = Vec::new();
+    file.take(len).read_to_end(&mut header).map_err(|e| io_err(path, "cannot read the checkpoint", e))?;
+    if header.len() as u64 != len {
+        return Err(format_err(
+            path,
+            format!("not a valid safetensors file: its header needs {len} bytes, the file holds {}", header.len()),
+        ));
+    }
+    let json: serde_json::Value = serde_json::from_slice(&header)
+        .map_err(|e| format_err(path, format!("not a valid safetensors file: its header is not JSON ({e})")))?;
+    Ok(json.get("__metadata__").and_then(|m| m.get("format")).and_then(|f| f.as_str()) == Some(TRAINER_FORMAT))
+}
+
+fn metadata_of(st_bytes: &[u8]) -> HashMap<String, String> {
+    SafeTensors::read_metadata(st_bytes).ok().and_then(|(_, m)| m.metadata().clone()).unwrap_or_default()
+}
+
 /// Loads a model's parameters from `path` straight onto `device`. Every
 /// parameter must be in the file with its shape and dtype, and the file
 /// must hold nothing else; otherwise a [`Error::Format`] names the tensor
 /// and the model is left unchanged. A parameter already on `device` is
-/// overwritten in place (same tensor, so an optimizer holding it stays
-/// valid); one elsewhere is replaced by a new parameter on `device`.
+/// overwritten in place; one elsewhere moves to `device` keeping its
+/// identity (as [`Module::to`] does: an optimizer holding it follows it),
+/// its gradient cleared. Uploads are booked at the caller's line.
+///
+/// A checkpoint written by
+/// [`Trainer::save_checkpoint`](crate::trainer::Trainer::save_checkpoint)
+/// (or a [`BestCheckpoint`](crate::trainer::BestCheckpoint)) loads too:
+/// its parameters are taken, its optimizer state is left out.
+#[track_caller]
 pub fn load(model: &mut dyn Module, path: impl AsRef<Path>, device: &Device) -> Result<()> {
+    let _site = crate::runtime::ledger::site_scope(Location::caller());
     let path = path.as_ref();
     let bytes = read_file(path)?;
     let st = parse(path, &bytes)?;
+    let prefix = if metadata_of(&bytes).get("format").map(String::as_str) == Some(TRAINER_FORMAT) { "model." } else { "" };
+    let loaded = stage_parameters(model, path, &st, prefix, device)?;
+    apply_parameters(model, loaded)
+}
+
+/// Reads every parameter of `model` from the tensors named `prefix +
+/// name`, checks it (present, same shape and dtype; no other tensor with
+/// the prefix) and copies it to `device`, without touching the model.
+fn stage_parameters(
+    model: &dyn Module,
+    path: &Path,
+    st: &SafeTensors<'_>,
+    prefix: &str,
+    device: &Device,
+) -> Result<HashMap<String, Tensor>> {
     let params = model.named_parameters();
-    for name in st.names() {
+    for file_name in st.names() {
+        let Some(name) = file_name.strip_prefix(prefix) else { continue };
         if !params.iter().any(|(n, _)| n == name) {
             let expected: Vec<&str> = params.iter().map(|(n, _)| n.as_str()).collect();
             return Err(format_err(
                 path,
                 format!(
-                    "tensor `{name}` is in the file but not in the model (the model has [{}]); was it saved from another model?",
+                    "tensor `{file_name}` is in the file but not in the model (the model has [{}]); was it saved from another model?",
                     expected.join(", ")
                 ),
             ));
         }
     }
-    let mut loaded = std::collections::HashMap::with_capacity(params.len());
+    let mut loaded = HashMap::with_capacity(params.len());
     for (name, p) in &params {
-        let view = st.tensor(name).map_err(|_| format_err(path, format!("tensor `{name}` is missing from the checkpoint")))?;
+        let file_name = format!("{prefix}{name}");
+        let view = st.tensor(&file_name).map_err(|_| format_err(path, format!("tensor `{file_name}` is missing from the checkpoint")))?;
         let file_dtype = from_sdtype(view.dtype());
         if file_dtype != Some(p.dtype()) {
             return Err(format_err(
                 path,
-                format!("tensor `{name}` has dtype {:?} in the file, the model's is {}", view.dtype(), p.dtype()),
+                format!("tensor `{file_name}` has dtype {:?} in the file, the model's is {}", view.dtype(), p.dtype()),
             ));
         }
         if view.shape() != p.dims() {
             return Err(format_err(
                 path,
-                format!("tensor `{name}` has shape {:?} in the file, the model's is {:?}", view.shape(), p.dims()),
+                format!("tensor `{file_name}` has shape {:?} in the file, the model's is {:?}", view.shape(), p.dims()),
             ));
         }
-        loaded.insert(name.clone(), upload(path, name, &view, device)?);
+        loaded.insert(name.clone(), upload(path, &file_name, &view, device)?);
     }
-    // Everything checked and on the device: now change the model.
+    Ok(loaded)
+}
+
+/// Puts staged parameters into the model (everything was checked and
+/// copied before: this cannot fail half-way for lack of memory).
+fn apply_parameters(model: &mut dyn Module, mut loaded: HashMap<String, Tensor>) -> Result<()> {
     let _g = no_grad();
     model.visit_parameters_mut(&mut |name, p| {
         let Some(new) = loaded.remove(name) else { return Ok(()) };
         if p.device() == new.device() {
             p.assign(&new)
         } else {
-            *p = if p.requires_grad() { new.requires_grad_() } else { new };
+            if p.requires_grad() {
+                p.zero_grad();
+            }
+            *p = p.relocated(new, None);
             Ok(())
         }
     })
+}
+
+/// A checkpoint of the Trainer's, read and checked: the parameters staged
+/// on the device, the other tensors (optimizer buffers) there too, and the
+/// metadata.
+pub(crate) struct TrainingFile {
+    pub(crate) parameters: HashMap<String, Tensor>,
+    pub(crate) others: std::collections::BTreeMap<String, Tensor>,
+    pub(crate) metadata: HashMap<String, String>,
+}
+
+/// Reads a checkpoint written by the Trainer for `model`, onto `device`,
+/// without changing the model ([`TrainingFile::apply`] does).
+pub(crate) fn read_training(model: &dyn Module, path: &Path, device: &Device, site: &'static Location<'static>) -> Result<TrainingFile> {
+    let _site = crate::runtime::ledger::site_scope(site);
+    let bytes = read_file(path)?;
+    let st = parse(path, &bytes)?;
+    let metadata = metadata_of(&bytes);
+    match metadata.get("format") {
+        Some(f) if f == TRAINER_FORMAT => {}
+        other => {
+            return Err(format_err(
+                path,
+                format!(
+                    "not a Trainer checkpoint (its metadata `format` is {:?}, expected \"{TRAINER_FORMAT}\"); \
+                     load a parameters-only file with `kiln::checkpoint::load(&mut model.net, path, &device)?`",
+                    other
+                ),
+            ))
+        }
+    }
+    let parameters = stage_parameters(model, path, &st, "model.", device)?;
+    let mut others = std::collections::BTreeMap::new();
+    for name in st.names() {
+        if name.starts_with("model.") {
+            continue;
+        }
+        let view = st.tensor(name).map_err(|e| format_err(path, format!("tensor `{name}`: {e}")))?;
+        others.insert(name.to_string(), upload(path, name, &view, device)?);
+    }
+    Ok(TrainingFile { parameters, others, metadata })
+}
+
+impl TrainingFile {
+    /// Puts the parameters into the model.
+    pub(crate) fn apply_parameters(&mut self, model: &mut dyn Module) -> Result<()> {
+        apply_parameters(model, std::mem::take(&mut self.parameters))
+    }
 }

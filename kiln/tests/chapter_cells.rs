@@ -115,7 +115,7 @@ fn trainer_with_num_gpus_trains_the_lazy_linear_regression() -> Result<()> {
     kiln::manual_seed(0);
     let data = synthetic_regression(1000, 1000, 32)?;
     let mut model = Learner::new(LazyLinear::new(1), Loss::Mse, OptimizerConfig::sgd(0.03));
-    let mut trainer = Trainer::new(3, 1, 0.0).progress(Progress::Off);
+    let mut trainer = Trainer::builder().max_epochs(3).num_gpus(1).progress(Progress::Off).build()?;
     let history = trainer.fit(&mut model, &data)?;
     assert_eq!(history.device, try_gpu(0));
     assert_eq!(model.net.parameter("weight")?.device(), try_gpu(0));
@@ -545,11 +545,11 @@ fn set_scratch_params_device_reaches_sub_modules_and_lists() -> Result<()> {
 fn trainer_init_prepare_batch_and_prepare_model() -> Result<()> {
     let n = num_gpus();
     for asked in 0..4 {
-        let t = Trainer::new(1, asked, 0.0);
+        let t = Trainer::builder().max_epochs(1).num_gpus(asked).build()?;
         assert_eq!(t.gpus(), (0..asked.min(n)).map(gpu).collect::<Vec<_>>(), "num_gpus={asked}");
         assert_eq!(t.device(), if asked.min(n) > 0 { gpu(0) } else { cpu() });
     }
-    let t = Trainer::new(1, 1, 0.0);
+    let t = Trainer::builder().max_epochs(1).num_gpus(1).build()?;
     let d = t.device();
     let batch = vec![Tensor::ones((4, 2), DType::F32, &cpu())?, Tensor::zeros((4, 1), DType::F32, &cpu())?];
     let mark = kiln::thread_transfer_stats();
@@ -572,7 +572,7 @@ fn trainer_reads_the_losses_once_per_epoch() -> Result<()> {
     kiln::manual_seed(0);
     let data = synthetic_regression(256, 64, 32)?;
     let mut model = Learner::new(kiln::nn::Linear::new(2, 1, &cpu())?, Loss::Mse, OptimizerConfig::sgd(0.03));
-    let mut trainer = Trainer::new(3, 1, 0.0).progress(Progress::Off);
+    let mut trainer = Trainer::builder().max_epochs(3).num_gpus(1).progress(Progress::Off).build()?;
     let mark = kiln::thread_transfer_stats();
     trainer.fit(&mut model, &data)?;
     let (d2h, _, d2d) = moved_since(&mark);

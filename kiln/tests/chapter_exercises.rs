@@ -227,9 +227,9 @@ fn tensorflow_scope_and_jax_device_put_on_two_gpus() -> Result<()> {
 fn trainer_with_two_gpus_uses_the_first() -> Result<()> {
     let (g0, _) = two_gpus();
     let n = kiln::num_gpus();
-    let t = Trainer::new(1, 2, 0.0);
+    let t = Trainer::builder().max_epochs(1).num_gpus(2).build()?;
     assert_eq!(t.gpus(), &[gpu(0), gpu(1)][..]);
-    assert_eq!(Trainer::new(1, n + 3, 0.0).gpus().len(), n);
+    assert_eq!(Trainer::builder().max_epochs(1).num_gpus(n + 3).build()?.gpus().len(), n);
     let batch = t.prepare_batch(vec![Tensor::ones((2, 2), DType::F32, &cpu())?, Tensor::ones(2, DType::F32, &cpu())?])?;
     assert!(batch.iter().all(|b| b.device() == g0));
     let mut net = Sequential::new().add(LazyLinear::new(1));

@@ -39,8 +39,7 @@ fn trainer_trains_the_chapters_lazy_linear_regression() -> Result<()> {
         kiln::manual_seed(0);
         let data = synthetic_regression(1000, 1000, 32)?;
         let mut model = Learner::new(LazyLinear::new(1), Loss::Mse, OptimizerConfig::sgd(0.03));
-        let trainer = Trainer::new(3, 0, 0.0).progress(Progress::Off);
-        let mut trainer = if device.is_gpu() { trainer.on_device(device)? } else { trainer };
+        let mut trainer = Trainer::builder().max_epochs(3).device(device).progress(Progress::Off).build()?;
         let history = trainer.fit(&mut model, &data)?;
         let w = model.net.parameter("weight")?;
         assert_eq!(w.device(), device);
@@ -140,7 +139,7 @@ fn transfers_inside_kiln_are_booked_at_the_users_line() -> Result<()> {
     kiln::manual_seed(0);
     let data = synthetic_regression(64, 0, 32)?;
     let mut model = Learner::new(Linear::new(2, 1, &cpu())?, Loss::Mse, OptimizerConfig::sgd(0.03));
-    let mut trainer = Trainer::new(1, 0, 0.0).on_device(g)?.progress(Progress::Off);
+    let mut trainer = Trainer::builder().max_epochs(1).device(g).progress(Progress::Off).build()?;
     let before = thread_transfer_stats();
     trainer.fit(&mut model, &data)?; // line F
     let line_f = line!() - 1;

@@ -420,7 +420,7 @@ fn trainer_recovers_the_linear_model_on_the_cpu() -> Result<()> {
     kiln::manual_seed(0);
     let data = synthetic_regression(1000, 1000, 32)?;
     let mut model = regression_model()?;
-    let mut trainer = Trainer::new(5, 0, 0.0).progress(Progress::Off);
+    let mut trainer = Trainer::builder().max_epochs(5).progress(Progress::Off).build()?;
     assert!(trainer.gpus().is_empty() && trainer.device() == cpu());
     let history = trainer.fit(&mut model, &data)?;
     assert_eq!(history.epochs.len(), 5);
@@ -441,11 +441,12 @@ fn trainer_recovers_the_linear_model_on_each_gpu_reading_once_per_epoch() -> Res
         let mut model = regression_model()?;
         let mut trainer = if gpu == kiln::gpu(0) {
             // num_gpus = 1 picks gpu(0), as in the chapter.
-            Trainer::new(5, 1, 0.0)
+            Trainer::builder().max_epochs(5).num_gpus(1)
         } else {
-            Trainer::new(5, 1, 0.0).on_device(gpu)?
+            Trainer::builder().max_epochs(5).device(gpu)
         }
-        .progress(Progress::Off);
+        .progress(Progress::Off)
+        .build()?;
         assert_eq!(trainer.device(), gpu);
         let before = kiln::thread_transfer_stats();
         let history = trainer.fit(&mut model, &data)?;
@@ -462,20 +463,20 @@ fn trainer_recovers_the_linear_model_on_each_gpu_reading_once_per_epoch() -> Res
 
 #[test]
 fn trainer_prepares_batches_and_models_like_the_chapter() -> Result<()> {
-    let t = Trainer::new(1, 100, 0.0);
+    let t = Trainer::builder().max_epochs(1).num_gpus(100).build()?;
     assert_eq!(t.gpus().len(), kiln::num_gpus(), "gpus = first min(num_gpus, num_gpus())");
     let batch = t.prepare_batch(vec![Tensor::ones((2, 2), DType::F32, &cpu())?])?;
     assert_eq!(batch[0].device(), kiln::gpu(0));
-    let cpu_trainer = Trainer::new(1, 0, 0.0);
+    let cpu_trainer = Trainer::builder().max_epochs(1).build()?;
     let x = Tensor::ones((2, 2), DType::F32, &cpu())?;
     assert!(cpu_trainer.prepare_batch(vec![x.clone()])?[0].same_storage(&x), "no GPU: nothing moves");
     for gpu in gpus() {
         let mut m = scratch()?;
-        Trainer::new(1, 1, 0.0).on_device(gpu)?.prepare_model(&mut m)?;
+        Trainer::builder().max_epochs(1).device(gpu).build()?.prepare_model(&mut m)?;
         assert_eq!((m.w.device(), m.b.device()), (gpu, gpu));
         ran(&[gpu]);
     }
-    assert!(Trainer::new(1, 0, 0.0).on_device(kiln::gpu(999)).is_err());
+    assert!(Trainer::builder().max_epochs(1).device(kiln::gpu(999)).build().is_err());
     Ok(())
 }
 
@@ -493,7 +494,7 @@ fn mlp_classifier_on(gpu: Device) -> Result<()> {
     let data = synthetic_classification(2000, 500, 8, 4, 64)?;
     let net = Sequential::new().add(Linear::new(8, 32, &cpu())?).add(ReLU).add(Dropout::new(0.1)?).add(Linear::new(32, 4, &cpu())?);
     let mut model = Learner::new(net, Loss::CrossEntropy, OptimizerConfig::adam(0.01));
-    let mut trainer = Trainer::new(8, 1, 1.0).on_device(gpu)?.progress(Progress::Off);
+    let mut trainer = Trainer::builder().max_epochs(8).device(gpu).gradient_clip_val(1.0).progress(Progress::Off).build()?;
     let history = trainer.fit(&mut model, &data)?;
     let acc = history.last().unwrap().val_metric.unwrap();
     assert_eq!(history.metric_name.as_deref(), Some("accuracy"));
@@ -509,7 +510,7 @@ fn gradient_clipping_bounds_each_step() -> Result<()> {
     let mut model = regression_model()?;
     let before = model.net.weight().to_vec::<f32>()?;
     // Each step moves the parameters by at most lr · clip = 0.03 · 0.01.
-    let mut trainer = Trainer::new(1, 0, 0.01).progress(Progress::Off);
+    let mut trainer = Trainer::builder().max_epochs(1).gradient_clip_val(0.01).progress(Progress::Off).build()?;
     trainer.fit(&mut model, &data)?;
     let after = model.net.weight().to_vec::<f32>()?;
     let moved: f32 = before.iter().zip(&after).map(|(a, b)| (a - b).powi(2)).sum::<f32>().sqrt();
@@ -517,6 +518,7 @@ fn gradient_clipping_bounds_each_step() -> Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "plot")]
 #[test]
 fn history_plots_to_png() -> Result<()> {
     let dir = temp_dir("plot");
@@ -524,7 +526,7 @@ fn history_plots_to_png() -> Result<()> {
     kiln::manual_seed(0);
     let data = synthetic_regression(256, 64, 32)?;
     let mut model = regression_model()?;
-    Trainer::new(2, 0, 0.0).progress(Progress::Off).plot_to(&path).fit(&mut model, &data)?;
+    Trainer::builder().max_epochs(2).progress(Progress::Off).plot_to(&path).build()?.fit(&mut model, &data)?;
     let bytes = std::fs::read(&path).map_err(|e| Error::Io { path: path.display().to_string(), msg: e.to_string() })?;
     assert!(bytes.starts_with(&[0x89, b'P', b'N', b'G']));
     let _ = std::fs::remove_dir_all(&dir);
