@@ -259,8 +259,16 @@ fn check(r: u32) -> Result<(), u32> {
 
 /// target/debug/libkiln_cudasim.so, next to this test's own folder.
 fn sim_library() -> PathBuf {
+    // `cargo test` builds the library beside this test (target/<profile>/deps:
+    // the crate is also an rlib so that cargo builds it for its tests at all);
+    // `cargo build` puts it one folder up.
     let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().join("libkiln_cudasim.so")
+    let deps = exe.parent().unwrap();
+    let beside = deps.join("libkiln_cudasim.so");
+    if beside.exists() {
+        return beside;
+    }
+    deps.parent().unwrap().join("libkiln_cudasim.so")
 }
 
 /// A scratch folder of this test, emptied.
