@@ -1,0 +1,52 @@
+//! Host kernels of the convolutional-network ops: convolution (and its
+//! transpose), pooling, batch and layer normalisation, interpolation, each
+//! forward and backward, over contiguous host slices in f32 or f64.
+//!
+//! This is not kiln's API: it is the compute layer that the ops' host
+//! kernels (the CPU, and the simulated GPUs, which run host kernels on one
+//! thread) call, and that the benchmarks call directly. Nothing here knows a
+//! `Tensor`, a storage or a device.
+//!
+//! Conventions shared by every function:
+//! - Layouts are contiguous: images NCHW, convolution weights OIHW
+//!   (`[out_channels, in_channels / groups, kh, kw]`), transposed-convolution
+//!   weights `[in_channels, out_channels / groups, kh, kw]` as PyTorch's.
+//! - Arguments are plain structs whose `validate()` refuses what PyTorch
+//!   refuses (with a message naming the argument and the sizes) and returns
+//!   the output's shape; every kernel validates again and checks the length
+//!   of every slice, so a bad call is an [`NnError`], never a panic.
+//!   User-given sizes are combined with checked arithmetic only: a shape
+//!   whose element count does not fit is an error, not an overflow.
+//! - Outputs are `&mut [T]` that the kernel overwrites entirely (gradients
+//!   are written, not accumulated).
+//! - Workspace is allocated fallibly (`OutOfMemory`, never an abort) and
+//!   bounded: a few MB per thread whatever the batch (see each op's
+//!   `workspace_bytes`).
+//! - `threads`: 1 runs on the calling thread only; more splits the work into
+//!   that many rayon tasks (in the pool the caller runs in). Nothing blocks
+//!   or locks. Results do not depend on `threads`: reductions are split the
+//!   same way whatever the thread count, so they are bit-identical.
+//! - Empty batches (and whatever else PyTorch accepts as empty) work and
+//!   write nothing.
+
+mod conv;
+mod error;
+mod float;
+// mod interp;
+mod matmul;
+// mod norm;
+// mod pool;
+mod simd;
+mod work;
+
+#[cfg(test)]
+mod reference;
+#[cfg(test)]
+mod tests;
+
+pub use conv::{
+    conv2d_backward, conv2d_backward_bias, conv2d_backward_input, conv2d_backward_weight, conv2d_forward, conv_transpose2d_backward,
+    conv_transpose2d_forward, Conv2dParams, ConvTranspose2dParams, Padding2d,
+};
+pub use error::{NnError, NnResult};
+pub use float::NnFloat;
