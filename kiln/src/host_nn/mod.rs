@@ -32,10 +32,10 @@
 mod conv;
 mod error;
 mod float;
-// mod interp;
+mod interp;
 mod matmul;
-// mod norm;
-// mod pool;
+mod norm;
+mod pool;
 mod simd;
 mod work;
 
@@ -50,3 +50,12 @@ pub use conv::{
 };
 pub use error::{NnError, NnResult};
 pub use float::NnFloat;
+pub use interp::{interpolate_backward, interpolate_forward, InterpMode, InterpParams};
+pub use norm::{
+    batch_norm_backward, batch_norm_eval_forward, batch_norm_invstd, batch_norm_train_forward, batch_norm_update_running,
+    layer_norm_backward, layer_norm_forward, BatchNormParams, LayerNormParams,
+};
+pub use pool::{
+    adaptive_avg_pool2d_backward, adaptive_avg_pool2d_forward, avg_pool2d_backward, avg_pool2d_forward, max_pool2d_backward,
+    max_pool2d_forward, AdaptivePool2dParams, AvgPool2dParams, MaxPool2dParams,
+};

@@ -12,6 +12,14 @@ pub(crate) fn zeroed<T: NnFloat>(op: &'static str, len: usize) -> NnResult<Vec<T
     Ok(v)
 }
 
+/// `f(i)` for `i < len` in a new vector, or `OutOfMemory`.
+pub(crate) fn try_collect<T>(op: &'static str, len: usize, f: impl FnMut(usize) -> T) -> NnResult<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| NnError::OutOfMemory { op, bytes: len.saturating_mul(std::mem::size_of::<T>()) })?;
+    v.extend((0..len).map(f));
+    Ok(v)
+}
+
 /// The product of user-given sizes, or `InvalidArgument` naming `what` when
 /// it does not fit (in elements of 8 bytes, so that any byte count made from
 /// it fits an `isize` too).

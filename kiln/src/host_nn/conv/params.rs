@@ -241,29 +241,33 @@ impl ConvTranspose2dParams {
                 ));
             }
         }
-        // (in − 1)·stride − 2·padding + dilation·(kernel − 1) + output_padding + 1
+        if self.out_channels == 0 {
+            return Err(NnError::invalid(op, "out_channels must be positive (the weight would be empty), got 0"));
+        }
+        // (in − 1)·stride − 2·padding + dilation·(kernel − 1) + output_padding + 1,
+        // exactly (in i128, where no term of usizes can overflow).
         let mut out = [0usize; 2];
         for (i, o) in out.iter_mut().enumerate() {
-            let grown = self.input[i]
-                .saturating_sub(1)
-                .checked_mul(self.stride[i])
-                .and_then(|v| v.checked_add(self.dilation[i].checked_mul(self.kernel[i] - 1)?))
-                .and_then(|v| v.checked_add(self.output_padding[i] + 1))
-                .ok_or_else(|| NnError::invalid(op, format!("the output size overflows for input {:?}", self.input)))?;
-            if grown > SIZE_LIMIT {
-                return Err(NnError::invalid(op, format!("the output size {grown} (before padding) is too large")));
-            }
-            let cut = self.padding[i].checked_mul(2).ok_or_else(|| NnError::invalid(op, "padding overflows"))?;
-            *o = grown.checked_sub(cut).filter(|&o| o > 0).ok_or_else(|| {
-                NnError::invalid(
+            let size = (|| {
+                let grown = (self.input[i] as i128 - 1).checked_mul(self.stride[i] as i128)?;
+                let reach = (self.dilation[i] as i128).checked_mul(self.kernel[i] as i128 - 1)?;
+                grown.checked_add(reach)?.checked_add(self.output_padding[i] as i128 + 1)?.checked_sub(2 * self.padding[i] as i128)
+            })()
+            .ok_or_else(|| NnError::invalid(op, format!("the output size overflows for input {:?}", self.input)))?;
+            if size < 1 {
+                return Err(NnError::invalid(
                     op,
                     format!(
                         "input {:?} with stride {:?}, padding {:?}, dilation {:?}, kernel {:?} and output_padding {:?} \
                          gives an output smaller than 1",
                         self.input, self.stride, self.padding, self.dilation, self.kernel, self.output_padding
                     ),
-                )
-            })?;
+                ));
+            }
+            if size > SIZE_LIMIT as i128 {
+                return Err(NnError::invalid(op, format!("the output size {size} is too large")));
+            }
+            *o = size as usize;
         }
         if self.input.contains(&0) && self.batch != 0 && self.in_channels != 0 {
             return Err(NnError::invalid(

@@ -285,8 +285,9 @@ fn conv_transpose2d_refuses_what_pytorch_refuses() {
         .contains("smaller than 1"));
     assert!(err(ConvTranspose2dParams { in_channels: 3, ..ok }).contains("in_channels (3) must be divisible"));
     assert!(err(ConvTranspose2dParams { in_channels: 0, ..ok }).contains("at least groups"));
+    assert!(err(ConvTranspose2dParams { out_channels: 0, ..ok }).contains("out_channels must be positive"));
     assert!(err(ConvTranspose2dParams { stride: [0, 1], ..ok }).contains("stride must be positive"));
-    assert!(err(ConvTranspose2dParams { input: [usize::MAX, 1], ..ok }).contains("overflow"));
+    assert!(err(ConvTranspose2dParams { input: [usize::MAX, 1], ..ok }).contains("too large"));
     assert_eq!(ConvTranspose2dParams { batch: 0, ..ok }.validate().unwrap(), [0, 6, 10, 10]);
 }
 

@@ -3,6 +3,9 @@
 //! check.
 
 mod conv;
+mod interp;
+mod norm;
+mod pool;
 
 use super::NnFloat;
 
@@ -54,6 +57,24 @@ pub fn close<T: NnFloat>(got: &[T], want: &[f64], tol: f64, what: &str) {
             continue;
         }
         assert!((g - w).abs() <= tol * scale, "{what}: element {i} is {g}, expected {w} (tolerance {tol:e} × {scale})");
+    }
+}
+
+/// Checks `grad` against central differences of `loss` at every element
+/// of `x` (f64; the ops are smooth where they are evaluated).
+#[track_caller]
+pub fn fd_check(x: &[f64], grad: &[f64], loss: impl Fn(&[f64]) -> f64, what: &str) {
+    let h = 1e-5;
+    let mut x = x.to_vec();
+    for i in 0..x.len() {
+        let orig = x[i];
+        x[i] = orig + h;
+        let up = loss(&x);
+        x[i] = orig - h;
+        let down = loss(&x);
+        x[i] = orig;
+        let fd = (up - down) / (2.0 * h);
+        assert!((fd - grad[i]).abs() <= 1e-6 * (1.0 + fd.abs()), "{what}: gradient element {i} is {}, finite difference {fd}", grad[i]);
     }
 }
 
