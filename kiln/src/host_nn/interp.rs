@@ -25,7 +25,7 @@ pub enum InterpMode {
 pub struct InterpParams {
     /// Images (0 is allowed).
     pub batch: usize,
-    /// Channels (0 is allowed).
+    /// Channels (positive, as PyTorch requires).
     pub channels: usize,
     /// Height and width of the input.
     pub input: [usize; 2],
@@ -48,6 +48,9 @@ impl InterpParams {
                 OP,
                 format!("input and output sizes must be positive, got input {:?} and output {:?}", self.input, self.output),
             ));
+        }
+        if self.channels == 0 {
+            return Err(NnError::invalid(OP, "the input has no channels: only the batch may be 0"));
         }
         let shape = [self.batch, self.channels, self.output[0], self.output[1]];
         product(OP, "the output shape", &shape)?;

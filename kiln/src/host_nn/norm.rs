@@ -282,12 +282,15 @@ pub fn batch_norm_backward<T: NnFloat>(
         || Ok(()),
         |_, c| {
             let (m, inv) = (mean[c], invstd[c]);
-            // Σ dy and Σ dy·(x − mean) over the channel.
-            let (mut sum_dy, mut dotp) = (0.0f64, 0.0f64);
+            // Σ dy, Σ dy·(x − mean) and Σ x over the channel.
+            let (mut sum_dy, mut dotp, mut sum_x) = (0.0f64, 0.0f64, 0.0f64);
             for n in 0..p.batch {
                 let at = (n * p.channels + c) * p.spatial;
                 let (x, dy) = (&input[at..at + p.spatial], &grad_output[at..at + p.spatial]);
                 sum_dy += sum(dy);
+                if training {
+                    sum_x += sum(x);
+                }
                 for (xb, db) in x.chunks(256).zip(dy.chunks(256)) {
                     let mut lanes = [T::ZERO; 16];
                     let (mut xc, mut dc) = (xb.chunks_exact(16), db.chunks_exact(16));
@@ -302,6 +305,11 @@ pub fn batch_norm_backward<T: NnFloat>(
                     dotp += lanes.iter().map(|v| v.to_f64()).sum::<f64>();
                 }
             }
+            // The saved mean is the batch mean rounded to T; its rounding, δ,
+            // would be amplified by invstd where a channel is nearly constant.
+            // Σ x gives the mean in f64, and Σ dy·(x − mean) = Σ dy·(x − m) + δ·Σ dy.
+            let shift = if training && count > 0 { m.to_f64() - sum_x / count as f64 } else { 0.0 };
+            dotp += shift * sum_dy;
             // SAFETY: unit c alone writes element c of the parameter gradients.
             unsafe {
                 if let Some(gw) = &gw {
@@ -372,10 +380,22 @@ fn rows_per_unit(features: usize) -> usize {
     ((1 << 14) / features.max(1)).max(1)
 }
 
+/// A row's mean and `1/√(var + eps)`, in f64 (a row of no features has
+/// mean 0 and rstd NaN, as PyTorch's).
+fn row_stats<T: NnFloat>(x: &[T], eps: f64) -> (f64, f64) {
+    if x.is_empty() {
+        return (0.0, f64::NAN);
+    }
+    let n = x.len() as f64;
+    let mean = x.iter().map(|v| v.to_f64()).sum::<f64>() / n;
+    let var = x.iter().map(|v| (v.to_f64() - mean).powi(2)).sum::<f64>() / n;
+    (mean, 1.0 / (var + eps).sqrt())
+}
+
 /// Layer norm forward: each row normalised by its mean and biased variance,
 /// then `·weight + bias` elementwise; writes each row's mean and
-/// `rstd = 1/√(var + eps)` for the backward (a row of no features has mean 0
-/// and rstd NaN, as PyTorch's).
+/// `rstd = 1/√(var + eps)` (PyTorch's saved statistics). Rows are
+/// normalised in f64, rounded once.
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_forward<T: NnFloat>(
     p: &LayerNormParams,
@@ -407,26 +427,12 @@ pub fn layer_norm_forward<T: NnFloat>(
             let (y, ms, rs) = unsafe { (out.slice(a * f, (b - a) * f), means.slice(a, b - a), rstds.slice(a, b - a)) };
             for r in a..b {
                 let x = &input[r * f..(r + 1) * f];
-                let mean = if f == 0 { 0.0 } else { sum(x) / f as f64 };
-                let m = T::from_f64(mean);
-                let mut sq = 0.0;
-                for block in x.chunks(256) {
-                    sq += block_sum(block, |v| (v - m) * (v - m));
-                }
-                let rstd = 1.0 / (sq / f as f64 + p.eps).sqrt();
-                ms[r - a] = m;
+                let (mean, rstd) = row_stats(x, p.eps);
+                ms[r - a] = T::from_f64(mean);
                 rs[r - a] = T::from_f64(rstd);
-                let rstd = T::from_f64(rstd);
-                let yr = &mut y[(r - a) * f..(r - a + 1) * f];
-                for (i, (yv, &xv)) in yr.iter_mut().zip(x).enumerate() {
-                    let mut v = (xv - m) * rstd;
-                    if let Some(w) = weight {
-                        v *= w[i];
-                    }
-                    if let Some(b) = bias {
-                        v += b[i];
-                    }
-                    *yv = v;
+                for (i, (yv, &xv)) in y[(r - a) * f..(r - a + 1) * f].iter_mut().zip(x).enumerate() {
+                    let v = (xv.to_f64() - mean) * rstd;
+                    *yv = T::from_f64(v * weight.map_or(1.0, |w| w[i].to_f64()) + bias.map_or(0.0, |b| b[i].to_f64()));
                 }
             }
             Ok(())
@@ -439,14 +445,16 @@ pub fn layer_norm_forward<T: NnFloat>(
 const ROW_PARTS: usize = 8;
 
 /// The gradients of [`layer_norm_forward`]; each one asked for is written.
+/// The rows' statistics are recomputed in f64 from the input rather than
+/// taken from the forward's rounded ones: where a row is nearly constant
+/// (a large rstd) the rounding of a saved f32 mean is amplified into the
+/// gradient, and this way it is not.
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_backward<T: NnFloat>(
     p: &LayerNormParams,
     input: &[T],
     grad_output: &[T],
     weight: Option<&[T]>,
-    mean: &[T],
-    rstd: &[T],
     grad_input: Option<&mut [T]>,
     grad_weight: Option<&mut [T]>,
     grad_bias: Option<&mut [T]>,
@@ -458,8 +466,6 @@ pub fn layer_norm_backward<T: NnFloat>(
     check_len(OP, "input", input.len(), len)?;
     check_len(OP, "grad_output", grad_output.len(), len)?;
     check_params(OP, f, weight, None)?;
-    check_len(OP, "mean", mean.len(), p.rows)?;
-    check_len(OP, "rstd", rstd.len(), p.rows)?;
     if let Some(g) = &grad_input {
         check_len(OP, "grad_input", g.len(), len)?;
     }
@@ -469,6 +475,7 @@ pub fn layer_norm_backward<T: NnFloat>(
     if let Some(g) = &grad_bias {
         check_len(OP, "grad_bias", g.len(), f)?;
     }
+    let w = |i: usize| weight.map_or(1.0, |w| w[i].to_f64());
     if let Some(gin) = grad_input {
         let per = rows_per_unit(f);
         let out = SharedMut::new(gin);
@@ -482,17 +489,17 @@ pub fn layer_norm_backward<T: NnFloat>(
                 let dx = unsafe { out.slice(a * f, (b - a) * f) };
                 for r in a..b {
                     let (x, dy) = (&input[r * f..(r + 1) * f], &grad_output[r * f..(r + 1) * f]);
-                    let (m, rs) = (mean[r], rstd[r]);
+                    let (mean, rstd) = row_stats(x, p.eps);
                     // g = dy·w; dx = rstd·(g − mean(g) − x̂·mean(g·x̂))
-                    let g = |i: usize| weight.map_or(dy[i], |w| dy[i] * w[i]);
                     let (mut sg, mut sgx) = (0.0f64, 0.0f64);
-                    for (i, &xv) in x.iter().enumerate() {
-                        sg += g(i).to_f64();
-                        sgx += (g(i) * ((xv - m) * rs)).to_f64();
+                    for (i, (&xv, &d)) in x.iter().zip(dy).enumerate() {
+                        let g = d.to_f64() * w(i);
+                        sg += g;
+                        sgx += g * (xv.to_f64() - mean) * rstd;
                     }
-                    let (mg, mgx) = (T::from_f64(sg / f as f64), T::from_f64(sgx / f as f64));
-                    for (i, d) in dx[(r - a) * f..(r - a + 1) * f].iter_mut().enumerate() {
-                        *d = rs * (g(i) - mg - (x[i] - m) * rs * mgx);
+                    let (mg, mgx) = (sg / f as f64, sgx / f as f64);
+                    for (i, ((d, &xv), &dyv)) in dx[(r - a) * f..(r - a + 1) * f].iter_mut().zip(x).zip(dy).enumerate() {
+                        *d = T::from_f64(rstd * (dyv.to_f64() * w(i) - mg - (xv.to_f64() - mean) * rstd * mgx));
                     }
                 }
                 Ok(())
@@ -516,10 +523,10 @@ pub fn layer_norm_backward<T: NnFloat>(
             let (aw, ab) = acc.split_at_mut(f);
             for r in part(p.rows, parts, u) {
                 let (x, dy) = (&input[r * f..(r + 1) * f], &grad_output[r * f..(r + 1) * f]);
-                let (m, rs) = (mean[r], rstd[r]);
-                for i in 0..f {
-                    aw[i] += (dy[i] * ((x[i] - m) * rs)).to_f64();
-                    ab[i] += dy[i].to_f64();
+                let (mean, rstd) = row_stats(x, p.eps);
+                for (((aw, ab), &xv), &d) in aw.iter_mut().zip(ab.iter_mut()).zip(x).zip(dy) {
+                    *aw += d.to_f64() * (xv.to_f64() - mean) * rstd;
+                    *ab += d.to_f64();
                 }
             }
             Ok(())
