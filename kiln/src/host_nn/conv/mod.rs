@@ -17,6 +17,7 @@
 //! the order of the sums within a block depends on its size, so the last
 //! bits may differ between thread counts).
 
+mod direct;
 mod geom;
 mod im2col;
 mod params;
@@ -202,21 +203,37 @@ fn backward_weight_geom<T: NnFloat>(g: &Geom, input: &[T], dout: &[T], gw: &mut 
 /// fallibly).
 pub(crate) struct Workspace<T> {
     bufs: [Vec<T>; 2],
+    /// Offsets (the direct kernels' table of kernel taps).
+    pub(crate) offsets: Vec<usize>,
 }
 
 impl<T: NnFloat> Workspace<T> {
-    fn new() -> Self {
-        Workspace { bufs: [Vec::new(), Vec::new()] }
+    pub(crate) fn new() -> Self {
+        Workspace { bufs: [Vec::new(), Vec::new()], offsets: Vec::new() }
     }
     /// Two buffers of at least `a` and `b` elements (contents unspecified).
     pub(crate) fn two(&mut self, a: usize, b: usize) -> NnResult<(&mut [T], &mut [T])> {
+        Ok(self.two_and_offsets(a, b, 0)?.0)
+    }
+    /// Two buffers of at least `a` and `b` elements and an offset table of
+    /// `n` entries (contents unspecified).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn two_and_offsets(&mut self, a: usize, b: usize, n: usize) -> NnResult<((&mut [T], &mut [T]), &mut [usize])> {
         for (buf, len) in self.bufs.iter_mut().zip([a, b]) {
             if buf.len() < len {
                 *buf = zeroed("conv2d", len)?;
             }
         }
+        if self.offsets.len() < n {
+            self.offsets.clear();
+            self.offsets.try_reserve_exact(n).map_err(|_| crate::host_nn::NnError::OutOfMemory {
+                op: "conv2d",
+                bytes: n.saturating_mul(std::mem::size_of::<usize>()),
+            })?;
+            self.offsets.resize(n, 0);
+        }
         let [x, y] = &mut self.bufs;
-        Ok((&mut x[..a], &mut y[..b]))
+        Ok(((&mut x[..a], &mut y[..b]), &mut self.offsets[..n]))
     }
 }
 

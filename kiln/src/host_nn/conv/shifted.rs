@@ -14,9 +14,19 @@ use crate::host_nn::{NnFloat, NnResult};
 
 /// Copies input rows `y0 − pt ..` of `channels` planes (`img`, h×w each)
 /// into `band` (planes of `plane` elements, rows of `wp`), zero where the
-/// padding is.
+/// padding is. Returns whether every value copied is finite.
 #[allow(clippy::too_many_arguments)]
-fn fill_band<T: NnFloat>(g: &Geom, img: &[T], channels: usize, y0: usize, rr: usize, wp: usize, plane: usize, band: &mut [T]) {
+pub(crate) fn fill_band<T: NnFloat>(
+    g: &Geom,
+    img: &[T],
+    channels: usize,
+    y0: usize,
+    rr: usize,
+    wp: usize,
+    plane: usize,
+    band: &mut [T],
+) -> bool {
+    let mut finite = true;
     let ip = g.in_plane();
     // Band columns x read input column x − pl.
     let lo = g.pl.clamp(0, wp as isize) as usize;
@@ -34,15 +44,19 @@ fn fill_band<T: NnFloat>(g: &Geom, img: &[T], channels: usize, y0: usize, rr: us
             row[..lo].fill(T::ZERO);
             row[hi..].fill(T::ZERO);
             let from = iy as usize * g.w + (lo as isize - g.pl) as usize;
-            row[lo..hi].copy_from_slice(&src[from..from + (hi - lo)]);
+            let part = &src[from..from + (hi - lo)];
+            row[lo..hi].copy_from_slice(part);
+            // 0·x is 0 for every finite x, NaN for ±∞ and NaN.
+            finite &= part.iter().fold(T::ZERO, |a, &v| a + T::ZERO * v) == T::ZERO;
         }
         dst[rr * wp..].fill(T::ZERO);
     }
+    finite
 }
 
 /// Output rows per band: the input band and the product within the
 /// workspace budget, and bands enough for every thread.
-fn band_rows<T>(g: &Geom, in_ch: usize, out_ch: usize, wp: usize, images: usize, threads: usize) -> usize {
+pub(crate) fn band_rows<T>(g: &Geom, in_ch: usize, out_ch: usize, wp: usize, images: usize, threads: usize) -> usize {
     let size = std::mem::size_of::<T>();
     let per_row = (in_ch + out_ch).max(1).saturating_mul(wp).saturating_mul(size).max(1);
     let halo = ((g.kh - 1) * g.dh).saturating_mul(in_ch).saturating_mul(wp).saturating_mul(size);
@@ -62,6 +76,11 @@ pub(crate) fn forward<T: NnFloat>(
     out: &mut [T],
     threads: usize,
 ) -> NnResult<()> {
+    if let (Some(x), true) = (T::as_f32(input), super::direct::available()) {
+        if let Some(o) = T::as_f32_mut(out) {
+            return super::direct::forward(g, x, tw, bias, o, threads);
+        }
+    }
     let (ip, op) = (g.in_plane(), g.out_plane());
     let wp = g.ow + (g.kw - 1) * g.dw;
     let rows = band_rows::<T>(g, g.icg, g.ocg, wp, g.n * g.groups, threads);
@@ -81,7 +100,8 @@ pub(crate) fn forward<T: NnFloat>(
             let rr = r + (g.kh - 1) * g.dh;
             let plane = rr * wp;
             let (band, prod) = ws.two(g.icg * plane, g.ocg * r * wp)?;
-            fill_band(g, &input[(n * g.c_in() + grp * g.icg) * ip..], g.icg, y0, rr, wp, plane, band);
+            // The dropped columns are never read back: a non-finite input there is harmless.
+            let _ = fill_band(g, &input[(n * g.c_in() + grp * g.icg) * ip..], g.icg, y0, rr, wp, plane, band);
             let ncols = (r - 1) * wp + g.ow;
             for tap in 0..g.taps() {
                 let off = (tap / g.kw) * g.dh * wp + (tap % g.kw) * g.dw;
@@ -132,6 +152,11 @@ pub(crate) fn accumulate_weight<T: NnFloat>(
     acc: &mut [T],
     ws: &mut Workspace<T>,
 ) -> NnResult<()> {
+    if let (Some(x), Some(d), true) = (T::as_f32(input), T::as_f32(dout), super::direct::available()) {
+        if let Some(a) = T::as_f32_mut(acc) {
+            return super::direct::accumulate_weight(g, x, d, (n0, n1), grp, (c0, c1), a, ws);
+        }
+    }
     let (ip, op, taps) = (g.in_plane(), g.out_plane(), g.taps());
     let cb = c1 - c0;
     if cb == 0 {
@@ -146,7 +171,7 @@ pub(crate) fn accumulate_weight<T: NnFloat>(
             let rr = r + (g.kh - 1) * g.dh;
             let plane = rr * wp;
             let (band, dbuf) = ws.two(cb * plane, g.ocg * r * wp)?;
-            fill_band(g, &input[(n * g.c_in() + grp * g.icg + c0) * ip..], cb, y0, rr, wp, plane, band);
+            let finite = fill_band(g, &input[(n * g.c_in() + grp * g.icg + c0) * ip..], cb, y0, rr, wp, plane, band);
             for o in 0..g.ocg {
                 let src = &dout[(n * g.c_out() + grp * g.ocg + o) * op + y0 * g.ow..][..r * g.ow];
                 let dst = &mut dbuf[o * r * wp..(o + 1) * r * wp];
@@ -156,6 +181,11 @@ pub(crate) fn accumulate_weight<T: NnFloat>(
                 }
             }
             let ncols = (r - 1) * wp + g.ow;
+            if !finite {
+                accumulate_band_exact(g, (r, wp, plane), dbuf, band, cb, acc);
+                y0 += r;
+                continue;
+            }
             for tap in 0..taps {
                 let off = (tap / g.kw) * g.dh * wp + (tap % g.kw) * g.dw;
                 gemm(
@@ -172,4 +202,45 @@ pub(crate) fn accumulate_weight<T: NnFloat>(
         }
     }
     Ok(())
+}
+
+/// One band's weight gradient summed over the real output positions only,
+/// for a band holding a non-finite input: the fast paths also multiply the
+/// dropped columns (whose output gradient is zero) by input values, and
+/// 0 · ∞ would make a NaN that the true gradient does not have.
+pub(crate) fn accumulate_band_exact<T: NnFloat>(
+    g: &Geom,
+    (r, wp, plane): (usize, usize, usize),
+    dbuf: &[T],
+    band: &[T],
+    cb: usize,
+    acc: &mut [T],
+) {
+    accumulate_band_exact_strided(g, (r, wp, plane, r * wp), dbuf, band, cb, acc);
+}
+
+/// [`accumulate_band_exact`] with output-gradient rows `dstride` apart.
+pub(crate) fn accumulate_band_exact_strided<T: NnFloat>(
+    g: &Geom,
+    (r, wp, plane, dstride): (usize, usize, usize, usize),
+    dbuf: &[T],
+    band: &[T],
+    cb: usize,
+    acc: &mut [T],
+) {
+    let taps = g.taps();
+    for o in 0..g.ocg {
+        for c in 0..cb {
+            for tap in 0..taps {
+                let off = c * plane + (tap / g.kw) * g.dh * wp + (tap % g.kw) * g.dw;
+                let mut sum = T::ZERO;
+                for y in 0..r {
+                    for x in 0..g.ow {
+                        sum += dbuf[o * dstride + y * wp + x] * band[off + y * wp + x];
+                    }
+                }
+                acc[o * cb * taps + c * taps + tap] += sum;
+            }
+        }
+    }
 }

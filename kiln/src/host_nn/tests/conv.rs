@@ -147,6 +147,9 @@ fn conv2d_matches_the_definition_on_layer_shapes() {
         conv(2, 16, 32, [9, 11], 1, 2, 0, 2),
         conv(2, 3, 16, [40, 40], 3, 1, 0, 1),
         conv(1, 8, 8, [20, 20], 3, 1, 1, 8),
+        conv(2, 8, 40, [7, 7], 3, 1, 1, 1),
+        conv(1, 4, 80, [5, 6], 3, 1, 2, 2),
+        conv(3, 32, 64, [14, 14], 3, 1, 1, 1),
     ] {
         for threads in [1, 2, 4] {
             check_conv::<f64>(&p, &mut r, threads);
@@ -299,4 +302,38 @@ fn conv_huge_sizes_are_errors() {
     assert!(conv2d_forward(&p, &[0f32; 1], &[0f32; 1], None, &mut [0f32; 1], 1).is_err());
     let p = conv(2, 3, 4, [8, 8], 3, 1, 1, 1);
     assert!(conv2d_forward(&p, &[0f32; 1], &[0f32; 1], None, &mut [0f32; 1], 1).is_err());
+}
+
+/// An infinite input reaches exactly the gradients it touches: the fast
+/// paths' padding columns (output gradient 0) must not turn it into NaN
+/// elsewhere.
+#[test]
+fn conv_weight_gradient_of_an_infinite_input() {
+    let mut r = Rng(21);
+    for p in [
+        conv(2, 3, 8, [9, 11], 3, 1, 1, 1),
+        conv(2, 16, 32, [7, 7], 3, 1, 1, 1),
+        conv(1, 2, 4, [6, 6], 3, 2, 1, 1),
+        conv(3, 1, 6, [12, 12], 5, 1, 2, 1),
+    ] {
+        let out = p.validate().unwrap();
+        let mut x = r.vals(prod(p.input_shape()));
+        let len = x.len();
+        x[len / 3] = f64::INFINITY;
+        x[len / 2 + 1] = f64::NEG_INFINITY;
+        let (w, dy) =
+            (r.vals(prod(p.weight_shape())), r.vals(prod(out)).iter().map(|v| if *v == 0.0 { 0.5 } else { *v }).collect::<Vec<_>>());
+        let (_, want, _) = reference::conv2d_backward(&p, &x, &w, &dy);
+        for threads in [1, 2] {
+            let mut gw = vec![0f32; w.len()];
+            conv2d_backward_weight(&p, &to::<f32>(&x), &to::<f32>(&dy), &mut gw, threads).unwrap();
+            for (i, (&g, &e)) in gw.iter().zip(&want).enumerate() {
+                if e.is_finite() {
+                    assert!((g as f64 - e).abs() <= 1e-4 * (1.0 + e.abs()), "{p:?}: element {i} is {g}, expected {e}");
+                } else {
+                    assert!(g.is_nan() == e.is_nan() && (e.is_nan() || g as f64 == e), "{p:?}: element {i} is {g}, expected {e}");
+                }
+            }
+        }
+    }
 }
