@@ -48,6 +48,9 @@ pub trait NnFloat:
     /// Whether this is NaN.
     #[allow(clippy::wrong_self_convention)]
     fn is_nan(self) -> bool;
+    /// Whether this is neither infinite nor NaN.
+    #[allow(clippy::wrong_self_convention)]
+    fn is_finite(self) -> bool;
     /// The larger of the two (`other` when `self` is NaN, as `f32::max`).
     fn max(self, other: Self) -> Self;
     /// The smaller of the two.
@@ -84,6 +87,10 @@ macro_rules! nn_float {
             #[inline(always)]
             fn is_nan(self) -> bool {
                 <$t>::is_nan(self)
+            }
+            #[inline(always)]
+            fn is_finite(self) -> bool {
+                <$t>::is_finite(self)
             }
             #[inline(always)]
             fn max(self, other: Self) -> Self {

@@ -37,6 +37,7 @@ mod matmul;
 mod norm;
 mod pool;
 mod simd;
+mod vector;
 mod work;
 
 #[cfg(test)]

@@ -1,38 +1,323 @@
-//! Stride-1 convolutions in f32 on CPUs with AVX-512, as register-tiled
-//! kernels over the padded band of [`super::shifted`] (the same layout:
-//! rows `wp = ow + (kw − 1)·dw` wide, tap (ky, kx) at offset
-//! `ky·dh·wp + kx·dw`), with no unfolding and no general-purpose product:
+//! Stride-1 convolutions in f32 as register-tiled kernels over the padded
+//! band of [`super::shifted`] (the same layout: rows `wp = ow + (kw − 1)·dw`
+//! wide, tap (ky, kx) at offset `ky·dh·wp + kx·dw`), with no unfolding and
+//! no general-purpose product, for AVX-512 and for AVX2 with FMA
+//! ([`crate::host_nn::vector`]):
 //!
 //! - forward (and the input gradient, which is the forward of the flipped
-//!   geometry): a tile of `OB` output channels × `NV` vectors of 16 output
-//!   positions accumulates in registers over every (input channel, tap);
-//!   each step loads `NV` input vectors and broadcasts `OB` weights;
-//! - weight gradient: a tile of `OB` output channels × `KB` (input channel,
-//!   tap) pairs accumulates, in vectors along the output positions, the
-//!   products of the output gradient with the shifted input.
+//!   geometry): a tile of `OB` output channels × `NV` vectors of output
+//!   positions accumulates in registers over every (input channel, tap),
+//!   each step loading `NV` input vectors and broadcasting `OB` weights; or,
+//!   where rows are too narrow to fill vectors, a tile of `PB` positions ×
+//!   `VB` vectors of output channels (channels along the lanes);
+//! - weight gradient: a tile of output channels × (input channel, tap)
+//!   pairs accumulates, along the output positions of a group of whole
+//!   images, the products of the output gradient with the shifted input,
+//!   summed across lanes once per group; or with channels along the lanes.
 //!
-//! Everything else (other strides, f64, CPUs without AVX-512) takes the
+//! Everything else (other strides, f64, CPUs with neither) takes the
 //! portable paths.
 
 use super::geom::Geom;
 use super::{TapWeights, Workspace};
+use crate::host_nn::vector::Isa;
 use crate::host_nn::work::{for_each_unit, SharedMut};
-use crate::host_nn::{NnFloat, NnResult};
+use crate::host_nn::{NnError, NnFloat, NnResult};
 
-/// Output positions per vector.
-const LANES: usize = 16;
+/// The generic kernel bodies, compiled inside each instruction set's
+/// `#[target_feature]` entry points ([`Kernels`]).
+mod body {
+    use crate::host_nn::vector::Isa;
 
-/// Whether this CPU runs the kernels here (std caches the answer).
-pub(crate) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
+    /// Position-lane tile: `out[o·stride + L·v + i] = Σ_k w[k·OB + o] ·
+    /// band[addr[k] + L·v + i]` for o < OB, v < NV, i < L (L lanes).
+    ///
+    /// # Safety
+    /// The CPU has `I`; `band + addr[k] + L·NV` is readable for every
+    /// k < k_len, `w` holds `k_len·OB` values, and `out + o·stride + L·NV`
+    /// is writable for o < OB.
+    #[inline(always)]
+    pub unsafe fn forward_tile<I: Isa, const OB: usize, const NV: usize>(
+        k_len: usize,
+        addr: *const usize,
+        band: *const f32,
+        w: *const f32,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        unsafe {
+            let mut acc = [[I::zero(); NV]; OB];
+            for k in 0..k_len {
+                let src = band.add(*addr.add(k));
+                let x: [I::V; NV] = std::array::from_fn(|v| I::load(src.add(I::LANES * v)));
+                let wk = w.add(k * OB);
+                for (o, row) in acc.iter_mut().enumerate() {
+                    let b = I::splat(*wk.add(o));
+                    for (a, &xv) in row.iter_mut().zip(&x) {
+                        *a = I::fmadd(b, xv, *a);
+                    }
+                }
+            }
+            for (o, row) in acc.iter().enumerate() {
+                for (v, &a) in row.iter().enumerate() {
+                    I::store(out.add(o * stride + I::LANES * v), a);
+                }
+            }
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+
+    /// Channel-lane tile: `out[p·L·VB + L·v + i] = Σ_k band[addr[k] +
+    /// base[p]] · w[k·L·VB + L·v + i]` for p < PB, v < VB, i < L: output
+    /// channels along the lanes, `PB` output positions anywhere in the band.
+    ///
+    /// # Safety
+    /// The CPU has `I`; `band + addr[k] + base[p]` is readable, `w` holds
+    /// `k_len·L·VB` values and `out` `PB·L·VB`.
+    #[inline(always)]
+    pub unsafe fn channel_tile<I: Isa, const PB: usize, const VB: usize>(
+        k_len: usize,
+        addr: *const usize,
+        band: *const f32,
+        base: &[usize; PB],
+        w: *const f32,
+        out: *mut f32,
+    ) {
+        unsafe {
+            let src: [*const f32; PB] = std::array::from_fn(|p| band.add(base[p]));
+            let mut acc = [[I::zero(); VB]; PB];
+            for k in 0..k_len {
+                let a = *addr.add(k);
+                let wk = w.add(k * I::LANES * VB);
+                let wv: [I::V; VB] = std::array::from_fn(|v| I::load(wk.add(I::LANES * v)));
+                for (row, s) in acc.iter_mut().zip(&src) {
+                    let b = I::splat(*s.add(a));
+                    for (x, &wvv) in row.iter_mut().zip(&wv) {
+                        *x = I::fmadd(b, wvv, *x);
+                    }
+                }
+            }
+            for (p, row) in acc.iter().enumerate() {
+                for (v, &x) in row.iter().enumerate() {
+                    I::store(out.add(p * I::LANES * VB + I::LANES * v), x);
+                }
+            }
+        }
+    }
+
+    /// Position-lane weight-gradient tile: `out[WK·o + j] += Σ_m Σ_v Σ_i
+    /// d_m[o·dstride + L·v + i] · band_m[addr[j] + L·v + i]` for o < WO,
+    /// j < WK, over `vectors` vectors of each of `images` images (image m's
+    /// output gradient rows at `d + m·d_image`, its band at
+    /// `band + m·band_image`).
+    ///
+    /// # Safety
+    /// The CPU has `I`; every row and shifted band read, `L·vectors` long,
+    /// lies inside its buffer; `out` holds `WO·WK` values.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn weight_tile<I: Isa, const WO: usize, const WK: usize>(
+        images: usize,
+        vectors: usize,
+        d: *const f32,
+        (dstride, d_image): (usize, usize),
+        band: *const f32,
+        band_image: usize,
+        addr: &[usize; WK],
+        out: *mut f32,
+    ) {
+        unsafe {
+            let mut acc = [[I::zero(); WK]; WO];
+            for m in 0..images {
+                let dm = d.add(m * d_image);
+                let src: [*const f32; WK] = std::array::from_fn(|j| band.add(m * band_image + addr[j]));
+                for v in 0..vectors {
+                    let dv: [I::V; WO] = std::array::from_fn(|o| I::load(dm.add(o * dstride + I::LANES * v)));
+                    for (j, s) in src.iter().enumerate() {
+                        let b = I::load(s.add(I::LANES * v));
+                        for (row, &dvo) in acc.iter_mut().zip(&dv) {
+                            row[j] = I::fmadd(dvo, b, row[j]);
+                        }
+                    }
+                }
+            }
+            I::add_sums(acc.as_flattened(), out);
+        }
+    }
+
+    /// Channel-lane weight-gradient tile: `out[j·out_stride + L·v + i] +=
+    /// Σ_m Σ_p band_m[addr[j] + base[p]] · dt_m[p·dt_stride + L·v + i]` for
+    /// j < KB, v < VB: output channels along the lanes, summed over
+    /// `positions` output positions of each of `images` images (image m's
+    /// transposed output gradient at `dt + m·dt_image`, its band at
+    /// `band + m·band_image`).
+    ///
+    /// # Safety
+    /// The CPU has `I`; every read lies inside its buffer, and `out` rows
+    /// `out_stride` apart hold `L·VB` values each.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn weight_channel_tile<I: Isa, const KB: usize, const VB: usize>(
+        images: usize,
+        positions: usize,
+        dt: *const f32,
+        (dt_stride, dt_image): (usize, usize),
+        band: *const f32,
+        band_image: usize,
+        addr: &[usize; KB],
+        base: *const usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        unsafe {
+            let mut acc = [[I::zero(); VB]; KB];
+            for m in 0..images {
+                let dm = dt.add(m * dt_image);
+                let src: [*const f32; KB] = std::array::from_fn(|j| band.add(m * band_image + addr[j]));
+                for p in 0..positions {
+                    let bp = *base.add(p);
+                    let w: [I::V; VB] = std::array::from_fn(|v| I::load(dm.add(p * dt_stride + I::LANES * v)));
+                    for (row, s) in acc.iter_mut().zip(&src) {
+                        let b = I::splat(*s.add(bp));
+                        for (x, &wv) in row.iter_mut().zip(&w) {
+                            *x = I::fmadd(b, wv, *x);
+                        }
+                    }
+                }
+            }
+            for (j, row) in acc.iter().enumerate() {
+                for (v, &x) in row.iter().enumerate() {
+                    let o = out.add(j * out_stride + I::LANES * v);
+                    I::store(o, I::add(I::load(o), x));
+                }
+            }
+        }
     }
 }
+
+/// One instruction set's kernels: the bodies above instantiated for the
+/// tile shapes its registers allow, inside `#[target_feature]` functions.
+///
+/// # Safety
+/// Every method requires the CPU to have the instruction set ([`level`]),
+/// plus the body's own conditions.
+pub(crate) trait Kernels: Isa {
+    /// Output channels and (input channel, tap) pairs of a position-lane
+    /// weight-gradient tile.
+    const WEIGHT_TILE: (usize, usize);
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn forward_tile(
+        ob: usize,
+        nv: usize,
+        k_len: usize,
+        addr: *const usize,
+        band: *const f32,
+        w: *const f32,
+        out: *mut f32,
+        stride: usize,
+    );
+    unsafe fn channel_tile(vb: usize, k_len: usize, addr: *const usize, band: *const f32, base: &[usize], w: *const f32, out: *mut f32);
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn weight_tile(
+        images: usize,
+        vectors: usize,
+        d: *const f32,
+        d_layout: (usize, usize),
+        band: *const f32,
+        band_image: usize,
+        addr: &[usize],
+        out: *mut f32,
+    );
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn weight_channel_tile(
+        vb: usize,
+        images: usize,
+        positions: usize,
+        dt: *const f32,
+        dt_layout: (usize, usize),
+        band: *const f32,
+        band_image: usize,
+        addr: &[usize],
+        base: *const usize,
+        out: *mut f32,
+        out_stride: usize,
+    );
+}
+
+/// Implements [`Kernels`] for one instruction set: `$features` for its
+/// `#[target_feature]`, the (channels, vectors) shapes of the position-lane
+/// forward tile, the (vectors, positions) shapes of the channel-lane tiles,
+/// and the weight tile.
+macro_rules! kernels {
+    ($isa:ty, $features:literal, forward: [$($ob:literal x $nv:literal),*], channels: [$($vb:literal x $pb:literal),*], weight: $wo:literal x $wk:literal) => {
+        impl Kernels for $isa {
+            const WEIGHT_TILE: (usize, usize) = ($wo, $wk);
+            #[target_feature(enable = $features)]
+            unsafe fn forward_tile(ob: usize, nv: usize, k_len: usize, addr: *const usize, band: *const f32, w: *const f32, out: *mut f32, stride: usize) {
+                match (ob, nv) {
+                    $(($ob, $nv) => unsafe { body::forward_tile::<$isa, $ob, $nv>(k_len, addr, band, w, out, stride) },)*
+                    _ => unreachable!("no forward tile of {ob} x {nv}"),
+                }
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn channel_tile(vb: usize, k_len: usize, addr: *const usize, band: *const f32, base: &[usize], w: *const f32, out: *mut f32) {
+                match vb {
+                    $($vb => {
+                        let base: &[usize; $pb] = base.try_into().unwrap_or(&[0; $pb]);
+                        unsafe { body::channel_tile::<$isa, $pb, $vb>(k_len, addr, band, base, w, out) }
+                    })*
+                    _ => unreachable!("no channel tile of {vb} vectors"),
+                }
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn weight_tile(images: usize, vectors: usize, d: *const f32, d_layout: (usize, usize), band: *const f32, band_image: usize, addr: &[usize], out: *mut f32) {
+                let addr: &[usize; $wk] = addr.try_into().unwrap_or(&[0; $wk]);
+                unsafe { body::weight_tile::<$isa, $wo, $wk>(images, vectors, d, d_layout, band, band_image, addr, out) }
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn weight_channel_tile(
+                vb: usize,
+                images: usize,
+                positions: usize,
+                dt: *const f32,
+                dt_layout: (usize, usize),
+                band: *const f32,
+                band_image: usize,
+                addr: &[usize],
+                base: *const usize,
+                out: *mut f32,
+                out_stride: usize,
+            ) {
+                match vb {
+                    $($vb => {
+                        let addr: &[usize; $pb] = addr.try_into().unwrap_or(&[0; $pb]);
+                        unsafe { body::weight_channel_tile::<$isa, $pb, $vb>(images, positions, dt, dt_layout, band, band_image, addr, base, out, out_stride) }
+                    })*
+                    _ => unreachable!("no channel weight tile of {vb} vectors"),
+                }
+            }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+kernels!(
+    crate::host_nn::vector::Avx512,
+    "avx512f",
+    forward: [1 x 1, 1 x 2, 1 x 3, 1 x 4, 2 x 1, 2 x 2, 2 x 3, 2 x 4, 3 x 1, 3 x 2, 3 x 3, 3 x 4, 4 x 1, 4 x 2, 4 x 3, 4 x 4,
+              5 x 1, 5 x 2, 5 x 3, 5 x 4, 6 x 1, 6 x 2, 6 x 3, 6 x 4, 7 x 1, 7 x 2, 7 x 3, 8 x 1, 8 x 2, 8 x 3],
+    channels: [1 x 24, 2 x 12, 3 x 8, 4 x 6],
+    weight: 4 x 4
+);
+
+#[cfg(target_arch = "x86_64")]
+kernels!(
+    crate::host_nn::vector::Avx2,
+    "avx2,fma",
+    forward: [1 x 1, 1 x 2, 1 x 3, 1 x 4, 2 x 1, 2 x 2, 2 x 3, 2 x 4, 3 x 1, 3 x 2, 3 x 3, 3 x 4, 4 x 1, 4 x 2, 4 x 3,
+              5 x 1, 5 x 2, 6 x 1, 6 x 2, 7 x 1, 8 x 1],
+    channels: [1 x 12, 2 x 6, 3 x 4, 4 x 3],
+    weight: 2 x 4
+);
 
 /// Output channels per forward tile for `ocg` channels: blocks of at most
 /// 8, as even as possible.
@@ -41,15 +326,45 @@ fn forward_block(ocg: usize) -> usize {
 }
 
 /// Vectors of positions per forward tile for `ob` channels over `ncols`
-/// positions: 24 accumulators at most (of 32 registers) and at most 4, the
-/// count that computes the fewest vectors past `ncols` (the widest of
-/// those).
-fn forward_vectors(ob: usize, ncols: usize) -> usize {
-    let most = (24 / ob).clamp(1, 4);
-    let vectors = ncols.div_ceil(LANES);
+/// positions: the accumulators the registers allow and at most 4, the count
+/// that computes the fewest vectors past `ncols` (the widest of those).
+fn forward_vectors<I: Isa>(ob: usize, ncols: usize) -> usize {
+    let most = (I::ACCUMULATORS / ob).clamp(1, 4);
+    let vectors = ncols.div_ceil(I::LANES);
     (1..=most).rev().min_by_key(|&nv| vectors.div_ceil(nv) * nv).unwrap_or(1)
 }
 
+/// Vectors of output channels per channel-lane tile, and positions (or
+/// (input channel, tap) pairs) per tile.
+fn channel_shape<I: Isa>(ocg: usize) -> (usize, usize) {
+    let vb = ocg.div_ceil(I::LANES).clamp(1, 4);
+    (vb, I::ACCUMULATORS / vb)
+}
+
+/// Positions computed per real output position by the position-lane tiles
+/// (rows `wp` wide, tiles of whole vectors) and by the channel-lane tiles
+/// (channels in whole vectors, positions in whole tiles), for a band of `r`
+/// rows.
+fn waste<I: Isa>(g: &Geom, r: usize, wp: usize) -> (f64, f64) {
+    let lanes = I::LANES;
+    let ncols = (r - 1) * wp + g.ow;
+    let ob = forward_block(g.ocg);
+    let nv = forward_vectors::<I>(ob, ncols);
+    let by_position = (ncols.div_ceil(nv * lanes) * nv * lanes * g.ocg.div_ceil(ob) * ob) as f64 / (r * g.ow * g.ocg) as f64;
+    let (vb, pb) = channel_shape::<I>(g.ocg);
+    let by_channel = ((r * g.ow).div_ceil(pb) * pb * g.ocg.div_ceil(vb * lanes) * vb * lanes) as f64 / (r * g.ow * g.ocg) as f64;
+    (by_position, by_channel)
+}
+
+/// Whether channel-lane tiles waste clearly less than position-lane ones.
+fn by_channel<I: Isa>(g: &Geom, r: usize, wp: usize) -> bool {
+    let (by_position, by_channel) = waste::<I>(g, r, wp);
+    g.ocg >= I::LANES && by_channel * 1.05 < by_position
+}
+
+fn internal(what: &str) -> NnError {
+    NnError::invalid("conv2d", format!("internal: {what}"))
+}
 /// The weights of group `grp` packed for the forward tiles: per block of
 /// `ob` output channels, per (input channel, tap), the `ob` weights (zero
 /// for the channels past `ocg`).
@@ -70,311 +385,11 @@ fn pack_forward<T: NnFloat>(g: &Geom, tw: &TapWeights<'_, T>, grp: usize, ob: us
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::*;
-
-    /// The 16 sums of 16 vectors' lanes, as one vector: lane i holds the
-    /// sum of `v[i]` (a transposing tree of 45 instructions instead of 16
-    /// separate reductions of 8).
-    #[inline(always)]
-    unsafe fn sum16(v: [__m512; 16]) -> __m512 {
-        unsafe {
-            // Pairs: per 128-bit quarter, [a0+a2, b0+b2, a1+a3, b1+b3].
-            let p: [__m512; 8] = std::array::from_fn(|j| {
-                let (a, b) = (v[2 * j], v[2 * j + 1]);
-                _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
-            });
-            // Quads: per quarter, the quarter's sum of a, b, c, d.
-            let q: [__m512; 4] = std::array::from_fn(|j| {
-                let (a, b) = (_mm512_castps_pd(p[2 * j]), _mm512_castps_pd(p[2 * j + 1]));
-                _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)))
-            });
-            // q[j] quarter t holds vectors 4j..4j+4 over quarter t; add quarters.
-            let h0 = _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(q[0], q[1]), _mm512_shuffle_f32x4::<0b11_01_11_01>(q[0], q[1]));
-            let h1 = _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(q[2], q[3]), _mm512_shuffle_f32x4::<0b11_01_11_01>(q[2], q[3]));
-            // Quarters: the totals of vectors 0-3, 4-7, 8-11, 12-15.
-            _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(h0, h1), _mm512_shuffle_f32x4::<0b11_01_11_01>(h0, h1))
-        }
-    }
-
-    /// `out[4·o + j] += Σ d[o][p] · band[addr[j] + p]` over `vectors`
-    /// vectors of 16 positions of each of `images` images, for o < 4 and
-    /// j < 4: image m's output gradient rows start at `d + m·d_image`
-    /// (`dstride` apart), its band at `band + m·band_image`.
-    ///
-    /// # Safety
-    /// AVX-512F is available; every row and shifted band read, 16·vectors
-    /// long, lies inside its buffer; `out` holds 16 values.
-    #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn weight_tile(
-        images: usize,
-        vectors: usize,
-        d: *const f32,
-        (dstride, d_image): (usize, usize),
-        band: *const f32,
-        band_image: usize,
-        addr: &[usize; 4],
-        out: *mut f32,
-    ) {
-        unsafe {
-            let mut acc = [_mm512_setzero_ps(); 16];
-            for m in 0..images {
-                let dm = d.add(m * d_image);
-                let src: [*const f32; 4] = std::array::from_fn(|j| band.add(m * band_image + addr[j]));
-                for v in 0..vectors {
-                    let dv: [__m512; 4] = std::array::from_fn(|o| _mm512_loadu_ps(dm.add(o * dstride + 16 * v)));
-                    for (j, s) in src.iter().enumerate() {
-                        let b = _mm512_loadu_ps(s.add(16 * v));
-                        for (o, &dvo) in dv.iter().enumerate() {
-                            acc[4 * o + j] = _mm512_fmadd_ps(dvo, b, acc[4 * o + j]);
-                        }
-                    }
-                }
-            }
-            _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), sum16(acc)));
-        }
-    }
-
-    /// Channel-lane weight-gradient tile: `out[j·out_stride + 16·v + i] +=
-    /// Σ_m Σ_p band_m[addr[j] + base[p]] · dt_m[p·dt_stride + 16·v + i]` for
-    /// j < KB, v < VB: output channels along the lanes, summed over
-    /// `positions` output positions of each of `images` images (image m's
-    /// transposed output gradient at `dt + m·dt_image`, its band at
-    /// `band + m·band_image`).
-    ///
-    /// # Safety
-    /// AVX-512F is available; every read lies inside its buffer, and `out`
-    /// rows `out_stride` apart hold 16·VB values each.
-    #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn weight_channel_tile<const KB: usize, const VB: usize>(
-        images: usize,
-        positions: usize,
-        dt: *const f32,
-        (dt_stride, dt_image): (usize, usize),
-        band: *const f32,
-        band_image: usize,
-        addr: &[usize; KB],
-        base: *const usize,
-        out: *mut f32,
-        out_stride: usize,
-    ) {
-        unsafe {
-            let mut acc = [[_mm512_setzero_ps(); VB]; KB];
-            for m in 0..images {
-                let dm = dt.add(m * dt_image);
-                let src: [*const f32; KB] = std::array::from_fn(|j| band.add(m * band_image + addr[j]));
-                for p in 0..positions {
-                    let bp = *base.add(p);
-                    let w: [__m512; VB] = std::array::from_fn(|v| _mm512_loadu_ps(dm.add(p * dt_stride + 16 * v)));
-                    for (row, s) in acc.iter_mut().zip(&src) {
-                        let b = _mm512_set1_ps(*s.add(bp));
-                        for (x, &wv) in row.iter_mut().zip(&w) {
-                            *x = _mm512_fmadd_ps(b, wv, *x);
-                        }
-                    }
-                }
-            }
-            for (j, row) in acc.iter().enumerate() {
-                for (v, &x) in row.iter().enumerate() {
-                    let o = out.add(j * out_stride + 16 * v);
-                    _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), x));
-                }
-            }
-        }
-    }
-
-    /// Channel-lane tile: `out[p·16·VB + 16·v + i] = Σ_k band[addr[k] +
-    /// base[p]] · w[k·16·VB + 16·v + i]` for p < PB, v < VB, i < 16: output
-    /// channels along the lanes, `PB` output positions anywhere in the band.
-    ///
-    /// # Safety
-    /// AVX-512F is available; `band + addr[k] + base[p]` is readable, `w`
-    /// holds `k_len·16·VB` values and `out` `PB·16·VB`.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn channel_tile<const PB: usize, const VB: usize>(
-        k_len: usize,
-        addr: *const usize,
-        band: *const f32,
-        base: &[usize; PB],
-        w: *const f32,
-        out: *mut f32,
-    ) {
-        unsafe {
-            let src: [*const f32; PB] = std::array::from_fn(|p| band.add(base[p]));
-            let mut acc = [[_mm512_setzero_ps(); VB]; PB];
-            for k in 0..k_len {
-                let a = *addr.add(k);
-                let wk = w.add(k * 16 * VB);
-                let wv: [__m512; VB] = std::array::from_fn(|v| _mm512_loadu_ps(wk.add(16 * v)));
-                for (row, s) in acc.iter_mut().zip(&src) {
-                    let b = _mm512_set1_ps(*s.add(a));
-                    for (x, &wvv) in row.iter_mut().zip(&wv) {
-                        *x = _mm512_fmadd_ps(b, wvv, *x);
-                    }
-                }
-            }
-            for (p, row) in acc.iter().enumerate() {
-                for (v, &x) in row.iter().enumerate() {
-                    _mm512_storeu_ps(out.add(p * 16 * VB + 16 * v), x);
-                }
-            }
-        }
-    }
-
-    /// `out[o][16·v + i] = Σ_k w[k·OB + o] · band[addr[k] + 16·v + i]` for
-    /// o < OB, v < NV, i < 16.
-    ///
-    /// # Safety
-    /// AVX-512F is available; `band + addr[k] + 16·NV` is readable for every
-    /// k < k_len, `w` holds `k_len·OB` values, and `out + o·stride + 16·NV`
-    /// is writable for o < OB.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn forward_tile<const OB: usize, const NV: usize>(
-        k_len: usize,
-        addr: *const usize,
-        band: *const f32,
-        w: *const f32,
-        out: *mut f32,
-        stride: usize,
-    ) {
-        unsafe {
-            let mut acc = [[_mm512_setzero_ps(); NV]; OB];
-            for k in 0..k_len {
-                let src = band.add(*addr.add(k));
-                let mut x = [_mm512_setzero_ps(); NV];
-                for (v, xv) in x.iter_mut().enumerate() {
-                    *xv = _mm512_loadu_ps(src.add(16 * v));
-                }
-                let wk = w.add(k * OB);
-                for (o, row) in acc.iter_mut().enumerate() {
-                    let b = _mm512_set1_ps(*wk.add(o));
-                    for (a, &xv) in row.iter_mut().zip(&x) {
-                        *a = _mm512_fmadd_ps(b, xv, *a);
-                    }
-                }
-            }
-            for (o, row) in acc.iter().enumerate() {
-                for (v, &a) in row.iter().enumerate() {
-                    _mm512_storeu_ps(out.add(o * stride + 16 * v), a);
-                }
-            }
-        }
-    }
-}
-
-/// Runs the forward tile for a block of `ob` channels and `nv` vectors.
-///
-/// # Safety
-/// As [`x86::forward_tile`], with OB = `ob` ≤ 8 and NV = `nv` ≤ 4.
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn forward_tile(
-    ob: usize,
-    nv: usize,
-    k_len: usize,
-    addr: *const usize,
-    band: *const f32,
-    w: *const f32,
-    out: *mut f32,
-    stride: usize,
-) {
-    macro_rules! go {
-        ($($ob:literal => $nv:literal),*) => {
-            match (ob, nv) {
-                $(($ob, $nv) => unsafe { x86::forward_tile::<$ob, $nv>(k_len, addr, band, w, out, stride) },)*
-                _ => unreachable!("no forward tile of {ob} x {nv}"),
-            }
-        };
-    }
-    go!(
-        1 => 1, 1 => 2, 1 => 3, 1 => 4, 2 => 1, 2 => 2, 2 => 3, 2 => 4, 3 => 1, 3 => 2, 3 => 3, 3 => 4, 4 => 1, 4 => 2, 4 => 3, 4 => 4,
-        5 => 1, 5 => 2, 5 => 3, 5 => 4, 6 => 1, 6 => 2, 6 => 3, 6 => 4, 7 => 1, 7 => 2, 7 => 3, 8 => 1, 8 => 2, 8 => 3
-    )
-}
-
-/// Vectors of output channels per channel-lane tile, and positions per
-/// tile (24 accumulators).
-fn channel_shape(ocg: usize) -> (usize, usize) {
-    let vb = ocg.div_ceil(LANES).clamp(1, 4);
-    (vb, 24 / vb)
-}
-
-/// Runs the channel-lane tile for `vb` vectors of channels.
-///
-/// # Safety
-/// As [`x86::channel_tile`], with PB = 24 / `vb` positions in `base`.
-#[cfg(target_arch = "x86_64")]
-unsafe fn channel_tile(vb: usize, k_len: usize, addr: *const usize, band: *const f32, base: &[usize], w: *const f32, out: *mut f32) {
-    macro_rules! go {
-        ($($vb:literal => $pb:literal),*) => {
-            match vb {
-                $($vb => {
-                    let base: &[usize; $pb] = base.try_into().unwrap_or(&[0; $pb]);
-                    unsafe { x86::channel_tile::<$pb, $vb>(k_len, addr, band, base, w, out) }
-                })*
-                _ => unreachable!("no channel tile of {vb} vectors"),
-            }
-        };
-    }
-    go!(1 => 24, 2 => 12, 3 => 8, 4 => 6)
-}
-
-/// Runs the channel-lane weight tile for `vb` vectors of channels (and
-/// 24 / `vb` (input channel, tap) pairs, the length of `addr`).
-///
-/// # Safety
-/// As [`x86::weight_channel_tile`].
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn weight_channel_tile(
-    vb: usize,
-    images: usize,
-    positions: usize,
-    dt: *const f32,
-    dt_layout: (usize, usize),
-    band: *const f32,
-    band_image: usize,
-    addr: &[usize],
-    base: *const usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    macro_rules! go {
-        ($($vb:literal => $kb:literal),*) => {
-            match vb {
-                $($vb => {
-                    let addr: &[usize; $kb] = addr.try_into().unwrap_or(&[0; $kb]);
-                    unsafe { x86::weight_channel_tile::<$kb, $vb>(images, positions, dt, dt_layout, band, band_image, addr, base, out, out_stride) }
-                })*
-                _ => unreachable!("no channel weight tile of {vb} vectors"),
-            }
-        };
-    }
-    go!(1 => 24, 2 => 12, 3 => 8, 4 => 6)
-}
-
-/// Positions computed per real output position by the position-lane tiles
-/// (rows `wp` wide, tiles of whole vectors) and by the channel-lane tiles
-/// (channels in whole vectors, positions in whole tiles), for a band of `r`
-/// rows.
-fn waste(g: &Geom, r: usize, wp: usize) -> (f64, f64) {
-    let ncols = (r - 1) * wp + g.ow;
-    let ob = forward_block(g.ocg);
-    let nv = forward_vectors(ob, ncols);
-    let lanes = (ncols.div_ceil(nv * LANES) * nv * LANES * g.ocg.div_ceil(ob) * ob) as f64 / (r * g.ow * g.ocg) as f64;
-    let (vb, pb) = channel_shape(g.ocg);
-    let channels = ((r * g.ow).div_ceil(pb) * pb * g.ocg.div_ceil(vb * LANES) * vb * LANES) as f64 / (r * g.ow * g.ocg) as f64;
-    (lanes, channels)
-}
-
 /// The weights of group `grp` packed for the channel-lane tiles: per block
-/// of `16·vb` output channels, per (input channel, tap), the channels' weights
+/// of `lanes·vb` output channels, per (input channel, tap), the channels' weights
 /// (zero past `ocg`).
-fn pack_channels<T: NnFloat>(g: &Geom, tw: &TapWeights<'_, T>, grp: usize, vb: usize, out: &mut [f32]) {
-    let (taps, k_len, width) = (g.taps(), g.k_len(), vb * LANES);
+fn pack_channels<T: NnFloat>(g: &Geom, tw: &TapWeights<'_, T>, grp: usize, vb: usize, lanes: usize, out: &mut [f32]) {
+    let (taps, k_len, width) = (g.taps(), g.k_len(), vb * lanes);
     for b in 0..g.ocg.div_ceil(width) {
         for c in 0..g.icg {
             for t in 0..taps {
@@ -392,7 +407,7 @@ fn pack_channels<T: NnFloat>(g: &Geom, tw: &TapWeights<'_, T>, grp: usize, vb: u
 /// `out = conv(input, weights) + bias` for a stride-1 geometry in f32:
 /// position-lane tiles, or channel-lane tiles where rows are narrow enough
 /// that padding them to whole vectors would waste more.
-pub(crate) fn forward<T: NnFloat>(
+pub(crate) fn forward<I: Kernels, T: NnFloat>(
     g: &Geom,
     input: &[f32],
     tw: TapWeights<'_, T>,
@@ -408,16 +423,15 @@ pub(crate) fn forward<T: NnFloat>(
     let rows = super::shifted::band_rows::<f32>(g, g.icg, blocks * ob, wp, g.n * g.groups, threads);
     let bands = g.oh.div_ceil(rows);
     let units = g.n * g.groups * bands;
-    let (lane_waste, channel_waste) = waste(g, rows.min(g.oh), wp);
-    let by_channel = g.ocg >= LANES && channel_waste * 1.05 < lane_waste;
-    let (vb, pb) = channel_shape(g.ocg);
+    let by_channel = by_channel::<I>(g, rows.min(g.oh), wp);
+    let (vb, pb) = channel_shape::<I>(g.ocg);
     // Packed weights of every group, made once.
-    let group_len = if by_channel { g.ocg.div_ceil(vb * LANES) * vb * LANES * k_len } else { blocks * ob * k_len };
+    let group_len = if by_channel { g.ocg.div_ceil(vb * I::LANES) * vb * I::LANES * k_len } else { blocks * ob * k_len };
     let mut packed = crate::host_nn::work::zeroed::<f32>(OP, g.groups * group_len)?;
     for grp in 0..g.groups {
         let dst = &mut packed[grp * group_len..(grp + 1) * group_len];
         if by_channel {
-            pack_channels(g, &tw, grp, vb, dst);
+            pack_channels(g, &tw, grp, vb, I::LANES, dst);
         } else {
             pack_forward(g, &tw, grp, ob, dst);
         }
@@ -438,10 +452,10 @@ pub(crate) fn forward<T: NnFloat>(
             let w = &packed[grp * group_len..(grp + 1) * group_len];
             let add = |o: usize| bias.map_or(0.0, |b| b[grp * g.ocg + o].to_f64() as f32);
             if by_channel {
-                let width = vb * LANES;
+                let width = vb * I::LANES;
                 let positions = r * g.ow;
                 let ((band, tile), table) = ws.two_and_offsets(g.icg * plane, pb * width, k_len + positions)?;
-                let _ = super::shifted::fill_band(g, &input[(n * g.c_in() + grp * g.icg) * ip..], g.icg, y0, rr, wp, plane, band);
+                let _ = super::shifted::fill_band(g, &input[(n * g.c_in() + grp * g.icg) * ip..], g.icg, y0, rr, wp, plane, band, false);
                 let (addr, base) = table.split_at_mut(k_len);
                 for (k, a) in addr.iter_mut().enumerate() {
                     let (c, t) = (k / g.taps(), k % g.taps());
@@ -459,12 +473,11 @@ pub(crate) fn forward<T: NnFloat>(
                         for (p, tb) in tile_base.iter_mut().enumerate() {
                             *tb = base[j0 + p.min(count - 1)];
                         }
-                        // SAFETY: AVX-512F was detected; band reads addr[k] +
+                        // SAFETY: the caller checked the CPU has I; band reads addr[k] +
                         // base[j] < icg·plane; the block's packed weights hold
                         // k_len·width values; tile holds pb·width.
-                        #[cfg(target_arch = "x86_64")]
                         unsafe {
-                            channel_tile(
+                            I::channel_tile(
                                 vb,
                                 k_len,
                                 addr.as_ptr(),
@@ -488,13 +501,13 @@ pub(crate) fn forward<T: NnFloat>(
                 }
                 return Ok(());
             }
-            let nv = forward_vectors(ob, ncols);
-            let span = nv * LANES;
+            let nv = forward_vectors::<I>(ob, ncols);
+            let span = nv * I::LANES;
             let tiles = ncols.div_ceil(span);
             let stride = tiles * span;
             // The last tile reads up to `span` past the last band row.
             let ((band, prod), addr) = ws.two_and_offsets(g.icg * plane + span, blocks * ob * stride, k_len)?;
-            let _ = super::shifted::fill_band(g, &input[(n * g.c_in() + grp * g.icg) * ip..], g.icg, y0, rr, wp, plane, band);
+            let _ = super::shifted::fill_band(g, &input[(n * g.c_in() + grp * g.icg) * ip..], g.icg, y0, rr, wp, plane, band, false);
             band[g.icg * plane..].fill(0.0);
             for (k, a) in addr.iter_mut().enumerate() {
                 let (c, t) = (k / g.taps(), k % g.taps());
@@ -502,14 +515,13 @@ pub(crate) fn forward<T: NnFloat>(
             }
             for blk in 0..blocks {
                 for tile in 0..tiles {
-                    // SAFETY: AVX-512F was detected (the caller checks `available`);
+                    // SAFETY: the caller checked the CPU has I;
                     // band offsets addr[k] + tile·span + span ≤ icg·plane + span
                     // (addr[k] + ncols ≤ icg·plane and tile·span < ncols); the
                     // packed block holds k_len·ob weights; prod rows are `stride`
                     // long, ob rows per block.
-                    #[cfg(target_arch = "x86_64")]
                     unsafe {
-                        forward_tile(
+                        I::forward_tile(
                             ob,
                             nv,
                             k_len,
@@ -539,10 +551,6 @@ pub(crate) fn forward<T: NnFloat>(
     )
 }
 
-/// Output channels and (input channel, tap) pairs per weight-gradient tile.
-const WB_O: usize = 4;
-const WB_K: usize = 4;
-
 /// Workspace the weight gradient aims for: bands of several whole images
 /// when they fit, so that each tile's lanes are summed once per group.
 const WEIGHT_WORKSPACE: usize = 3 << 19;
@@ -550,7 +558,7 @@ const WEIGHT_WORKSPACE: usize = 3 << 19;
 /// Adds to `acc` (`[ocg, (c1 − c0)·taps]`) the weight gradient of group
 /// `grp`'s input channels `c0..c1` over images `n0..n1`, in f32 tiles.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn accumulate_weight<T: NnFloat>(
+pub(crate) fn accumulate_weight<I: Kernels, T: NnFloat>(
     g: &Geom,
     input: &[f32],
     dout: &[f32],
@@ -567,19 +575,17 @@ pub(crate) fn accumulate_weight<T: NnFloat>(
         return Ok(());
     }
     let wp = g.ow + (g.kw - 1) * g.dw;
-    if g.ocg >= LANES {
-        let (lane_waste, channel_waste) = waste(g, g.oh, wp);
-        if channel_waste * 1.05 < lane_waste {
-            return accumulate_weight_channels(g, input, dout, (n0, n1), grp, (c0, c1), acc, ws);
-        }
+    if by_channel::<I>(g, g.oh, wp) {
+        return accumulate_weight_channels::<I, T>(g, input, dout, (n0, n1), grp, (c0, c1), acc, ws);
     }
-    let o_rows = g.ocg.div_ceil(WB_O) * WB_O;
-    let k_blocks = kb.div_ceil(WB_K);
+    let (wb_o, wb_k) = I::WEIGHT_TILE;
+    let o_rows = g.ocg.div_ceil(wb_o) * wb_o;
+    let k_blocks = kb.div_ceil(wb_k);
     let rows = super::shifted::band_rows::<f32>(g, cb, o_rows, wp, usize::MAX, 1);
     // Whole images per band: group as many as the workspace holds.
     let per_image = |r: usize| {
         let plane = (r + (g.kh - 1) * g.dh) * wp;
-        (cb * plane + LANES + o_rows * ((r - 1) * wp + g.ow).div_ceil(LANES) * LANES) * 4
+        (cb * plane + I::LANES + o_rows * ((r - 1) * wp + g.ow).div_ceil(I::LANES) * I::LANES) * 4
     };
     let images = if rows >= g.oh { (WEIGHT_WORKSPACE / per_image(g.oh)).clamp(1, n1 - n0) } else { 1 };
     let mut n = n0;
@@ -591,17 +597,17 @@ pub(crate) fn accumulate_weight<T: NnFloat>(
             let rr = r + (g.kh - 1) * g.dh;
             let plane = rr * wp;
             let ncols = (r - 1) * wp + g.ow;
-            let dstride = ncols.div_ceil(LANES) * LANES;
-            let (band_image, d_image) = (cb * plane + LANES, o_rows * dstride);
-            let ((band_t, dbuf_t), addr) = ws.two_and_offsets(m_count * band_image, m_count * d_image, k_blocks * WB_K)?;
+            let dstride = ncols.div_ceil(I::LANES) * I::LANES;
+            let (band_image, d_image) = (cb * plane + I::LANES, o_rows * dstride);
+            let ((band_t, dbuf_t), addr) = ws.two_and_offsets(m_count * band_image, m_count * d_image, k_blocks * wb_k)?;
             let (Some(band), Some(dbuf)) = (T::as_f32_mut(band_t), T::as_f32_mut(dbuf_t)) else {
-                return Err(crate::host_nn::NnError::invalid("conv2d", "internal: f32 kernels on another type"));
+                return Err(internal("f32 kernels on another type"));
             };
             let mut finite = true;
             for m in 0..m_count {
                 let img = n + m;
                 let bm = &mut band[m * band_image..(m + 1) * band_image];
-                finite &= super::shifted::fill_band(g, &input[(img * g.c_in() + grp * g.icg + c0) * ip..], cb, y0, rr, wp, plane, bm);
+                finite &= super::shifted::fill_band(g, &input[(img * g.c_in() + grp * g.icg + c0) * ip..], cb, y0, rr, wp, plane, bm, true);
                 bm[cb * plane..].fill(0.0);
                 let dm = &mut dbuf[m * d_image..(m + 1) * d_image];
                 for o in 0..o_rows {
@@ -611,12 +617,15 @@ pub(crate) fn accumulate_weight<T: NnFloat>(
                         continue;
                     }
                     let src = &dout[(img * g.c_out() + grp * g.ocg + o) * op + y0 * g.ow..][..r * g.ow];
+                    if wp > g.ow {
+                        // One fill, then the rows: short rows make per-row fills cost more than the data.
+                        dst.fill(0.0);
+                    } else {
+                        dst[ncols..].fill(0.0);
+                    }
                     for (y, s) in src.chunks(g.ow).enumerate() {
                         dst[y * wp..y * wp + g.ow].copy_from_slice(s);
-                        let end = ((y + 1) * wp).min(dstride);
-                        dst[y * wp + g.ow..end].fill(0.0);
                     }
-                    dst[ncols..].fill(0.0);
                 }
             }
             if !finite {
@@ -639,22 +648,20 @@ pub(crate) fn accumulate_weight<T: NnFloat>(
                 let (c, t) = (k / taps, k % taps);
                 *a = c * plane + (t / g.kw) * g.dh * wp + (t % g.kw) * g.dw;
             }
-            for ob in 0..o_rows / WB_O {
+            for ob in 0..o_rows / wb_o {
                 for kbk in 0..k_blocks {
-                    let tile_addr: &[usize; WB_K] = addr[kbk * WB_K..(kbk + 1) * WB_K]
-                        .try_into()
-                        .map_err(|_| crate::host_nn::NnError::invalid("conv2d", "internal: weight tile offsets"))?;
-                    let mut sums = [0f32; WB_O * WB_K];
-                    // SAFETY: AVX-512F was detected; image m's output
-                    // gradient rows ob·4.. hold dstride values each, its band
-                    // reads addr[j] + dstride ≤ cb·plane + 16 (addr[j] +
-                    // ncols ≤ cb·plane, dstride − ncols < 16); sums holds 16.
-                    #[cfg(target_arch = "x86_64")]
+                    let tile_addr = &addr[kbk * wb_k..(kbk + 1) * wb_k];
+                    let mut sums = [0f32; 16];
+                    // SAFETY: the caller checked the CPU has I; image m's
+                    // output gradient rows ob·wb_o.. hold dstride values
+                    // each, its band reads addr[j] + dstride ≤ cb·plane + L
+                    // (addr[j] + ncols ≤ cb·plane, dstride − ncols < L);
+                    // sums holds wb_o·wb_k ≤ 16.
                     unsafe {
-                        x86::weight_tile(
+                        I::weight_tile(
                             m_count,
-                            dstride / LANES,
-                            dbuf.as_ptr().add(ob * WB_O * dstride),
+                            dstride / I::LANES,
+                            dbuf.as_ptr().add(ob * wb_o * dstride),
                             (dstride, d_image),
                             band.as_ptr(),
                             band_image,
@@ -662,15 +669,15 @@ pub(crate) fn accumulate_weight<T: NnFloat>(
                             sums.as_mut_ptr(),
                         );
                     }
-                    for i in 0..WB_O {
-                        let o = ob * WB_O + i;
+                    for i in 0..wb_o {
+                        let o = ob * wb_o + i;
                         if o >= g.ocg {
                             break;
                         }
-                        for j in 0..WB_K {
-                            let k = kbk * WB_K + j;
+                        for j in 0..wb_k {
+                            let k = kbk * wb_k + j;
                             if k < kb {
-                                acc[o * kb + k] += sums[i * WB_K + j];
+                                acc[o * kb + k] += sums[i * wb_k + j];
                             }
                         }
                     }
@@ -689,7 +696,7 @@ pub(crate) fn accumulate_weight<T: NnFloat>(
 /// times the transposed output gradient; the sums gather in a transposed
 /// copy of the gradient, added to `acc` at the end.
 #[allow(clippy::too_many_arguments)]
-fn accumulate_weight_channels<T: NnFloat>(
+fn accumulate_weight_channels<I: Kernels, T: NnFloat>(
     g: &Geom,
     input: &[f32],
     dout: &[f32],
@@ -703,8 +710,8 @@ fn accumulate_weight_channels<T: NnFloat>(
     let (ip, op, taps) = (g.in_plane(), g.out_plane(), g.taps());
     let (cb, kb) = (c1 - c0, (c1 - c0) * g.taps());
     let wp = g.ow + (g.kw - 1) * g.dw;
-    let (vb, kbw) = channel_shape(g.ocg);
-    let width = vb * LANES;
+    let (vb, kbw) = channel_shape::<I>(g.ocg);
+    let width = vb * I::LANES;
     let o_pad = g.ocg.div_ceil(width) * width;
     let k_blocks = kb.div_ceil(kbw);
     let rows = super::shifted::band_rows::<f32>(g, cb, o_pad, wp, usize::MAX, 1);
@@ -724,7 +731,7 @@ fn accumulate_weight_channels<T: NnFloat>(
             let (band_image, dt_image) = (cb * plane, positions * o_pad);
             let ((band_t, dt_t), table) = ws.two_and_offsets(m_count * band_image, m_count * dt_image, k_blocks * kbw + positions)?;
             let (Some(band), Some(dt)) = (T::as_f32_mut(band_t), T::as_f32_mut(dt_t)) else {
-                return Err(crate::host_nn::NnError::invalid(OP, "internal: f32 kernels on another type"));
+                return Err(internal("f32 kernels on another type"));
             };
             for m in 0..m_count {
                 let img = n + m;
@@ -737,6 +744,7 @@ fn accumulate_weight_channels<T: NnFloat>(
                     wp,
                     plane,
                     &mut band[m * band_image..],
+                    false,
                 );
                 let dm = &mut dt[m * dt_image..(m + 1) * dt_image];
                 for o in 0..o_pad {
@@ -763,12 +771,11 @@ fn accumulate_weight_channels<T: NnFloat>(
             }
             for ob in 0..o_pad / width {
                 for kbk in 0..k_blocks {
-                    // SAFETY: AVX-512F was detected; band reads addr[k] +
+                    // SAFETY: the caller checked the CPU has I; band reads addr[k] +
                     // base[p] < cb·plane per image, transposed gradient rows
                     // hold o_pad values; acc_t rows kbk·kbw.. hold o_pad.
-                    #[cfg(target_arch = "x86_64")]
                     unsafe {
-                        weight_channel_tile(
+                        I::weight_channel_tile(
                             vb,
                             m_count,
                             positions,

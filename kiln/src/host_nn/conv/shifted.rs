@@ -9,12 +9,14 @@
 use super::geom::Geom;
 use super::{TapWeights, Workspace, WORKSPACE_BYTES};
 use crate::host_nn::matmul::{gemm, MatRef};
+use crate::host_nn::vector::{level, Level};
 use crate::host_nn::work::{for_each_unit, SharedMut};
 use crate::host_nn::{NnFloat, NnResult};
 
 /// Copies input rows `y0 − pt ..` of `channels` planes (`img`, h×w each)
 /// into `band` (planes of `plane` elements, rows of `wp`), zero where the
-/// padding is. Returns whether every value copied is finite.
+/// padding is. With `check`, returns whether every value copied is finite
+/// (else true).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fill_band<T: NnFloat>(
     g: &Geom,
@@ -25,31 +27,44 @@ pub(crate) fn fill_band<T: NnFloat>(
     wp: usize,
     plane: usize,
     band: &mut [T],
+    check: bool,
 ) -> bool {
-    let mut finite = true;
     let ip = g.in_plane();
     // Band columns x read input column x − pl.
     let lo = g.pl.clamp(0, wp as isize) as usize;
     let hi = (g.pl + g.w as isize).clamp(lo as isize, wp as isize) as usize;
+    // Input rows inside the image: band rows r0..r1.
+    let r0 = (g.pt - y0 as isize).clamp(0, rr as isize) as usize;
+    let r1 = (g.pt + g.h as isize - y0 as isize).clamp(r0 as isize, rr as isize) as usize;
+    let interior = lo < hi && r0 < r1;
+    // Zero everything but the interior in as few passes as the layout allows
+    // (short rows make per-row fills cost more than the data).
+    if !interior || wp - (hi - lo) > 0 {
+        band[..channels * plane].fill(T::ZERO);
+    } else {
+        for c in 0..channels {
+            let dst = &mut band[c * plane..(c + 1) * plane];
+            dst[..r0 * wp].fill(T::ZERO);
+            dst[r1 * wp..].fill(T::ZERO);
+        }
+    }
+    if !interior {
+        return true;
+    }
+    let mut finite = true;
+    let first = (lo as isize - g.pl) as usize;
     for c in 0..channels {
         let src = &img[c * ip..(c + 1) * ip];
         let dst = &mut band[c * plane..(c + 1) * plane];
-        for r in 0..rr {
-            let row = &mut dst[r * wp..(r + 1) * wp];
+        for r in r0..r1 {
             let iy = (y0 + r) as isize - g.pt;
-            if iy < 0 || iy >= g.h as isize || lo >= hi {
-                row.fill(T::ZERO);
-                continue;
-            }
-            row[..lo].fill(T::ZERO);
-            row[hi..].fill(T::ZERO);
-            let from = iy as usize * g.w + (lo as isize - g.pl) as usize;
+            let from = iy as usize * g.w + first;
             let part = &src[from..from + (hi - lo)];
-            row[lo..hi].copy_from_slice(part);
-            // 0·x is 0 for every finite x, NaN for ±∞ and NaN.
-            finite &= part.iter().fold(T::ZERO, |a, &v| a + T::ZERO * v) == T::ZERO;
+            dst[r * wp + lo..r * wp + hi].copy_from_slice(part);
+            if check {
+                finite &= part.iter().fold(true, |ok, v| ok & v.is_finite());
+            }
         }
-        dst[rr * wp..].fill(T::ZERO);
     }
     finite
 }
@@ -76,10 +91,14 @@ pub(crate) fn forward<T: NnFloat>(
     out: &mut [T],
     threads: usize,
 ) -> NnResult<()> {
-    if let (Some(x), true) = (T::as_f32(input), super::direct::available()) {
-        if let Some(o) = T::as_f32_mut(out) {
-            return super::direct::forward(g, x, tw, bias, o, threads);
+    if let (Some(x), Some(o)) = (T::as_f32(input), T::as_f32_mut(out)) {
+        #[cfg(target_arch = "x86_64")]
+        match level() {
+            Level::Avx512 => return super::direct::forward::<crate::host_nn::vector::Avx512, T>(g, x, tw, bias, o, threads),
+            Level::Avx2 => return super::direct::forward::<crate::host_nn::vector::Avx2, T>(g, x, tw, bias, o, threads),
+            Level::Portable => {}
         }
+        let _ = (x, o);
     }
     let (ip, op) = (g.in_plane(), g.out_plane());
     let wp = g.ow + (g.kw - 1) * g.dw;
@@ -101,7 +120,7 @@ pub(crate) fn forward<T: NnFloat>(
             let plane = rr * wp;
             let (band, prod) = ws.two(g.icg * plane, g.ocg * r * wp)?;
             // The dropped columns are never read back: a non-finite input there is harmless.
-            let _ = fill_band(g, &input[(n * g.c_in() + grp * g.icg) * ip..], g.icg, y0, rr, wp, plane, band);
+            let _ = fill_band(g, &input[(n * g.c_in() + grp * g.icg) * ip..], g.icg, y0, rr, wp, plane, band, false);
             let ncols = (r - 1) * wp + g.ow;
             for tap in 0..g.taps() {
                 let off = (tap / g.kw) * g.dh * wp + (tap % g.kw) * g.dw;
@@ -152,10 +171,18 @@ pub(crate) fn accumulate_weight<T: NnFloat>(
     acc: &mut [T],
     ws: &mut Workspace<T>,
 ) -> NnResult<()> {
-    if let (Some(x), Some(d), true) = (T::as_f32(input), T::as_f32(dout), super::direct::available()) {
-        if let Some(a) = T::as_f32_mut(acc) {
-            return super::direct::accumulate_weight(g, x, d, (n0, n1), grp, (c0, c1), a, ws);
+    if let (Some(x), Some(d), Some(a)) = (T::as_f32(input), T::as_f32(dout), T::as_f32_mut(acc)) {
+        #[cfg(target_arch = "x86_64")]
+        match level() {
+            Level::Avx512 => {
+                return super::direct::accumulate_weight::<crate::host_nn::vector::Avx512, T>(g, x, d, (n0, n1), grp, (c0, c1), a, ws)
+            }
+            Level::Avx2 => {
+                return super::direct::accumulate_weight::<crate::host_nn::vector::Avx2, T>(g, x, d, (n0, n1), grp, (c0, c1), a, ws)
+            }
+            Level::Portable => {}
         }
+        let _ = (x, d, a);
     }
     let (ip, op, taps) = (g.in_plane(), g.out_plane(), g.taps());
     let cb = c1 - c0;
@@ -171,7 +198,7 @@ pub(crate) fn accumulate_weight<T: NnFloat>(
             let rr = r + (g.kh - 1) * g.dh;
             let plane = rr * wp;
             let (band, dbuf) = ws.two(cb * plane, g.ocg * r * wp)?;
-            let finite = fill_band(g, &input[(n * g.c_in() + grp * g.icg + c0) * ip..], cb, y0, rr, wp, plane, band);
+            let finite = fill_band(g, &input[(n * g.c_in() + grp * g.icg + c0) * ip..], cb, y0, rr, wp, plane, band, true);
             for o in 0..g.ocg {
                 let src = &dout[(n * g.c_out() + grp * g.ocg + o) * op + y0 * g.ow..][..r * g.ow];
                 let dst = &mut dbuf[o * r * wp..(o + 1) * r * wp];

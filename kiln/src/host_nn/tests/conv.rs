@@ -158,6 +158,34 @@ fn conv2d_matches_the_definition_on_layer_shapes() {
     }
 }
 
+/// The AVX2 kernels and the portable paths, which this machine may not
+/// pick by itself, on the layer shapes and random arguments (the level is
+/// process-wide: tests running meanwhile take these paths too, correctly).
+#[test]
+fn conv2d_every_instruction_set_matches_the_definition() {
+    use crate::host_nn::vector::{set_ceiling, Level};
+    let mut r = Rng(43);
+    for level in [Level::Avx2, Level::Portable] {
+        set_ceiling(level);
+        for p in [
+            conv(3, 1, 6, [28, 28], 5, 1, 2, 1),
+            conv(2, 6, 16, [14, 14], 5, 1, 0, 1),
+            conv(2, 8, 40, [7, 7], 3, 1, 1, 1),
+            conv(3, 32, 64, [14, 14], 3, 1, 1, 1),
+            conv(1, 24, 24, [30, 20], 3, 1, 1, 1),
+        ] {
+            for threads in [1, 3] {
+                check_conv::<f32>(&p, &mut r, threads);
+            }
+        }
+        for case in 0..100 {
+            let p = random_conv(&mut r);
+            check_conv::<f32>(&p, &mut r, 1 + case % 2);
+        }
+    }
+    set_ceiling(Level::Avx512);
+}
+
 /// The loss `Σ y·m` for a fixed mask m, from the fast forward.
 fn loss(p: &Conv2dParams, x: &[f64], w: &[f64], b: &[f64], m: &[f64]) -> f64 {
     let mut y = vec![0.0; m.len()];
