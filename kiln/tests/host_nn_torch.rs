@@ -108,6 +108,26 @@ fn n(s: &[usize]) -> usize {
 type Case = Result<String, NnError>;
 
 fn conv_case<T: NnFloat>(r: &mut Rng, dtype: &str, threads: usize) -> Case {
+    // One case in eight is a layer of 16–48 channels per group, 3×3 or 5×5:
+    // the sizes where the fast kernels (f32 direct tiles and Winograd) run.
+    if r.below(8) == 0 {
+        let groups = r.pick(&[1, 1, 2]);
+        let k = r.pick(&[3, 3, 3, 5]);
+        let p = Conv2dParams {
+            batch: r.range(1, 3),
+            in_channels: groups * r.pick(&[16, 24, 32, 48]),
+            out_channels: groups * r.pick(&[16, 32, 40]),
+            input: [r.range(k, 18), r.range(k, 18)],
+            kernel: [k, k],
+            stride: [1, 1],
+            padding: Padding2d { top: r.range(0, 2), bottom: r.range(0, 2), left: r.range(0, 2), right: r.range(0, 2) },
+            dilation: [1, 1],
+            groups,
+        };
+        if p.validate().is_ok() {
+            return conv_case_of::<T>(r, p, false, dtype, threads);
+        }
+    }
     let p = loop {
         let groups = r.pick(&[1, 1, 1, 2, 3]);
         let same = r.below(6) == 0;
@@ -137,6 +157,10 @@ fn conv_case<T: NnFloat>(r: &mut Rng, dtype: &str, threads: usize) -> Case {
         }
     };
     let (p, same) = p;
+    conv_case_of::<T>(r, p, same, dtype, threads)
+}
+
+fn conv_case_of<T: NnFloat>(r: &mut Rng, p: Conv2dParams, same: bool, dtype: &str, threads: usize) -> Case {
     let out = p.validate()?;
     let (x, w, b, dy) = (r.vals(n(&p.input_shape())), r.vals(n(&p.weight_shape())), r.vals(p.out_channels), r.vals(n(&out)));
     let bias = r.below(2) == 0;

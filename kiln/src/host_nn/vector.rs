@@ -78,6 +78,12 @@ pub(crate) trait Isa: Copy + Send + Sync + 'static {
     /// `a·b + c`.
     unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
+    /// The even and the odd elements of the `2·LANES` values at `p`.
+    unsafe fn load_even_odd(p: *const f32) -> (Self::V, Self::V);
+    /// `a` and `b` interleaved: (`a0 b0 a1 b1 …` up to lane LANES/2,
+    /// the rest).
+    unsafe fn interleave(a: Self::V, b: Self::V) -> (Self::V, Self::V);
     /// `out[i] += Σ lanes of acc[i]` for every i (a transposing tree).
     unsafe fn add_sums(acc: &[Self::V], out: *mut f32);
 }
@@ -120,6 +126,27 @@ mod x86 {
         #[inline(always)]
         unsafe fn add(a: __m512, b: __m512) -> __m512 {
             unsafe { _mm512_add_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn sub(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_sub_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn load_even_odd(p: *const f32) -> (__m512, __m512) {
+            unsafe {
+                let (a, b) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+                let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+                (_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b))
+            }
+        }
+        #[inline(always)]
+        unsafe fn interleave(a: __m512, b: __m512) -> (__m512, __m512) {
+            unsafe {
+                let lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+                let hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+                (_mm512_permutex2var_ps(a, lo, b), _mm512_permutex2var_ps(a, hi, b))
+            }
         }
         #[inline(always)]
         unsafe fn add_sums(acc: &[__m512], out: *mut f32) {
@@ -188,6 +215,30 @@ mod x86 {
         #[inline(always)]
         unsafe fn add(a: __m256, b: __m256) -> __m256 {
             unsafe { _mm256_add_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn sub(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_sub_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn load_even_odd(p: *const f32) -> (__m256, __m256) {
+            unsafe {
+                let (a, b) = (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)));
+                // Per 128-bit half [a0 a2 b0 b2 | a4 a6 b4 b6], then the 64-bit pairs in order.
+                let even = _mm256_shuffle_ps::<0b10_00_10_00>(a, b);
+                let odd = _mm256_shuffle_ps::<0b11_01_11_01>(a, b);
+                (
+                    _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(even))),
+                    _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(odd))),
+                )
+            }
+        }
+        #[inline(always)]
+        unsafe fn interleave(a: __m256, b: __m256) -> (__m256, __m256) {
+            unsafe {
+                let (lo, hi) = (_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+                (_mm256_permute2f128_ps::<0x20>(lo, hi), _mm256_permute2f128_ps::<0x31>(lo, hi))
+            }
         }
         #[inline(always)]
         unsafe fn add_sums(acc: &[__m256], out: *mut f32) {

@@ -241,6 +241,13 @@ pub(crate) trait Kernels: Isa {
         out: *mut f32,
         out_stride: usize,
     );
+    /// [`super::winograd::body::input_row`].
+    unsafe fn wino_input_row(rows: [*const f32; 4], tw: usize, v: *mut f32, xi_stride: usize);
+    /// [`super::winograd::body::output_row`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn wino_output_row(m: *const f32, xi_stride: usize, tw: usize, bias: f32, out: [*mut f32; 2], rows: usize, ow: usize);
+    /// [`super::winograd::body::gradient_row`].
+    unsafe fn wino_gradient_row(rows: [*const f32; 2], tw: usize, z: *mut f32, xi_stride: usize);
 }
 
 /// Implements [`Kernels`] for one instruction set: `$features` for its
@@ -295,6 +302,18 @@ macro_rules! kernels {
                     _ => unreachable!("no channel weight tile of {vb} vectors"),
                 }
             }
+            #[target_feature(enable = $features)]
+            unsafe fn wino_input_row(rows: [*const f32; 4], tw: usize, v: *mut f32, xi_stride: usize) {
+                unsafe { super::winograd::body::input_row::<$isa>(rows, tw, v, xi_stride) }
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn wino_output_row(m: *const f32, xi_stride: usize, tw: usize, bias: f32, out: [*mut f32; 2], rows: usize, ow: usize) {
+                unsafe { super::winograd::body::output_row::<$isa>(m, xi_stride, tw, bias, out, rows, ow) }
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn wino_gradient_row(rows: [*const f32; 2], tw: usize, z: *mut f32, xi_stride: usize) {
+                unsafe { super::winograd::body::gradient_row::<$isa>(rows, tw, z, xi_stride) }
+            }
         }
     };
 }
@@ -321,14 +340,14 @@ kernels!(
 
 /// Output channels per forward tile for `ocg` channels: blocks of at most
 /// 8, as even as possible.
-fn forward_block(ocg: usize) -> usize {
+pub(crate) fn forward_block(ocg: usize) -> usize {
     ocg.div_ceil(ocg.div_ceil(8)).max(1)
 }
 
 /// Vectors of positions per forward tile for `ob` channels over `ncols`
 /// positions: the accumulators the registers allow and at most 4, the count
 /// that computes the fewest vectors past `ncols` (the widest of those).
-fn forward_vectors<I: Isa>(ob: usize, ncols: usize) -> usize {
+pub(crate) fn forward_vectors<I: Isa>(ob: usize, ncols: usize) -> usize {
     let most = (I::ACCUMULATORS / ob).clamp(1, 4);
     let vectors = ncols.div_ceil(I::LANES);
     (1..=most).rev().min_by_key(|&nv| vectors.div_ceil(nv) * nv).unwrap_or(1)
@@ -336,7 +355,7 @@ fn forward_vectors<I: Isa>(ob: usize, ncols: usize) -> usize {
 
 /// Vectors of output channels per channel-lane tile, and positions (or
 /// (input channel, tap) pairs) per tile.
-fn channel_shape<I: Isa>(ocg: usize) -> (usize, usize) {
+pub(crate) fn channel_shape<I: Isa>(ocg: usize) -> (usize, usize) {
     let vb = ocg.div_ceil(I::LANES).clamp(1, 4);
     (vb, I::ACCUMULATORS / vb)
 }

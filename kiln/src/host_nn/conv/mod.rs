@@ -1,15 +1,21 @@
 //! 2-D convolution and transposed convolution, forward and backward.
 //!
-//! Three ways to compute one, picked by geometry:
+//! The ways to compute one, picked by geometry and element type:
 //! - 1×1, stride 1, unpadded ([`pointwise`]): each image is one product of
 //!   the weight with the input as it lies, no copy;
 //! - stride 1, any kernel, padding or dilation ([`shifted`]): a band of
 //!   the zero-padded input, laid out `ow + (kw − 1)·dw` wide, makes every
 //!   kernel tap a plain strided matrix, so the convolution is a sum of
 //!   per-tap products with no unfolding (its input gradient is the same
-//!   thing with the flipped kernel);
+//!   thing with the flipped kernel). In f32 on CPUs with AVX-512 or AVX2
+//!   these run as register-tiled kernels ([`direct`]), and 3×3 undilated
+//!   layers of 16+ channels by Winograd's F(2×2, 3×3) ([`winograd`]);
+//!   f64 and other CPUs take per-tap `gemm` products;
 //! - anything else ([`im2col`]): the input unfolded one tile of output
 //!   columns at a time.
+//!
+//! As in PyTorch, padding takes part in the products as zeros: an infinite
+//! weight or output gradient meets it as ∞ · 0 = NaN.
 //!
 //! Weight gradients are summed over the batch either in a fixed number of
 //! partial sums added in a fixed order (small weights: the same bits for any
@@ -23,6 +29,7 @@ mod im2col;
 mod params;
 mod pointwise;
 mod shifted;
+mod winograd;
 
 pub use params::{Conv2dParams, ConvTranspose2dParams, Padding2d};
 

@@ -94,8 +94,8 @@ pub(crate) fn forward<T: NnFloat>(
     if let (Some(x), Some(o)) = (T::as_f32(input), T::as_f32_mut(out)) {
         #[cfg(target_arch = "x86_64")]
         match level() {
-            Level::Avx512 => return super::direct::forward::<crate::host_nn::vector::Avx512, T>(g, x, tw, bias, o, threads),
-            Level::Avx2 => return super::direct::forward::<crate::host_nn::vector::Avx2, T>(g, x, tw, bias, o, threads),
+            Level::Avx512 => return forward_f32::<crate::host_nn::vector::Avx512, T>(g, x, tw, bias, o, threads),
+            Level::Avx2 => return forward_f32::<crate::host_nn::vector::Avx2, T>(g, x, tw, bias, o, threads),
             Level::Portable => {}
         }
         let _ = (x, o);
@@ -156,6 +156,41 @@ pub(crate) fn forward<T: NnFloat>(
     )
 }
 
+/// The f32 forward: Winograd where it applies and the input is finite,
+/// else the direct tiles.
+fn forward_f32<I: super::direct::Kernels, T: NnFloat>(
+    g: &Geom,
+    input: &[f32],
+    tw: TapWeights<'_, T>,
+    bias: Option<&[T]>,
+    out: &mut [f32],
+    threads: usize,
+) -> NnResult<()> {
+    if super::winograd::applies(g) && super::winograd::forward::<I, T>(g, input, tw, bias, out, threads)? {
+        return Ok(());
+    }
+    super::direct::forward::<I, T>(g, input, tw, bias, out, threads)
+}
+
+/// The f32 weight gradient: Winograd where it applies and the values are
+/// finite, else the direct tiles.
+#[allow(clippy::too_many_arguments)]
+fn accumulate_weight_f32<I: super::direct::Kernels, T: NnFloat>(
+    g: &Geom,
+    input: &[f32],
+    dout: &[f32],
+    n: (usize, usize),
+    grp: usize,
+    c: (usize, usize),
+    acc: &mut [f32],
+    ws: &mut Workspace<T>,
+) -> NnResult<()> {
+    if super::winograd::applies(g) && super::winograd::accumulate_weight::<I, T>(g, input, dout, n, grp, c, acc, ws)? {
+        return Ok(());
+    }
+    super::direct::accumulate_weight::<I, T>(g, input, dout, n, grp, c, acc, ws)
+}
+
 /// Adds to `acc` (`[ocg, (c1 − c0)·taps]`) the weight gradient of group
 /// `grp`'s input channels `c0..c1` over images `n0..n1`: per tap, the output
 /// gradient (laid out `wp` wide, zero in the dropped columns) times the
@@ -174,12 +209,8 @@ pub(crate) fn accumulate_weight<T: NnFloat>(
     if let (Some(x), Some(d), Some(a)) = (T::as_f32(input), T::as_f32(dout), T::as_f32_mut(acc)) {
         #[cfg(target_arch = "x86_64")]
         match level() {
-            Level::Avx512 => {
-                return super::direct::accumulate_weight::<crate::host_nn::vector::Avx512, T>(g, x, d, (n0, n1), grp, (c0, c1), a, ws)
-            }
-            Level::Avx2 => {
-                return super::direct::accumulate_weight::<crate::host_nn::vector::Avx2, T>(g, x, d, (n0, n1), grp, (c0, c1), a, ws)
-            }
+            Level::Avx512 => return accumulate_weight_f32::<crate::host_nn::vector::Avx512, T>(g, x, d, (n0, n1), grp, (c0, c1), a, ws),
+            Level::Avx2 => return accumulate_weight_f32::<crate::host_nn::vector::Avx2, T>(g, x, d, (n0, n1), grp, (c0, c1), a, ws),
             Level::Portable => {}
         }
         let _ = (x, d, a);

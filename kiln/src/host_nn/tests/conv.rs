@@ -365,3 +365,87 @@ fn conv_weight_gradient_of_an_infinite_input() {
         }
     }
 }
+
+/// Winograd F(2×2, 3×3) (f32, 3×3, stride 1, 16+ channels): odd sizes,
+/// asymmetric padding, padding beyond the kernel (the input gradient's
+/// flipped padding is then negative), groups, images split into tile rows
+/// and small images grouped, every thread count.
+#[test]
+fn conv2d_winograd_matches_the_definition() {
+    let mut r = Rng(77);
+    let asym = Conv2dParams { padding: Padding2d { top: 0, bottom: 2, left: 1, right: 3 }, ..conv(2, 16, 16, [10, 13], 3, 1, 0, 1) };
+    for p in [
+        conv(2, 16, 16, [9, 7], 3, 1, 1, 1),
+        asym,
+        conv(1, 16, 24, [8, 8], 3, 1, 3, 1),
+        conv(2, 32, 32, [12, 12], 3, 1, 1, 2),
+        conv(1, 16, 16, [100, 100], 3, 1, 1, 1),
+        conv(5, 16, 32, [8, 8], 3, 1, 1, 1),
+        conv(3, 64, 64, [14, 14], 3, 1, 1, 1),
+    ] {
+        for threads in [1, 2, 5] {
+            check_conv::<f32>(&p, &mut r, threads);
+        }
+    }
+}
+
+/// A non-finite value makes Winograd's transforms give NaN where the direct
+/// sum gives ±∞: those convolutions are computed directly instead. As in
+/// PyTorch, padding takes part in the products as zeros (∞ · 0 is NaN
+/// there), which the reference reproduces on an explicitly padded input.
+#[test]
+fn conv2d_with_infinite_values() {
+    let mut r = Rng(78);
+    for (case, p) in
+        [conv(2, 16, 16, [8, 8], 3, 1, 1, 1), conv(2, 3, 5, [9, 8], 3, 1, 1, 1), conv(1, 4, 6, [9, 9], 3, 2, 1, 1)].into_iter().enumerate()
+    {
+        let out = p.validate().unwrap();
+        let mut x = r.vals(prod(p.input_shape()));
+        x[70] = f64::INFINITY;
+        let mut w = r.vals(prod(p.weight_shape()));
+        let mut dy: Vec<f64> = r.vals(prod(out)).iter().map(|v| if *v == 0.0 { 0.25 } else { *v }).collect();
+        dy[5] = f64::NEG_INFINITY;
+        if case == 1 {
+            w[4] = f64::INFINITY;
+        }
+        // The same convolution on the input padded with zeros, unpadded.
+        let [n, c, h, wd] = p.input_shape();
+        let pad = p.padding;
+        let (hp, wp) = (h + pad.top + pad.bottom, wd + pad.left + pad.right);
+        let mut xp = vec![0.0; n * c * hp * wp];
+        for i in 0..n * c {
+            for y in 0..h {
+                for z in 0..wd {
+                    xp[(i * hp + y + pad.top) * wp + z + pad.left] = x[(i * h + y) * wd + z];
+                }
+            }
+        }
+        let q = Conv2dParams { input: [hp, wp], padding: Padding2d::default(), ..p };
+        let same = |got: &[f32], want: &[f64], what: &str| {
+            for (i, (&g, &e)) in got.iter().zip(want).enumerate() {
+                let ok = if e.is_finite() {
+                    (g as f64 - e).abs() <= 1e-4 * (1.0 + e.abs())
+                } else {
+                    g.is_nan() == e.is_nan() && (e.is_nan() || g as f64 == e)
+                };
+                assert!(ok, "{p:?} {what}: element {i} is {g}, expected {e}");
+            }
+        };
+        let mut y = vec![0f32; prod(out)];
+        conv2d_forward(&p, &to::<f32>(&x), &to::<f32>(&w), None, &mut y, 2).unwrap();
+        same(&y, &reference::conv2d(&q, &xp, &w, None), "forward");
+        let (gxp, gw, _) = reference::conv2d_backward(&q, &xp, &w, &dy);
+        let mut gx = vec![0.0; x.len()];
+        for i in 0..n * c {
+            for y in 0..h {
+                for z in 0..wd {
+                    gx[(i * h + y) * wd + z] = gxp[(i * hp + y + pad.top) * wp + z + pad.left];
+                }
+            }
+        }
+        let (mut fx, mut fw) = (vec![0f32; x.len()], vec![0f32; w.len()]);
+        conv2d_backward(&p, &to::<f32>(&x), &to::<f32>(&w), &to::<f32>(&dy), Some(&mut fx), Some(&mut fw), None, 2).unwrap();
+        same(&fx, &gx, "grad input");
+        same(&fw, &gw, "grad weight");
+    }
+}
