@@ -20,12 +20,20 @@
 //! - Outputs are `&mut [T]` that the kernel overwrites entirely (gradients
 //!   are written, not accumulated).
 //! - Workspace is allocated fallibly (`OutOfMemory`, never an abort) and
-//!   bounded: a few MB per thread whatever the batch (see each op's
-//!   `workspace_bytes`).
+//!   bounded whatever the batch: a few MB per task (bands of rows, tiles of
+//!   columns, groups of Winograd tiles), plus, for a convolution, one packed
+//!   copy of the weight (16/9 of it for Winograd) and of a weight gradient.
 //! - `threads`: 1 runs on the calling thread only; more splits the work into
-//!   that many rayon tasks (in the pool the caller runs in). Nothing blocks
-//!   or locks. Results do not depend on `threads`: reductions are split the
-//!   same way whatever the thread count, so they are bit-identical.
+//!   that many rayon tasks (in the pool the caller runs in), which take units
+//!   of work from a shared counter. Nothing blocks or locks. Results do not
+//!   depend on `threads` (every output is computed by one unit, and sums
+//!   over the batch are split into a fixed number of parts), except the
+//!   weight gradient of a convolution whose weight has more than 65,536
+//!   elements: it is split over blocks of input channels whose size follows
+//!   the thread count, so its last bits may differ.
+//! - f32 runs SIMD kernels on x86-64 CPUs with AVX-512 or AVX2 and FMA
+//!   (chosen at run time; `KILN_HOST_NN_ISA=avx2|portable` lowers the
+//!   choice); f64, and f32 elsewhere, take portable paths over `gemm`.
 //! - Empty batches (and whatever else PyTorch accepts as empty) work and
 //!   write nothing.
 

@@ -91,11 +91,36 @@ impl<'a, T> TapWeights<'a, T> {
     }
 }
 
+/// Refuses a geometry whose padded bands could not even be sized: a
+/// dilated kernel that reaches across an enormous padding makes the rows of
+/// a band (`ow + (kw − 1)·dw` wide) as long as the padded input even when
+/// the output is small. The limit is far beyond anything that fits in memory.
+fn check_reach(op: &'static str, g: &Geom) -> NnResult<()> {
+    const LIMIT: usize = 1 << 56;
+    let rows = g.oh.checked_add((g.kh - 1).saturating_mul(g.dh));
+    let cols = g.ow.checked_add((g.kw - 1).saturating_mul(g.dw));
+    let fits = rows
+        .zip(cols)
+        .and_then(|(r, c)| r.checked_mul(c))
+        .and_then(|rc| rc.checked_mul(g.icg.max(g.ocg).max(1)))
+        .and_then(|v| v.checked_mul(64))
+        .is_some_and(|v| v <= LIMIT);
+    if fits {
+        Ok(())
+    } else {
+        Err(crate::host_nn::NnError::invalid(
+            op,
+            format!("the dilated kernel {}x{} (dilation {}x{}) spans more than can be computed", g.kh, g.kw, g.dh, g.dw),
+        ))
+    }
+}
+
 /// Forward of geometry `g` (bias added when given).
 fn forward_geom<T: NnFloat>(g: &Geom, input: &[T], weight: &[T], bias: Option<&[T]>, out: &mut [T], threads: usize) -> NnResult<()> {
     if out.is_empty() {
         return Ok(());
     }
+    check_reach("conv2d", g)?;
     if g.k_len() == 0 {
         // No input channels: the output is the bias alone.
         fill_bias(g, bias, out);
@@ -121,6 +146,7 @@ fn backward_input_geom<T: NnFloat>(g: &Geom, weight: &[T], dout: &[T], gin: &mut
         gin.fill(T::ZERO);
         return Ok(());
     }
+    check_reach("conv2d_backward", g)?;
     match which(g) {
         Path::Pointwise => pointwise::backward_input(g, weight, dout, gin, threads),
         Path::Shifted => shifted::forward(&g.flipped(), dout, TapWeights::flipped(g, weight), None, gin, threads),
@@ -139,6 +165,7 @@ fn backward_weight_geom<T: NnFloat>(g: &Geom, input: &[T], dout: &[T], gw: &mut 
         gw.fill(T::ZERO);
         return Ok(());
     }
+    check_reach(OP, g)?;
     let path = which(g);
     let (k_len, taps) = (g.k_len(), g.taps());
     let accumulate = |acc: &mut [T], ws: &mut Workspace<T>, n0: usize, n1: usize, grp: usize, c0: usize, c1: usize| -> NnResult<()> {

@@ -330,6 +330,17 @@ fn conv_huge_sizes_are_errors() {
     assert!(conv2d_forward(&p, &[0f32; 1], &[0f32; 1], None, &mut [0f32; 1], 1).is_err());
     let p = conv(2, 3, 4, [8, 8], 3, 1, 1, 1);
     assert!(conv2d_forward(&p, &[0f32; 1], &[0f32; 1], None, &mut [0f32; 1], 1).is_err());
+    // A kernel dilated across an enormous padding: a 1x1 output whose band
+    // rows would be 2^40 long. An error, not an overflow or an allocation.
+    let p = Conv2dParams {
+        dilation: [1 << 39, 1 << 39],
+        padding: Padding2d::symmetric([1 << 39, 1 << 39]),
+        ..conv(1, 1, 1, [1, 1], 3, 1, 0, 1)
+    };
+    assert_eq!(p.validate().unwrap(), [1, 1, 1, 1]);
+    let e = conv2d_forward(&p, &[1f32], &[0f32; 9], None, &mut [0f32; 1], 1).unwrap_err();
+    assert!(e.to_string().contains("spans more than"), "{e}");
+    assert!(conv2d_backward(&p, &[1f32], &[0f32; 9], &[1f32], Some(&mut [0f32; 1]), Some(&mut [0f32; 9]), Some(&mut [0f32; 1]), 1).is_err());
 }
 
 /// An infinite input reaches exactly the gradients it touches: the fast
