@@ -29,7 +29,7 @@ impl BatchNormParams {
     pub fn validate(&self, training: bool) -> NnResult<usize> {
         const OP: &str = "batch_norm";
         let len = product(OP, "the input shape", &[self.batch, self.channels, self.spatial])?;
-        if training && self.batch * self.spatial == 1 {
+        if training && self.batch.checked_mul(self.spatial) == Some(1) {
             return Err(NnError::invalid(
                 OP,
                 format!("training needs more than one value per channel, got input [{}, {}, {}]", self.batch, self.channels, self.spatial),
@@ -41,15 +41,16 @@ impl BatchNormParams {
         Ok(len)
     }
 
-    /// Values per channel: the count the statistics divide by.
+    /// Values per channel: the count the statistics divide by (saturating:
+    /// with no channels the product of the others may not fit).
     pub fn count(&self) -> usize {
-        self.batch * self.spatial
+        self.batch.saturating_mul(self.spatial)
     }
 }
 
 /// Channels per unit of work: enough elements per task to pay for it.
 fn channel_units(p: &BatchNormParams, threads: usize) -> usize {
-    if p.batch * p.channels * p.spatial < 1 << 15 {
+    if p.count().saturating_mul(p.channels) < 1 << 15 {
         1
     } else {
         threads

@@ -9,10 +9,12 @@ use super::{NnError, NnFloat, NnResult};
 /// by `pad` on both sides, as PyTorch counts them (ceil_mode keeps a last
 /// window that starts inside the input or the left padding).
 fn pool_out(size: usize, kernel: usize, pad: usize, stride: usize, dilation: usize, ceil: bool) -> Option<usize> {
+    // In i128 with checked steps: every term of usizes fits, a product of two may not.
     let (size, kernel, pad, stride, dilation) = (size as i128, kernel as i128, pad as i128, stride as i128, dilation as i128);
-    let num = size + 2 * pad - dilation * (kernel - 1) - 1 + if ceil { stride - 1 } else { 0 };
+    let span = dilation.checked_mul(kernel - 1)?;
+    let num = (size + 2 * pad).checked_sub(span)? - 1 + if ceil { stride - 1 } else { 0 };
     let mut out = num.div_euclid(stride) + 1;
-    if ceil && (out - 1) * stride >= size + pad {
+    if ceil && (out - 1).checked_mul(stride)? >= size + pad {
         out -= 1;
     }
     (out >= 1 && out <= (isize::MAX as i128) / 4).then_some(out as usize)

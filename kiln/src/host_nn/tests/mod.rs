@@ -3,6 +3,7 @@
 //! check.
 
 mod conv;
+mod fuzz;
 mod interp;
 mod norm;
 mod pool;
