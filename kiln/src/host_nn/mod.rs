@@ -44,7 +44,7 @@ mod interp;
 mod matmul;
 mod norm;
 mod pool;
-mod simd;
+mod sums;
 mod vector;
 mod work;
 

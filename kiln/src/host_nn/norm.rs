@@ -4,7 +4,7 @@
 //! channels and layer norm over rows (its parameter gradients in a fixed
 //! number of partial sums), so no result depends on the thread count.
 
-use super::simd::{block_sum, sum};
+use super::sums::{block_sum, sum};
 use super::work::{check_len, for_each_unit, part, product, zeroed, SharedMut};
 use super::{NnError, NnFloat, NnResult};
 

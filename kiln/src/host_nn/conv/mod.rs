@@ -299,7 +299,7 @@ fn bias_grad<T: NnFloat>(n: usize, channels: usize, plane: usize, dout: &[T], gb
         |_, c| {
             let mut total = 0.0f64;
             for i in 0..n {
-                total += crate::host_nn::simd::sum(&dout[(i * channels + c) * plane..][..plane]);
+                total += crate::host_nn::sums::sum(&dout[(i * channels + c) * plane..][..plane]);
             }
             // SAFETY: unit c alone writes element c.
             unsafe { dst.slice(c, 1)[0] = T::from_f64(total) };

@@ -1,4 +1,4 @@
-//! Small numeric helpers shared by the kernels.
+//! Sums of many values, blocked: lanes in the element type, blocks in f64.
 
 use super::NnFloat;
 
