@@ -35,6 +35,8 @@ mod backends;
 mod base;
 pub mod checkpoint;
 pub mod data;
+#[doc(hidden)]
+pub mod host_nn;
 pub mod io;
 mod kernel;
 pub mod nn;

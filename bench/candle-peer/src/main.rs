@@ -1,8 +1,9 @@
-//! The candle peer of `bench/peers`: runs W1–W5 as `kiln bench` runs them (same sizes,
-//! same warm-up, median of the same number of runs) and prints one JSON object per line,
-//! as the numpy and PyTorch peers do. `peak` measures this core's f32 FMA peak.
+//! The candle peer of `bench/peers`: runs W1–W5 as `kiln bench` runs them, and the
+//! convolution workloads C1–C6 as kiln's `bench_conv` example runs them (same sizes, same
+//! warm-up, median of the same number of runs), and prints one JSON object per line, as
+//! the numpy and PyTorch peers do. `peak` measures this core's f32 FMA peak.
 //!
-//!     candle-peer [--quick] [--runs N] [w1 w2 w3 w4 w5 peak]
+//!     candle-peer [--quick] [--runs N] [w1 w2 w3 w4 w5 c1 c2 c3 c4 c5 c6 peak]
 //!
 //! Threads: RAYON_NUM_THREADS, as candle reads it (`candle_core::utils::get_num_threads`).
 
@@ -10,7 +11,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use std::time::Instant;
 
 /// The candle version pinned in Cargo.toml.
-const CANDLE: &str = "0.9.2";
+const CANDLE: &str = "0.11.1";
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -53,16 +54,25 @@ impl Ctx {
         self.runs.unwrap_or(if self.quick { default.min(3) } else { default })
     }
 
-    /// Warm-up runs, then `runs` timed runs of `f`, in ms.
+    /// Warm-up runs, then `runs` timed runs of `f`, in ms: wall clock, or
+    /// with `BENCH_CPU_TIME` set the process's CPU time (on a busy machine it
+    /// leaves out the waits for a CPU; for 1 thread).
     fn measure(&self, warmup: usize, runs: usize, mut f: impl FnMut() -> Res<()>) -> Res<Stats> {
         for _ in 0..warmup {
             f()?;
         }
+        let cpu = std::env::var("BENCH_CPU_TIME").is_ok();
         let mut samples = Vec::with_capacity(runs);
         for _ in 0..runs {
-            let start = Instant::now();
-            f()?;
-            samples.push(start.elapsed().as_secs_f64() * 1e3);
+            if cpu {
+                let start = cpu_seconds();
+                f()?;
+                samples.push((cpu_seconds() - start) * 1e3);
+            } else {
+                let start = Instant::now();
+                f()?;
+                samples.push(start.elapsed().as_secs_f64() * 1e3);
+            }
         }
         Ok(Stats::from_samples(samples))
     }
@@ -86,6 +96,14 @@ impl Ctx {
         line.push('}');
         println!("{line}");
     }
+}
+
+/// This process's CPU time in seconds.
+fn cpu_seconds() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec to write into.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 fn quote(s: &str) -> String {
@@ -290,6 +308,47 @@ fn w5(ctx: &Ctx) -> Res<()> {
     Ok(())
 }
 
+/// A convolution workload: key, name, then batch, in, out, size, kernel, padding.
+type ConvWorkload = (&'static str, &'static str, usize, usize, usize, usize, usize, usize);
+
+/// The convolution workloads of issue 19 (f32, no bias). The names are the ones
+/// `bench_conv` and the PyTorch peer print.
+const CONVS: [ConvWorkload; 6] = [
+    ("c1", "C1 LeNet conv 1->6 5x5 pad 2, 28x28, batch 256", 256, 1, 6, 28, 5, 2),
+    ("c2", "C2 LeNet conv 6->16 5x5, 14x14, batch 256", 256, 6, 16, 14, 5, 0),
+    ("c3", "C3 ResNet 64->64 3x3 pad 1, 56x56, batch 32", 32, 64, 64, 56, 3, 1),
+    ("c4", "C4 ResNet 128->128 3x3 pad 1, 28x28, batch 32", 32, 128, 128, 28, 3, 1),
+    ("c5", "C5 ResNet 256->256 3x3 pad 1, 14x14, batch 32", 32, 256, 256, 14, 3, 1),
+    ("c6", "C6 candle#3119 3->16 3x3, 320x320, batch 2", 2, 3, 16, 320, 3, 0),
+];
+
+/// conv2d forward, and forward + backward (input and weight gradients of the sum of the
+/// output, which is PyTorch's `y.backward(ones_like(y))`).
+fn conv(ctx: &Ctx, key: &str) -> Res<()> {
+    let dev = Device::Cpu;
+    let Some(&(_, name, n, ic, oc, hw, k, pad)) = CONVS.iter().find(|c| c.0 == key) else {
+        return Err(format!("no convolution workload {key}").into());
+    };
+    let x = Tensor::rand(-1f32, 1f32, (n, ic, hw, hw), &dev)?;
+    let w = Tensor::rand(-1f32, 1f32, (oc, ic, k, k), &dev)?;
+    let out = (hw + 2 * pad - k + 1) as f64;
+    let gflop = 2.0 * (n * oc * ic * k * k) as f64 * out * out / 1e9;
+    let s = ctx.measure(1, ctx.runs(7), || {
+        keep(x.conv2d(&w, pad, 1, 1, 1)?);
+        Ok(())
+    })?;
+    ctx.emit("candle", name, "fwd", &s, &[("gflops", format!("{:.3}", gflop / (s.median_ms * 1e-3)))]);
+    let (xv, wv) = (Var::from_tensor(&x)?, Var::from_tensor(&w)?);
+    let s = ctx.measure(1, ctx.runs(7), || {
+        let y = xv.as_tensor().conv2d(wv.as_tensor(), pad, 1, 1, 1)?;
+        let grads = y.sum_all()?.backward()?;
+        keep((grads.get(xv.as_tensor()).is_some(), grads.get(wv.as_tensor()).is_some()));
+        Ok(())
+    })?;
+    ctx.emit("candle", name, "fwd+bwd", &s, &[("gflops", format!("{:.3}", 3.0 * gflop / (s.median_ms * 1e-3)))]);
+    Ok(())
+}
+
 /// This core's f32 FMA peak: independent chains of vector FMAs, as wide as the CPU allows.
 fn peak(ctx: &Ctx) -> Res<()> {
     #[cfg(target_arch = "x86_64")]
@@ -375,11 +434,15 @@ fn main() {
                 None => fail("--runs takes a positive count"),
             },
             "-h" | "--help" => {
-                println!("candle-peer [--quick] [--runs N] [w1 w2 w3 w4 w5 peak]");
+                println!("candle-peer [--quick] [--runs N] [w1 w2 w3 w4 w5 c1 c2 c3 c4 c5 c6 peak]");
                 return;
             }
-            w if ["w1", "w2", "w3", "w4", "w5", "peak"].contains(&w.to_ascii_lowercase().as_str()) => which.push(w.to_ascii_lowercase()),
-            other => fail(&format!("unknown argument `{other}`; workloads are w1 w2 w3 w4 w5 peak")),
+            w if ["w1", "w2", "w3", "w4", "w5", "peak"].contains(&w.to_ascii_lowercase().as_str())
+                || CONVS.iter().any(|c| c.0 == w.to_ascii_lowercase()) =>
+            {
+                which.push(w.to_ascii_lowercase())
+            }
+            other => fail(&format!("unknown argument `{other}`; workloads are w1 w2 w3 w4 w5 c1 c2 c3 c4 c5 c6 peak")),
         }
     }
     if which.is_empty() {
@@ -400,7 +463,8 @@ fn main() {
             "w3" => w3(&ctx),
             "w4" => w4(&ctx),
             "w5" => w5(&ctx),
-            _ => peak(&ctx),
+            "peak" => peak(&ctx),
+            c => conv(&ctx, c),
         };
         if let Err(e) = r {
             fail(&format!("{w} failed: {e}"));

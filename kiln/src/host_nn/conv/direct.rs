@@ -1,0 +1,823 @@
+//! Stride-1 convolutions in f32 as register-tiled kernels over the padded
+//! band of [`super::shifted`] (the same layout: rows `wp = ow + (kw − 1)·dw`
+//! wide, tap (ky, kx) at offset `ky·dh·wp + kx·dw`), with no unfolding and
+//! no general-purpose product, for AVX-512 and for AVX2 with FMA
+//! ([`crate::host_nn::vector`]):
+//!
+//! - forward (and the input gradient, which is the forward of the flipped
+//!   geometry): a tile of `OB` output channels × `NV` vectors of output
+//!   positions accumulates in registers over every (input channel, tap),
+//!   each step loading `NV` input vectors and broadcasting `OB` weights; or,
+//!   where rows are too narrow to fill vectors, a tile of `PB` positions ×
+//!   `VB` vectors of output channels (channels along the lanes);
+//! - weight gradient: a tile of output channels × (input channel, tap)
+//!   pairs accumulates, along the output positions of a group of whole
+//!   images, the products of the output gradient with the shifted input,
+//!   summed across lanes once per group; or with channels along the lanes.
+//!
+//! Everything else (other strides, f64, CPUs with neither) takes the
+//! portable paths.
+
+use super::geom::Geom;
+use super::{TapWeights, Workspace};
+use crate::host_nn::vector::Isa;
+use crate::host_nn::work::{for_each_unit, SharedMut};
+use crate::host_nn::{NnError, NnFloat, NnResult};
+
+/// The generic kernel bodies, compiled inside each instruction set's
+/// `#[target_feature]` entry points ([`Kernels`]).
+mod body {
+    use crate::host_nn::vector::Isa;
+
+    /// Position-lane tile: `out[o·stride + L·v + i] = Σ_k w[k·OB + o] ·
+    /// band[addr[k] + L·v + i]` for o < OB, v < NV, i < L (L lanes).
+    ///
+    /// # Safety
+    /// The CPU has `I`; `band + addr[k] + L·NV` is readable for every
+    /// k < k_len, `w` holds `k_len·OB` values, and `out + o·stride + L·NV`
+    /// is writable for o < OB.
+    #[inline(always)]
+    pub unsafe fn forward_tile<I: Isa, const OB: usize, const NV: usize>(
+        k_len: usize,
+        addr: *const usize,
+        band: *const f32,
+        w: *const f32,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        unsafe {
+            let mut acc = [[I::zero(); NV]; OB];
+            for k in 0..k_len {
+                let src = band.add(*addr.add(k));
+                let x: [I::V; NV] = std::array::from_fn(|v| I::load(src.add(I::LANES * v)));
+                let wk = w.add(k * OB);
+                for (o, row) in acc.iter_mut().enumerate() {
+                    let b = I::splat(*wk.add(o));
+                    for (a, &xv) in row.iter_mut().zip(&x) {
+                        *a = I::fmadd(b, xv, *a);
+                    }
+                }
+            }
+            for (o, row) in acc.iter().enumerate() {
+                for (v, &a) in row.iter().enumerate() {
+                    I::store(out.add(o * stride + I::LANES * v), a);
+                }
+            }
+        }
+    }
+
+    /// Channel-lane tile: `out[p·L·VB + L·v + i] = Σ_k band[addr[k] +
+    /// base[p]] · w[k·L·VB + L·v + i]` for p < PB, v < VB, i < L: output
+    /// channels along the lanes, `PB` output positions anywhere in the band.
+    ///
+    /// # Safety
+    /// The CPU has `I`; `band + addr[k] + base[p]` is readable, `w` holds
+    /// `k_len·L·VB` values and `out` `PB·L·VB`.
+    #[inline(always)]
+    pub unsafe fn channel_tile<I: Isa, const PB: usize, const VB: usize>(
+        k_len: usize,
+        addr: *const usize,
+        band: *const f32,
+        base: &[usize; PB],
+        w: *const f32,
+        out: *mut f32,
+    ) {
+        unsafe {
+            let src: [*const f32; PB] = std::array::from_fn(|p| band.add(base[p]));
+            let mut acc = [[I::zero(); VB]; PB];
+            for k in 0..k_len {
+                let a = *addr.add(k);
+                let wk = w.add(k * I::LANES * VB);
+                let wv: [I::V; VB] = std::array::from_fn(|v| I::load(wk.add(I::LANES * v)));
+                for (row, s) in acc.iter_mut().zip(&src) {
+                    let b = I::splat(*s.add(a));
+                    for (x, &wvv) in row.iter_mut().zip(&wv) {
+                        *x = I::fmadd(b, wvv, *x);
+                    }
+                }
+            }
+            for (p, row) in acc.iter().enumerate() {
+                for (v, &x) in row.iter().enumerate() {
+                    I::store(out.add(p * I::LANES * VB + I::LANES * v), x);
+                }
+            }
+        }
+    }
+
+    /// Position-lane weight-gradient tile: `out[WK·o + j] += Σ_m Σ_v Σ_i
+    /// d_m[o·dstride + L·v + i] · band_m[addr[j] + L·v + i]` for o < WO,
+    /// j < WK, over `vectors` vectors of each of `images` images (image m's
+    /// output gradient rows at `d + m·d_image`, its band at
+    /// `band + m·band_image`).
+    ///
+    /// # Safety
+    /// The CPU has `I`; every row and shifted band read, `L·vectors` long,
+    /// lies inside its buffer; `out` holds `WO·WK` values.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn weight_tile<I: Isa, const WO: usize, const WK: usize>(
+        images: usize,
+        vectors: usize,
+        d: *const f32,
+        (dstride, d_image): (usize, usize),
+        band: *const f32,
+        band_image: usize,
+        addr: &[usize; WK],
+        out: *mut f32,
+    ) {
+        unsafe {
+            let mut acc = [[I::zero(); WK]; WO];
+            for m in 0..images {
+                let dm = d.add(m * d_image);
+                let src: [*const f32; WK] = std::array::from_fn(|j| band.add(m * band_image + addr[j]));
+                for v in 0..vectors {
+                    let dv: [I::V; WO] = std::array::from_fn(|o| I::load(dm.add(o * dstride + I::LANES * v)));
+                    for (j, s) in src.iter().enumerate() {
+                        let b = I::load(s.add(I::LANES * v));
+                        for (row, &dvo) in acc.iter_mut().zip(&dv) {
+                            row[j] = I::fmadd(dvo, b, row[j]);
+                        }
+                    }
+                }
+            }
+            I::add_sums(acc.as_flattened(), out);
+        }
+    }
+
+    /// Channel-lane weight-gradient tile: `out[j·out_stride + L·v + i] +=
+    /// Σ_m Σ_p band_m[addr[j] + base[p]] · dt_m[p·dt_stride + L·v + i]` for
+    /// j < KB, v < VB: output channels along the lanes, summed over
+    /// `positions` output positions of each of `images` images (image m's
+    /// transposed output gradient at `dt + m·dt_image`, its band at
+    /// `band + m·band_image`).
+    ///
+    /// # Safety
+    /// The CPU has `I`; every read lies inside its buffer, and `out` rows
+    /// `out_stride` apart hold `L·VB` values each.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn weight_channel_tile<I: Isa, const KB: usize, const VB: usize>(
+        images: usize,
+        positions: usize,
+        dt: *const f32,
+        (dt_stride, dt_image): (usize, usize),
+        band: *const f32,
+        band_image: usize,
+        addr: &[usize; KB],
+        base: *const usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        unsafe {
+            let mut acc = [[I::zero(); VB]; KB];
+            for m in 0..images {
+                let dm = dt.add(m * dt_image);
+                let src: [*const f32; KB] = std::array::from_fn(|j| band.add(m * band_image + addr[j]));
+                for p in 0..positions {
+                    let bp = *base.add(p);
+                    let w: [I::V; VB] = std::array::from_fn(|v| I::load(dm.add(p * dt_stride + I::LANES * v)));
+                    for (row, s) in acc.iter_mut().zip(&src) {
+                        let b = I::splat(*s.add(bp));
+                        for (x, &wv) in row.iter_mut().zip(&w) {
+                            *x = I::fmadd(b, wv, *x);
+                        }
+                    }
+                }
+            }
+            for (j, row) in acc.iter().enumerate() {
+                for (v, &x) in row.iter().enumerate() {
+                    let o = out.add(j * out_stride + I::LANES * v);
+                    I::store(o, I::add(I::load(o), x));
+                }
+            }
+        }
+    }
+}
+
+/// One instruction set's kernels: the bodies above instantiated for the
+/// tile shapes its registers allow, inside `#[target_feature]` functions.
+///
+/// # Safety
+/// Every method requires the CPU to have the instruction set ([`level`]),
+/// plus the body's own conditions.
+pub(crate) trait Kernels: Isa {
+    /// Output channels and (input channel, tap) pairs of a position-lane
+    /// weight-gradient tile.
+    const WEIGHT_TILE: (usize, usize);
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn forward_tile(
+        ob: usize,
+        nv: usize,
+        k_len: usize,
+        addr: *const usize,
+        band: *const f32,
+        w: *const f32,
+        out: *mut f32,
+        stride: usize,
+    );
+    unsafe fn channel_tile(vb: usize, k_len: usize, addr: *const usize, band: *const f32, base: &[usize], w: *const f32, out: *mut f32);
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn weight_tile(
+        images: usize,
+        vectors: usize,
+        d: *const f32,
+        d_layout: (usize, usize),
+        band: *const f32,
+        band_image: usize,
+        addr: &[usize],
+        out: *mut f32,
+    );
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn weight_channel_tile(
+        vb: usize,
+        images: usize,
+        positions: usize,
+        dt: *const f32,
+        dt_layout: (usize, usize),
+        band: *const f32,
+        band_image: usize,
+        addr: &[usize],
+        base: *const usize,
+        out: *mut f32,
+        out_stride: usize,
+    );
+    /// [`super::winograd::body::input_row`].
+    unsafe fn wino_input_row(rows: [*const f32; 4], tw: usize, v: *mut f32, xi_stride: usize);
+    /// [`super::winograd::body::output_row`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn wino_output_row(m: *const f32, xi_stride: usize, tw: usize, bias: f32, out: [*mut f32; 2], rows: usize, ow: usize);
+    /// [`super::winograd::body::gradient_row`].
+    unsafe fn wino_gradient_row(rows: [*const f32; 2], tw: usize, z: *mut f32, xi_stride: usize);
+}
+
+/// Implements [`Kernels`] for one instruction set: `$features` for its
+/// `#[target_feature]`, the (channels, vectors) shapes of the position-lane
+/// forward tile, the (vectors, positions) shapes of the channel-lane tiles,
+/// and the weight tile.
+macro_rules! kernels {
+    ($isa:ty, $features:literal, forward: [$($ob:literal x $nv:literal),*], channels: [$($vb:literal x $pb:literal),*], weight: $wo:literal x $wk:literal) => {
+        impl Kernels for $isa {
+            const WEIGHT_TILE: (usize, usize) = ($wo, $wk);
+            #[target_feature(enable = $features)]
+            unsafe fn forward_tile(ob: usize, nv: usize, k_len: usize, addr: *const usize, band: *const f32, w: *const f32, out: *mut f32, stride: usize) {
+                match (ob, nv) {
+                    $(($ob, $nv) => unsafe { body::forward_tile::<$isa, $ob, $nv>(k_len, addr, band, w, out, stride) },)*
+                    _ => unreachable!("no forward tile of {ob} x {nv}"),
+                }
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn channel_tile(vb: usize, k_len: usize, addr: *const usize, band: *const f32, base: &[usize], w: *const f32, out: *mut f32) {
+                match vb {
+                    $($vb => {
+                        let base: &[usize; $pb] = base.try_into().unwrap_or(&[0; $pb]);
+                        unsafe { body::channel_tile::<$isa, $pb, $vb>(k_len, addr, band, base, w, out) }
+                    })*
+                    _ => unreachable!("no channel tile of {vb} vectors"),
+                }
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn weight_tile(images: usize, vectors: usize, d: *const f32, d_layout: (usize, usize), band: *const f32, band_image: usize, addr: &[usize], out: *mut f32) {
+                let addr: &[usize; $wk] = addr.try_into().unwrap_or(&[0; $wk]);
+                unsafe { body::weight_tile::<$isa, $wo, $wk>(images, vectors, d, d_layout, band, band_image, addr, out) }
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn weight_channel_tile(
+                vb: usize,
+                images: usize,
+                positions: usize,
+                dt: *const f32,
+                dt_layout: (usize, usize),
+                band: *const f32,
+                band_image: usize,
+                addr: &[usize],
+                base: *const usize,
+                out: *mut f32,
+                out_stride: usize,
+            ) {
+                match vb {
+                    $($vb => {
+                        let addr: &[usize; $pb] = addr.try_into().unwrap_or(&[0; $pb]);
+                        unsafe { body::weight_channel_tile::<$isa, $pb, $vb>(images, positions, dt, dt_layout, band, band_image, addr, base, out, out_stride) }
+                    })*
+                    _ => unreachable!("no channel weight tile of {vb} vectors"),
+                }
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn wino_input_row(rows: [*const f32; 4], tw: usize, v: *mut f32, xi_stride: usize) {
+                unsafe { super::winograd::body::input_row::<$isa>(rows, tw, v, xi_stride) }
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn wino_output_row(m: *const f32, xi_stride: usize, tw: usize, bias: f32, out: [*mut f32; 2], rows: usize, ow: usize) {
+                unsafe { super::winograd::body::output_row::<$isa>(m, xi_stride, tw, bias, out, rows, ow) }
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn wino_gradient_row(rows: [*const f32; 2], tw: usize, z: *mut f32, xi_stride: usize) {
+                unsafe { super::winograd::body::gradient_row::<$isa>(rows, tw, z, xi_stride) }
+            }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+kernels!(
+    crate::host_nn::vector::Avx512,
+    "avx512f",
+    forward: [1 x 1, 1 x 2, 1 x 3, 1 x 4, 2 x 1, 2 x 2, 2 x 3, 2 x 4, 3 x 1, 3 x 2, 3 x 3, 3 x 4, 4 x 1, 4 x 2, 4 x 3, 4 x 4,
+              5 x 1, 5 x 2, 5 x 3, 5 x 4, 6 x 1, 6 x 2, 6 x 3, 6 x 4, 7 x 1, 7 x 2, 7 x 3, 8 x 1, 8 x 2, 8 x 3],
+    channels: [1 x 24, 2 x 12, 3 x 8, 4 x 6],
+    weight: 4 x 4
+);
+
+#[cfg(target_arch = "x86_64")]
+kernels!(
+    crate::host_nn::vector::Avx2,
+    "avx2,fma",
+    forward: [1 x 1, 1 x 2, 1 x 3, 1 x 4, 2 x 1, 2 x 2, 2 x 3, 2 x 4, 3 x 1, 3 x 2, 3 x 3, 3 x 4, 4 x 1, 4 x 2, 4 x 3,
+              5 x 1, 5 x 2, 6 x 1, 6 x 2, 7 x 1, 8 x 1],
+    channels: [1 x 12, 2 x 6, 3 x 4, 4 x 3],
+    weight: 2 x 4
+);
+
+/// Output channels per forward tile for `ocg` channels: blocks of at most
+/// 8, as even as possible.
+pub(crate) fn forward_block(ocg: usize) -> usize {
+    ocg.div_ceil(ocg.div_ceil(8)).max(1)
+}
+
+/// Vectors of positions per forward tile for `ob` channels over `ncols`
+/// positions: the accumulators the registers allow and at most 4, the count
+/// that computes the fewest vectors past `ncols` (the widest of those).
+pub(crate) fn forward_vectors<I: Isa>(ob: usize, ncols: usize) -> usize {
+    let most = (I::ACCUMULATORS / ob).clamp(1, 4);
+    let vectors = ncols.div_ceil(I::LANES);
+    (1..=most).rev().min_by_key(|&nv| vectors.div_ceil(nv) * nv).unwrap_or(1)
+}
+
+/// Vectors of output channels per channel-lane tile, and positions (or
+/// (input channel, tap) pairs) per tile.
+pub(crate) fn channel_shape<I: Isa>(ocg: usize) -> (usize, usize) {
+    let vb = ocg.div_ceil(I::LANES).clamp(1, 4);
+    (vb, I::ACCUMULATORS / vb)
+}
+
+/// Positions computed per real output position by the position-lane tiles
+/// (rows `wp` wide, tiles of whole vectors) and by the channel-lane tiles
+/// (channels in whole vectors, positions in whole tiles), for a band of `r`
+/// rows.
+fn waste<I: Isa>(g: &Geom, r: usize, wp: usize) -> (f64, f64) {
+    let lanes = I::LANES;
+    let ncols = (r - 1) * wp + g.ow;
+    let ob = forward_block(g.ocg);
+    let nv = forward_vectors::<I>(ob, ncols);
+    let by_position = (ncols.div_ceil(nv * lanes) * nv * lanes * g.ocg.div_ceil(ob) * ob) as f64 / (r * g.ow * g.ocg) as f64;
+    let (vb, pb) = channel_shape::<I>(g.ocg);
+    let by_channel = ((r * g.ow).div_ceil(pb) * pb * g.ocg.div_ceil(vb * lanes) * vb * lanes) as f64 / (r * g.ow * g.ocg) as f64;
+    (by_position, by_channel)
+}
+
+/// Whether channel-lane tiles waste clearly less than position-lane ones.
+fn by_channel<I: Isa>(g: &Geom, r: usize, wp: usize) -> bool {
+    let (by_position, by_channel) = waste::<I>(g, r, wp);
+    g.ocg >= I::LANES && by_channel * 1.05 < by_position
+}
+
+fn internal(what: &str) -> NnError {
+    NnError::invalid("conv2d", format!("internal: {what}"))
+}
+/// The weights of group `grp` packed for the forward tiles: per block of
+/// `ob` output channels, per (input channel, tap), the `ob` weights (zero
+/// for the channels past `ocg`).
+fn pack_forward<T: NnFloat>(g: &Geom, tw: &TapWeights<'_, T>, grp: usize, ob: usize, out: &mut [f32]) {
+    let (taps, k_len) = (g.taps(), g.k_len());
+    let blocks = g.ocg.div_ceil(ob);
+    for b in 0..blocks {
+        for c in 0..g.icg {
+            for t in 0..taps {
+                let k = c * taps + t;
+                let m = tw.matrix(grp, t);
+                for j in 0..ob {
+                    let o = b * ob + j;
+                    out[(b * k_len + k) * ob + j] = if o < g.ocg { m.data[o * m.rs + c * m.cs].to_f64() as f32 } else { 0.0 };
+                }
+            }
+        }
+    }
+}
+
+/// The weights of group `grp` packed for the channel-lane tiles: per block
+/// of `lanes·vb` output channels, per (input channel, tap), the channels' weights
+/// (zero past `ocg`).
+fn pack_channels<T: NnFloat>(g: &Geom, tw: &TapWeights<'_, T>, grp: usize, vb: usize, lanes: usize, out: &mut [f32]) {
+    let (taps, k_len, width) = (g.taps(), g.k_len(), vb * lanes);
+    for b in 0..g.ocg.div_ceil(width) {
+        for c in 0..g.icg {
+            for t in 0..taps {
+                let m = tw.matrix(grp, t);
+                let row = &mut out[(b * k_len + c * taps + t) * width..][..width];
+                for (j, v) in row.iter_mut().enumerate() {
+                    let o = b * width + j;
+                    *v = if o < g.ocg { m.data[o * m.rs + c * m.cs].to_f64() as f32 } else { 0.0 };
+                }
+            }
+        }
+    }
+}
+
+/// `out = conv(input, weights) + bias` for a stride-1 geometry in f32:
+/// position-lane tiles, or channel-lane tiles where rows are narrow enough
+/// that padding them to whole vectors would waste more.
+pub(crate) fn forward<I: Kernels, T: NnFloat>(
+    g: &Geom,
+    input: &[f32],
+    tw: TapWeights<'_, T>,
+    bias: Option<&[T]>,
+    out: &mut [f32],
+    threads: usize,
+) -> NnResult<()> {
+    const OP: &str = "conv2d";
+    let (ip, op, k_len) = (g.in_plane(), g.out_plane(), g.k_len());
+    let ob = forward_block(g.ocg);
+    let blocks = g.ocg.div_ceil(ob);
+    let wp = g.ow + (g.kw - 1) * g.dw;
+    let rows = super::shifted::band_rows::<f32>(g, g.icg, blocks * ob, wp, g.n * g.groups, threads);
+    let bands = g.oh.div_ceil(rows);
+    let units = g.n * g.groups * bands;
+    let by_channel = by_channel::<I>(g, rows.min(g.oh), wp);
+    let (vb, pb) = channel_shape::<I>(g.ocg);
+    // Packed weights of every group, made once.
+    let group_len = if by_channel { g.ocg.div_ceil(vb * I::LANES) * vb * I::LANES * k_len } else { blocks * ob * k_len };
+    let mut packed = crate::host_nn::work::zeroed::<f32>(OP, g.groups * group_len)?;
+    for grp in 0..g.groups {
+        let dst = &mut packed[grp * group_len..(grp + 1) * group_len];
+        if by_channel {
+            pack_channels(g, &tw, grp, vb, I::LANES, dst);
+        } else {
+            pack_forward(g, &tw, grp, ob, dst);
+        }
+    }
+    let dst = SharedMut::new(out);
+    for_each_unit(
+        threads,
+        units,
+        || Ok(Workspace::<f32>::new()),
+        |ws, u| {
+            let (ng, b) = (u / bands, u % bands);
+            let (n, grp) = (ng / g.groups, ng % g.groups);
+            let y0 = b * rows;
+            let r = rows.min(g.oh - y0);
+            let rr = r + (g.kh - 1) * g.dh;
+            let plane = rr * wp;
+            let ncols = (r - 1) * wp + g.ow;
+            let w = &packed[grp * group_len..(grp + 1) * group_len];
+            let add = |o: usize| bias.map_or(0.0, |b| b[grp * g.ocg + o].to_f64() as f32);
+            if by_channel {
+                let width = vb * I::LANES;
+                let positions = r * g.ow;
+                let ((band, tile), table) = ws.two_and_offsets(g.icg * plane, pb * width, k_len + positions)?;
+                let _ = super::shifted::fill_band(g, &input[(n * g.c_in() + grp * g.icg) * ip..], g.icg, y0, rr, wp, plane, band, false);
+                let (addr, base) = table.split_at_mut(k_len);
+                for (k, a) in addr.iter_mut().enumerate() {
+                    let (c, t) = (k / g.taps(), k % g.taps());
+                    *a = c * plane + (t / g.kw) * g.dh * wp + (t % g.kw) * g.dw;
+                }
+                for (j, v) in base.iter_mut().enumerate() {
+                    *v = (j / g.ow) * wp + j % g.ow;
+                }
+                let mut tile_base = [0usize; 24];
+                let tile_base = &mut tile_base[..pb];
+                for blk in 0..g.ocg.div_ceil(width) {
+                    let mut j0 = 0;
+                    while j0 < positions {
+                        let count = pb.min(positions - j0);
+                        for (p, tb) in tile_base.iter_mut().enumerate() {
+                            *tb = base[j0 + p.min(count - 1)];
+                        }
+                        // SAFETY: the caller checked the CPU has I; band reads addr[k] +
+                        // base[j] < icg·plane; the block's packed weights hold
+                        // k_len·width values; tile holds pb·width.
+                        unsafe {
+                            I::channel_tile(
+                                vb,
+                                k_len,
+                                addr.as_ptr(),
+                                band.as_ptr(),
+                                tile_base,
+                                w.as_ptr().add(blk * k_len * width),
+                                tile.as_mut_ptr(),
+                            );
+                        }
+                        for o in blk * width..((blk + 1) * width).min(g.ocg) {
+                            // SAFETY: unit (n, grp, b) alone writes rows y0..y0 + r
+                            // of its group's output channels of image n.
+                            let d = unsafe { dst.slice((n * g.c_out() + grp * g.ocg + o) * op + y0 * g.ow + j0, count) };
+                            let (col, bo) = (o - blk * width, add(o));
+                            for (p, v) in d.iter_mut().enumerate() {
+                                *v = tile[p * width + col] + bo;
+                            }
+                        }
+                        j0 += count;
+                    }
+                }
+                return Ok(());
+            }
+            let nv = forward_vectors::<I>(ob, ncols);
+            let span = nv * I::LANES;
+            let tiles = ncols.div_ceil(span);
+            let stride = tiles * span;
+            // The last tile reads up to `span` past the last band row.
+            let ((band, prod), addr) = ws.two_and_offsets(g.icg * plane + span, blocks * ob * stride, k_len)?;
+            let _ = super::shifted::fill_band(g, &input[(n * g.c_in() + grp * g.icg) * ip..], g.icg, y0, rr, wp, plane, band, false);
+            band[g.icg * plane..].fill(0.0);
+            for (k, a) in addr.iter_mut().enumerate() {
+                let (c, t) = (k / g.taps(), k % g.taps());
+                *a = c * plane + (t / g.kw) * g.dh * wp + (t % g.kw) * g.dw;
+            }
+            for blk in 0..blocks {
+                for tile in 0..tiles {
+                    // SAFETY: the caller checked the CPU has I;
+                    // band offsets addr[k] + tile·span + span ≤ icg·plane + span
+                    // (addr[k] + ncols ≤ icg·plane and tile·span < ncols); the
+                    // packed block holds k_len·ob weights; prod rows are `stride`
+                    // long, ob rows per block.
+                    unsafe {
+                        I::forward_tile(
+                            ob,
+                            nv,
+                            k_len,
+                            addr.as_ptr(),
+                            band.as_ptr().add(tile * span),
+                            w.as_ptr().add(blk * k_len * ob),
+                            prod.as_mut_ptr().add(blk * ob * stride + tile * span),
+                            stride,
+                        );
+                    }
+                }
+            }
+            for o in 0..g.ocg {
+                let bo = add(o);
+                // SAFETY: unit (n, grp, b) alone writes rows y0..y0 + r of its
+                // group's output channels of image n.
+                let dst = unsafe { dst.slice((n * g.c_out() + grp * g.ocg + o) * op + y0 * g.ow, r * g.ow) };
+                for (y, line) in dst.chunks_mut(g.ow).enumerate() {
+                    let src = &prod[o * stride + y * wp..][..g.ow];
+                    for (d, &s) in line.iter_mut().zip(src) {
+                        *d = s + bo;
+                    }
+                }
+            }
+            Ok(())
+        },
+    )
+}
+
+/// Workspace the weight gradient aims for: bands of several whole images
+/// when they fit, so that each tile's lanes are summed once per group.
+const WEIGHT_WORKSPACE: usize = 3 << 19;
+
+/// Adds to `acc` (`[ocg, (c1 − c0)·taps]`) the weight gradient of group
+/// `grp`'s input channels `c0..c1` over images `n0..n1`, in f32 tiles.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn accumulate_weight<I: Kernels, T: NnFloat>(
+    g: &Geom,
+    input: &[f32],
+    dout: &[f32],
+    (n0, n1): (usize, usize),
+    grp: usize,
+    (c0, c1): (usize, usize),
+    acc: &mut [f32],
+    ws: &mut Workspace<T>,
+) -> NnResult<()> {
+    let (ip, op, taps) = (g.in_plane(), g.out_plane(), g.taps());
+    let cb = c1 - c0;
+    let kb = cb * taps;
+    if kb == 0 || n1 <= n0 {
+        return Ok(());
+    }
+    let wp = g.ow + (g.kw - 1) * g.dw;
+    if by_channel::<I>(g, g.oh, wp) {
+        return accumulate_weight_channels::<I, T>(g, input, dout, (n0, n1), grp, (c0, c1), acc, ws);
+    }
+    let (wb_o, wb_k) = I::WEIGHT_TILE;
+    let o_rows = g.ocg.div_ceil(wb_o) * wb_o;
+    let k_blocks = kb.div_ceil(wb_k);
+    let rows = super::shifted::band_rows::<f32>(g, cb, o_rows, wp, usize::MAX, 1);
+    // Whole images per band: group as many as the workspace holds.
+    let per_image = |r: usize| {
+        let plane = (r + (g.kh - 1) * g.dh) * wp;
+        (cb * plane + I::LANES + o_rows * ((r - 1) * wp + g.ow).div_ceil(I::LANES) * I::LANES) * 4
+    };
+    let images = if rows >= g.oh { (WEIGHT_WORKSPACE / per_image(g.oh)).clamp(1, n1 - n0) } else { 1 };
+    let mut n = n0;
+    while n < n1 {
+        let m_count = images.min(n1 - n);
+        let mut y0 = 0;
+        while y0 < g.oh {
+            let r = rows.min(g.oh - y0);
+            let rr = r + (g.kh - 1) * g.dh;
+            let plane = rr * wp;
+            let ncols = (r - 1) * wp + g.ow;
+            let dstride = ncols.div_ceil(I::LANES) * I::LANES;
+            let (band_image, d_image) = (cb * plane + I::LANES, o_rows * dstride);
+            let ((band_t, dbuf_t), addr) = ws.two_and_offsets(m_count * band_image, m_count * d_image, k_blocks * wb_k)?;
+            let (Some(band), Some(dbuf)) = (T::as_f32_mut(band_t), T::as_f32_mut(dbuf_t)) else {
+                return Err(internal("f32 kernels on another type"));
+            };
+            let mut finite = true;
+            for m in 0..m_count {
+                let img = n + m;
+                let bm = &mut band[m * band_image..(m + 1) * band_image];
+                finite &= super::shifted::fill_band(g, &input[(img * g.c_in() + grp * g.icg + c0) * ip..], cb, y0, rr, wp, plane, bm, true);
+                bm[cb * plane..].fill(0.0);
+                let dm = &mut dbuf[m * d_image..(m + 1) * d_image];
+                for o in 0..o_rows {
+                    let dst = &mut dm[o * dstride..(o + 1) * dstride];
+                    if o >= g.ocg {
+                        dst.fill(0.0);
+                        continue;
+                    }
+                    let src = &dout[(img * g.c_out() + grp * g.ocg + o) * op + y0 * g.ow..][..r * g.ow];
+                    if wp > g.ow {
+                        // One fill, then the rows: short rows make per-row fills cost more than the data.
+                        dst.fill(0.0);
+                    } else {
+                        dst[ncols..].fill(0.0);
+                    }
+                    for (y, s) in src.chunks(g.ow).enumerate() {
+                        dst[y * wp..y * wp + g.ow].copy_from_slice(s);
+                    }
+                }
+            }
+            if !finite {
+                // A non-finite input: sum over the real positions only, image by image.
+                for m in 0..m_count {
+                    super::shifted::accumulate_band_exact_strided(
+                        g,
+                        (r, wp, plane, dstride),
+                        &dbuf[m * d_image..(m + 1) * d_image],
+                        &band[m * band_image..(m + 1) * band_image],
+                        cb,
+                        acc,
+                    );
+                }
+                y0 += r;
+                continue;
+            }
+            for (k, a) in addr.iter_mut().enumerate() {
+                let k = k.min(kb - 1);
+                let (c, t) = (k / taps, k % taps);
+                *a = c * plane + (t / g.kw) * g.dh * wp + (t % g.kw) * g.dw;
+            }
+            for ob in 0..o_rows / wb_o {
+                for kbk in 0..k_blocks {
+                    let tile_addr = &addr[kbk * wb_k..(kbk + 1) * wb_k];
+                    let mut sums = [0f32; 16];
+                    // SAFETY: the caller checked the CPU has I; image m's
+                    // output gradient rows ob·wb_o.. hold dstride values
+                    // each, its band reads addr[j] + dstride ≤ cb·plane + L
+                    // (addr[j] + ncols ≤ cb·plane, dstride − ncols < L);
+                    // sums holds wb_o·wb_k ≤ 16.
+                    unsafe {
+                        I::weight_tile(
+                            m_count,
+                            dstride / I::LANES,
+                            dbuf.as_ptr().add(ob * wb_o * dstride),
+                            (dstride, d_image),
+                            band.as_ptr(),
+                            band_image,
+                            tile_addr,
+                            sums.as_mut_ptr(),
+                        );
+                    }
+                    for i in 0..wb_o {
+                        let o = ob * wb_o + i;
+                        if o >= g.ocg {
+                            break;
+                        }
+                        for j in 0..wb_k {
+                            let k = kbk * wb_k + j;
+                            if k < kb {
+                                acc[o * kb + k] += sums[i * wb_k + j];
+                            }
+                        }
+                    }
+                }
+            }
+            y0 += r;
+        }
+        n += m_count;
+    }
+    Ok(())
+}
+
+/// [`accumulate_weight`] with output channels along the lanes: each tile
+/// sums, over the real output positions of a group of images (no padding
+/// columns, so no 0 · ∞ either), the input at (input channel, tap) pairs
+/// times the transposed output gradient; the sums gather in a transposed
+/// copy of the gradient, added to `acc` at the end.
+#[allow(clippy::too_many_arguments)]
+fn accumulate_weight_channels<I: Kernels, T: NnFloat>(
+    g: &Geom,
+    input: &[f32],
+    dout: &[f32],
+    (n0, n1): (usize, usize),
+    grp: usize,
+    (c0, c1): (usize, usize),
+    acc: &mut [f32],
+    ws: &mut Workspace<T>,
+) -> NnResult<()> {
+    const OP: &str = "conv2d";
+    let (ip, op, taps) = (g.in_plane(), g.out_plane(), g.taps());
+    let (cb, kb) = (c1 - c0, (c1 - c0) * g.taps());
+    let wp = g.ow + (g.kw - 1) * g.dw;
+    let (vb, kbw) = channel_shape::<I>(g.ocg);
+    let width = vb * I::LANES;
+    let o_pad = g.ocg.div_ceil(width) * width;
+    let k_blocks = kb.div_ceil(kbw);
+    let rows = super::shifted::band_rows::<f32>(g, cb, o_pad, wp, usize::MAX, 1);
+    let per_image = |r: usize| (cb * (r + (g.kh - 1) * g.dh) * wp + r * g.ow * o_pad) * 4;
+    let images = if rows >= g.oh { (WEIGHT_WORKSPACE / per_image(g.oh)).clamp(1, n1 - n0) } else { 1 };
+    // The gradient, transposed: [k][o_pad].
+    let mut acc_t = crate::host_nn::work::zeroed::<f32>(OP, k_blocks * kbw * o_pad)?;
+    let mut n = n0;
+    while n < n1 {
+        let m_count = images.min(n1 - n);
+        let mut y0 = 0;
+        while y0 < g.oh {
+            let r = rows.min(g.oh - y0);
+            let rr = r + (g.kh - 1) * g.dh;
+            let plane = rr * wp;
+            let positions = r * g.ow;
+            let (band_image, dt_image) = (cb * plane, positions * o_pad);
+            let ((band_t, dt_t), table) = ws.two_and_offsets(m_count * band_image, m_count * dt_image, k_blocks * kbw + positions)?;
+            let (Some(band), Some(dt)) = (T::as_f32_mut(band_t), T::as_f32_mut(dt_t)) else {
+                return Err(internal("f32 kernels on another type"));
+            };
+            for m in 0..m_count {
+                let img = n + m;
+                let _ = super::shifted::fill_band(
+                    g,
+                    &input[(img * g.c_in() + grp * g.icg + c0) * ip..],
+                    cb,
+                    y0,
+                    rr,
+                    wp,
+                    plane,
+                    &mut band[m * band_image..],
+                    false,
+                );
+                let dm = &mut dt[m * dt_image..(m + 1) * dt_image];
+                for o in 0..o_pad {
+                    if o >= g.ocg {
+                        for p in 0..positions {
+                            dm[p * o_pad + o] = 0.0;
+                        }
+                        continue;
+                    }
+                    let src = &dout[(img * g.c_out() + grp * g.ocg + o) * op + y0 * g.ow..][..positions];
+                    for (p, &v) in src.iter().enumerate() {
+                        dm[p * o_pad + o] = v;
+                    }
+                }
+            }
+            let (addr, base) = table.split_at_mut(k_blocks * kbw);
+            for (k, a) in addr.iter_mut().enumerate() {
+                let k = k.min(kb - 1);
+                let (c, t) = (k / taps, k % taps);
+                *a = c * plane + (t / g.kw) * g.dh * wp + (t % g.kw) * g.dw;
+            }
+            for (j, v) in base.iter_mut().enumerate() {
+                *v = (j / g.ow) * wp + j % g.ow;
+            }
+            for ob in 0..o_pad / width {
+                for kbk in 0..k_blocks {
+                    // SAFETY: the caller checked the CPU has I; band reads addr[k] +
+                    // base[p] < cb·plane per image, transposed gradient rows
+                    // hold o_pad values; acc_t rows kbk·kbw.. hold o_pad.
+                    unsafe {
+                        I::weight_channel_tile(
+                            vb,
+                            m_count,
+                            positions,
+                            dt.as_ptr().add(ob * width),
+                            (o_pad, dt_image),
+                            band.as_ptr(),
+                            band_image,
+                            &addr[kbk * kbw..(kbk + 1) * kbw],
+                            base.as_ptr(),
+                            acc_t.as_mut_ptr().add(kbk * kbw * o_pad + ob * width),
+                            o_pad,
+                        );
+                    }
+                }
+            }
+            y0 += r;
+        }
+        n += m_count;
+    }
+    for o in 0..g.ocg {
+        for k in 0..kb {
+            acc[o * kb + k] += acc_t[k * o_pad + o];
+        }
+    }
+    Ok(())
+}
