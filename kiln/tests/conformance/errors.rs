@@ -1,0 +1,193 @@
+//! Conformance: errors.
+
+use crate::common::{assert_f32, devices, on_every_device};
+use kiln::{cpu, gpu, DType, Error, Result, Tensor};
+
+#[test]
+fn device_mismatch_names_the_op_and_both_devices() {
+    let all = devices();
+    for (i, &l) in all.iter().enumerate() {
+        for &r in &all[i + 1..] {
+            let a = Tensor::ones((2, 2), DType::F32, &l).unwrap();
+            let b = Tensor::ones((2, 2), DType::F32, &r).unwrap();
+            let ids = Tensor::new(&[0i64], &r).unwrap();
+            let cond = Tensor::new(&[1u8], &r).unwrap();
+            let cases: Vec<(&str, Result<Tensor>)> = vec![
+                ("add", &a + &b),
+                ("sub", a.sub(&b)),
+                ("mul", &a * &b),
+                ("div", a.div(&b)),
+                ("maximum", a.maximum(&b)),
+                ("lt", a.lt(&b)),
+                ("matmul", a.matmul(&b)),
+                ("cat", Tensor::cat(&[&a, &b], 0)),
+                ("cat", Tensor::stack(&[&a, &b], 0)),
+                ("index_select", a.index_select(&ids, 0)),
+                ("index_add", a.index_add(&ids, &b.narrow(0, 0, 1).unwrap(), 0)),
+                ("where", cond.where_cond(&a, &a)),
+            ];
+            for (op, res) in cases {
+                match res {
+                    Err(e @ Error::DeviceMismatch { .. }) => {
+                        let Error::DeviceMismatch { op: got_op, lhs, rhs } = &e else { unreachable!() };
+                        assert_eq!(got_op, op);
+                        assert!((*lhs, *rhs) == (l, r) || (*lhs, *rhs) == (r, l), "{op}: devices {lhs}, {rhs}");
+                        let msg = e.to_string();
+                        assert!(msg.contains(op) && msg.contains(&l.to_string()) && msg.contains(&r.to_string()), "{msg}");
+                        assert!(msg.contains(".to("), "the message should say how to fix it: {msg}");
+                    }
+                    other => panic!("{op} of {l} and {r}: expected DeviceMismatch, got {other:?}"),
+                }
+            }
+            assert!(matches!(a.assign(&b), Err(Error::DeviceMismatch { .. })));
+            // Nothing was moved to make it work.
+            assert_eq!((a.device(), b.device()), (l, r));
+        }
+        crate::common::report_ran(l);
+    }
+}
+
+#[test]
+fn shape_dtype_and_argument_errors() {
+    on_every_device(|d| {
+        let a = Tensor::ones((2, 3), DType::F32, &d)?;
+        let b = Tensor::ones((4,), DType::F32, &d)?;
+        match a.add(&b) {
+            Err(Error::ShapeMismatch { op, lhs, rhs }) => assert_eq!((op.as_str(), lhs, rhs), ("add", vec![2, 3], vec![4])),
+            other => panic!("{other:?}"),
+        }
+        match a.matmul(&a) {
+            Err(e @ Error::ShapeMismatch { .. }) => assert!(e.to_string().contains("matmul"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(a.reshape((4, 2)), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(a.broadcast_to((3, 3)), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(a.broadcast_to(3), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(Tensor::cat(&[&a, &b], 0), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(Tensor::stack(&[&a, &a.t()?], 0), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(Tensor::from_vec(vec![1f32; 5], (2, 3), &d), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(a.index_add(&Tensor::new(&[0i64], &d)?, &a, 0), Err(Error::ShapeMismatch { .. })));
+        // Dtypes.
+        let f64s = Tensor::ones((2, 3), DType::F64, &d)?;
+        match a.add(&f64s) {
+            Err(Error::DTypeMismatch { op, lhs, rhs }) => assert_eq!((op.as_str(), lhs, rhs), ("add", DType::F32, DType::F64)),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(a.matmul(&f64s.t()?), Err(Error::DTypeMismatch { .. })));
+        assert!(matches!(Tensor::cat(&[&a, &f64s], 0), Err(Error::DTypeMismatch { .. })));
+        assert!(matches!(a.to_vec::<f64>(), Err(Error::DTypeMismatch { .. })));
+        assert!(matches!(a.gt(&a)?.where_cond(&a, &f64s), Err(Error::DTypeMismatch { .. })));
+        // Unsupported dtypes.
+        let h = a.to_dtype(DType::F16)?;
+        assert!(matches!(h.add(&h), Err(Error::UnsupportedDType { dtype: DType::F16, .. })));
+        assert!(matches!(h.sum_all(), Err(Error::UnsupportedDType { .. })));
+        assert!(matches!(a.to_dtype(DType::BF16)?.exp(), Err(Error::UnsupportedDType { .. })));
+        let i = Tensor::new(&[1i64, 2], &d)?;
+        for res in [i.pow(&i), i.mean_all(), Tensor::randn_with(0.0, 1.0, 2, DType::I64, &d)] {
+            assert!(matches!(res, Err(Error::UnsupportedDType { dtype: DType::I64, .. })), "{res:?}");
+        }
+        // Float functions of integers compute in f32, as in PyTorch.
+        for res in [i.exp(), i.log(), i.sqrt(), i.sigmoid(), i.powf(2.0)] {
+            assert_eq!(res?.dtype(), DType::F32);
+        }
+        assert!(matches!(a.to_dtype(DType::BF16)?.matmul(&a.to_dtype(DType::BF16)?.t()?), Err(Error::UnsupportedDType { .. })));
+        // Invalid arguments.
+        let invalid: Vec<Result<Tensor>> = vec![
+            a.narrow(1, 2, 2),
+            a.narrow(2, 0, 1),
+            a.narrow(0, usize::MAX, 2),
+            a.slice(1, std::ops::Range { start: 2, end: 1 }),
+            a.squeeze(0),
+            a.unsqueeze(3),
+            a.transpose(0, 2),
+            a.permute(&[0, 0]),
+            a.permute(&[1]),
+            a.sum(2),
+            a.sum_dims(&[0, 0], false),
+            a.argmax(5),
+            a.argmax_keepdim(2),
+            a.reduce(kiln::ReduceOp::ArgMax, &[0, 1], false),
+            Tensor::zeros((0, 2), DType::F32, &d)?.max(0),
+            Tensor::zeros((0, 2), DType::F32, &d)?.argmax(0),
+            i.powi(-1),
+            Tensor::new(&1f32, &d)?.matmul(&a),
+            Tensor::cat(&[], 0),
+            Tensor::cat(&[&a], 2),
+            a.index_select(&Tensor::new(&[0f32], &d)?, 0),
+            a.index_select(&Tensor::new(&[[0i64]], &d)?, 0),
+            a.index_select(&Tensor::new(&[0i64], &d)?, 2),
+            a.reshape(6)?.get(6),
+            Tensor::new(&1f32, &d)?.t(),
+        ];
+        for (k, res) in invalid.into_iter().enumerate() {
+            match res {
+                Err(e @ Error::InvalidArgument { .. }) => assert!(!e.to_string().is_empty()),
+                other => panic!("case {k} on {d}: expected InvalidArgument, got {other:?}"),
+            }
+        }
+        assert!(matches!(a.to_scalar::<f32>(), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(a.item(), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(a.to_vec2::<f32>()?.len(), 2));
+        assert!(matches!(b.to_vec2::<f32>(), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(a.dim(2), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(Tensor::new(&[1f32], &d)?.backward(), Err(Error::InvalidArgument { .. })));
+        Ok(())
+    });
+}
+
+#[test]
+fn out_of_range_indices_on_the_host_are_errors() {
+    let x = Tensor::ones((3, 2), DType::F32, &cpu()).unwrap();
+    for ids in [vec![3i64], vec![0, 7], vec![-1]] {
+        match x.index_select(&Tensor::new(&ids[..], &cpu()).unwrap(), 0) {
+            Err(e @ Error::InvalidArgument { .. }) => assert!(e.to_string().contains("out of range"), "{e}"),
+            other => panic!("indices {ids:?}: expected InvalidArgument, got {other:?}"),
+        }
+    }
+    let src = Tensor::ones((1, 2), DType::F32, &cpu()).unwrap();
+    assert!(matches!(x.index_add(&Tensor::new(&[-2i64], &cpu()).unwrap(), &src, 0), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(x.index_add(&Tensor::new(&[3i64], &cpu()).unwrap(), &src, 0), Err(Error::InvalidArgument { .. })));
+    // Indices on a simulated GPU are not read back (that would be a hidden
+    // transfer): out-of-range ones, negative included, select nothing.
+    for d in crate::common::sims() {
+        let x = Tensor::new(&[[1f32, 2.], [3., 4.]], &d).unwrap();
+        let ids = Tensor::new(&[-1i64, 1, 2], &d).unwrap();
+        assert_f32(&x.index_select(&ids, 0).unwrap(), d, &[3, 2], &[0., 0., 3., 4., 0., 0.]);
+        let z = Tensor::zeros((2, 2), DType::F32, &d).unwrap();
+        assert_f32(&z.index_add(&ids, &x.index_select(&ids, 0).unwrap(), 0).unwrap(), d, &[2, 2], &[0., 0., 3., 4.]);
+    }
+}
+
+#[test]
+fn no_such_device_lists_devices_and_suggests_try_gpu() {
+    let bad = gpu(99);
+    let check = |e: Error| match &e {
+        Error::NoSuchDevice { device, available } => {
+            assert_eq!(*device, bad);
+            assert_eq!(available[0], cpu());
+            assert!(available.len() == 1 + kiln::num_gpus(), "{available:?}");
+            let msg = e.to_string();
+            assert!(msg.contains("gpu(99)") && msg.contains("try_gpu(99)") && msg.contains("cpu, gpu(0)"), "{msg}");
+        }
+        other => panic!("expected NoSuchDevice, got {other:?}"),
+    };
+    devices(); // makes sure the simulated GPUs exist
+    check(Tensor::zeros(2, DType::F32, &bad).unwrap_err());
+    check(Tensor::new(&[1f32], &bad).unwrap_err());
+    check(Tensor::rand(2, &bad).unwrap_err());
+    check(Tensor::eye(2, DType::F32, &bad).unwrap_err());
+    check(Tensor::arange(0.0, 2.0, 1.0, &bad).unwrap_err());
+    for d in devices() {
+        let x = Tensor::ones(2, DType::F32, &d).unwrap();
+        check(x.to(&bad).unwrap_err());
+        check(x.copy_to(&bad).unwrap_err());
+        crate::common::report_ran(d);
+    }
+    check(kiln::memory_stats(&bad).unwrap_err());
+    check(kiln::synchronize(&bad).unwrap_err());
+    check(kiln::reset_peak_memory(&bad).unwrap_err());
+    check(kiln::default_device_scope(bad).err().unwrap());
+    assert!(!bad.exists());
+    // Naming a device never fails.
+    assert_eq!(bad.to_string(), "gpu(99)");
+}

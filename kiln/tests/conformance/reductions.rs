@@ -1,0 +1,73 @@
+//! Conformance: reductions.
+
+use crate::common::{assert_close, assert_f32, assert_values, devices, f32s, on_every_device};
+use crate::t2;
+use kiln::{cpu, DType, Tensor};
+
+#[test]
+fn reductions_over_all_and_axes() {
+    on_every_device(|d| {
+        let x = t2(&[&[1., 5., 2.], &[7., 0., 7.]], d)?;
+        assert_f32(&x.sum_all()?, d, &[], &[22.]);
+        assert_f32(&x.sum(0)?, d, &[3], &[8., 5., 9.]);
+        assert_f32(&x.sum(1)?, d, &[2], &[8., 14.]);
+        assert_f32(&x.sum_keepdim(1)?, d, &[2, 1], &[8., 14.]);
+        assert_f32(&x.sum_keepdim(0)?, d, &[1, 3], &[8., 5., 9.]);
+        assert_f32(&x.sum_dims(&[0, 1], true)?, d, &[1, 1], &[22.]);
+        assert_f32(&x.sum_dims(&[1, 0], false)?, d, &[], &[22.]);
+        assert_f32(&x.sum_dims(&[0usize; 0], false)?, d, &[2, 3], &[1., 5., 2., 7., 0., 7.]);
+        assert_f32(&x.mean_all()?, d, &[], &[22. / 6.]);
+        assert_f32(&x.mean(0)?, d, &[3], &[4., 2.5, 4.5]);
+        assert_f32(&x.mean_keepdim(1)?, d, &[2, 1], &[8. / 3., 14. / 3.]);
+        assert_f32(&x.max_all()?, d, &[], &[7.]);
+        assert_f32(&x.max(1)?, d, &[2], &[5., 7.]);
+        assert_f32(&x.max_keepdim(0)?, d, &[1, 3], &[7., 5., 7.]);
+        assert_f32(&x.min_all()?, d, &[], &[0.]);
+        assert_f32(&x.min(0)?, d, &[3], &[1., 0., 2.]);
+        assert_f32(&x.min_keepdim(1)?, d, &[2, 1], &[1., 0.]);
+        // argmax: the first index on ties.
+        assert_values(&x.argmax(1)?, d, &[2], &[1., 0.]);
+        assert_eq!(x.argmax(1)?.dtype(), DType::I64);
+        assert_values(&x.argmax(0)?, d, &[3], &[1., 0., 1.]);
+        assert_values(&x.argmax_keepdim(1)?, d, &[2, 1], &[1., 0.]);
+        assert_values(&x.argmin(1)?, d, &[2], &[0., 1.]);
+        // Over a transposed (strided) view.
+        let xt = x.t()?;
+        assert_f32(&xt.sum(1)?, d, &[3], &[8., 5., 9.]);
+        assert_f32(&xt.sum(0)?, d, &[2], &[8., 14.]);
+        assert_f32(&xt.max(0)?, d, &[2], &[5., 7.]);
+        assert_values(&xt.argmax(0)?, d, &[2], &[1., 0.]);
+        // Rank 3 over the outer two axes.
+        let c = Tensor::arange(0.0, 24.0, 1.0, &d)?.reshape((2, 3, 4))?;
+        let expect: Vec<f32> = (0..3).map(|j| (0..2).flat_map(|i| (0..4).map(move |k| (12 * i + 4 * j + k) as f32)).sum()).collect();
+        assert_f32(&c.sum_dims(&[0, 2], false)?, d, &[3], &expect);
+        assert_f32(&c.sum_dims(&[0, 2], true)?, d, &[1, 3, 1], &expect);
+        assert_f32(&c.max(2)?, d, &[2, 3], &[3., 7., 11., 15., 19., 23.]);
+        // Integers reduce in their own dtype.
+        let i = Tensor::new(&[[1i64, -4], [10, 3]], &d)?;
+        assert_eq!(i.sum(0)?.to_vec::<i64>()?, vec![11, -1]);
+        assert_eq!(i.max_all()?.to_vec::<i64>()?, vec![10]);
+        assert_eq!(i.min(1)?.to_vec::<i64>()?, vec![-4, 3]);
+        // An empty sum is 0.
+        assert_f32(&Tensor::zeros((0, 2), DType::F32, &d)?.sum(0)?, d, &[2], &[0., 0.]);
+        Ok(())
+    });
+}
+
+#[test]
+fn sums_of_many_elements_agree_across_devices() {
+    kiln::manual_seed(99);
+    let host = Tensor::rand((300, 257), &cpu()).unwrap();
+    let reference: Vec<f64> = {
+        let v = host.to_vec::<f32>().unwrap();
+        (0..257).map(|j| (0..300).map(|i| v[i * 257 + j] as f64).sum()).collect()
+    };
+    let total: f64 = reference.iter().sum();
+    for d in devices() {
+        let x = host.to(&d).unwrap();
+        assert_close(&f32s(&x.sum(0).unwrap(), d), &reference, 1e-6, &format!("column sums on {d}"));
+        assert_close(&f32s(&x.sum_all().unwrap(), d), &[total], 1e-6, &format!("total on {d}"));
+        assert_close(&f32s(&x.t().unwrap().sum(1).unwrap(), d), &reference, 1e-6, &format!("transposed sums on {d}"));
+        crate::common::report_ran(d);
+    }
+}
