@@ -51,7 +51,7 @@ def forward(c, T, dtype):
         return {
             "neg": lambda x: -x, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
             "sqr": lambda x: x * x, "recip": torch.reciprocal, "sin": torch.sin, "cos": torch.cos,
-            "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu,
+            "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "erf": torch.erf,
         }[op](a)
     if c["family"] == "binary":
         return {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,

@@ -167,7 +167,7 @@ fn case(r: &mut Rng, dev: Device) -> Result<Option<Case>> {
     let family_no = r.below(14);
     let (family, op, leaves, out): (&'static str, String, Vec<(&'static str, Tensor)>, Tensor) = match family_no {
         0 => {
-            let op = r.pick(&["neg", "abs", "exp", "log", "sqrt", "sqr", "recip", "sin", "cos", "tanh", "sigmoid", "relu"]);
+            let op = r.pick(&["neg", "abs", "exp", "log", "sqrt", "sqr", "recip", "sin", "cos", "tanh", "sigmoid", "relu", "erf"]);
             let vals = if op == "log" && r.below(2) == 0 { Vals::Positive } else { Vals::Edgy };
             let sh = random_shape(r, 0, 3);
             let x = leaf(r, &sh, dtype, dev, vals)?;
@@ -183,6 +183,7 @@ fn case(r: &mut Rng, dev: Device) -> Result<Option<Case>> {
                 "cos" => x.cos()?,
                 "tanh" => x.tanh()?,
                 "sigmoid" => x.sigmoid()?,
+                "erf" => x.erf()?,
                 _ => x.relu()?,
             };
             ("unary", op.into(), vec![("a", x)], y)

@@ -223,7 +223,8 @@ enum Step {
     },
 }
 
-const UNARY: [UnaryOp; 22] = [
+const UNARY: [UnaryOp; 23] = [
+    UnaryOp::Erf,
     UnaryOp::Neg,
     UnaryOp::Abs,
     UnaryOp::Exp,

@@ -181,3 +181,38 @@ fn comparisons_give_u8() {
         Ok(())
     });
 }
+
+#[test]
+fn erf_values_and_gradient() {
+    // erf at these points, from Python's math.erf (correctly rounded doubles).
+    let xs = [0.0, 0.5, -1.0, 2.0, -3.5, 1e-8, f64::INFINITY, f64::NEG_INFINITY];
+    let erf = [0.0, 0.5204998778130465, -0.8427007929497149, 0.9953222650189527, -0.9999992569016276, 1.1283791670955126e-8, 1.0, -1.0];
+    on_every_device(|d| {
+        for dtype in [DType::F32, DType::F64] {
+            let x = Tensor::from_vec(xs.to_vec(), xs.len(), &d)?.to_dtype(dtype)?.requires_grad_();
+            let y = x.erf()?;
+            assert_eq!((y.dtype(), y.device()), (dtype, d));
+            let tol = if dtype == DType::F32 { 2e-7 } else { 1e-15 };
+            near(&y.to_vec_f64()?, &erf, tol, "erf");
+            y.sum_all()?.backward()?;
+            let g = x.grad().expect("erf has a gradient").to_vec_f64()?;
+            let want: Vec<f64> = xs.iter().map(|x| std::f64::consts::FRAC_2_SQRT_PI * (-x * x).exp()).collect();
+            near(&g, &want, tol * 4.0, "erf gradient");
+        }
+        assert!(Tensor::new(&[f32::NAN], &d)?.erf()?.to_vec::<f32>()?[0].is_nan());
+        // Integers compute in f32, as the other float functions do.
+        let i = Tensor::new(&[0i64, 1], &d)?.erf()?;
+        assert_eq!(i.dtype(), DType::F32);
+        near(&i.to_vec_f64()?, &[0.0, 0.8427007929497149], 2e-7, "erf of integers");
+        Ok(())
+    });
+}
+
+/// Relative closeness (absolute below 1) of f64 values, infinities equal.
+fn near(got: &[f64], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = if g == w { 0.0 } else { (g - w).abs() / w.abs().max(1.0) };
+        assert!(err <= tol, "{what}: element {i} is {g}, expected {w} (relative error {err:e} > {tol:e})");
+    }
+}

@@ -87,6 +87,9 @@ unary_family! {
         Sigmoid => "sigmoid", host |x| T::ONE.div(T::ONE.add(x.neg().exp())),
             cuda "Ar<T>::div(Cv<T>::from(1.0), Ar<T>::add(Cv<T>::from(1.0), Fl<T>::exp(Ar<T>::neg(x))))",
             grad |g, _x, y| g.mul(&y.mul(&y.unary(UnaryOp::RSubScalar(1.0))?)?);
+        /// The error function 2/√π ∫₀ˣ e^(−t²) dt (exact GELU needs it); its gradient is 2/√π · e^(−x²).
+        Erf => "erf", host |x| x.via(libm::erff, libm::erf), cuda "erff(x)" | "erf(x)",
+            grad |g, x| g.mul(&x.sqr()?.neg()?.exp()?.mul_scalar(std::f64::consts::FRAC_2_SQRT_PI)?);
         /// xᵖ for a real p; d/dx x⁰ = 0 everywhere.
         Powf(p: f64) => "powf", host |x| x.pow(T::from_f64(p)), cuda "Fl<T>::pow(x, a)" scalars (p, 0.0, 0),
             grad |g, x| if p == 0.0 { g.zeros_like() } else { g.mul(&x.powf(p - 1.0)?.mul_scalar(p)?) };
@@ -275,6 +278,8 @@ impl Tensor {
         sigmoid => UnaryOp::Sigmoid;
         /// max(x, 0)
         relu => UnaryOp::Relu;
+        /// The error function erf(x) = 2/√π ∫₀ˣ e^(−t²) dt.
+        erf => UnaryOp::Erf;
     }
 
     /// xⁿ by repeated multiplication (never through `powf`).
