@@ -31,7 +31,7 @@ DT = {"f32": torch.float32, "f64": torch.float64, "i64": torch.int64, "i32": tor
 
 # Ops whose results sum terms or cancel: the tolerance grows with the largest
 # magnitude in the tensor.
-ACCUMULATING = {"sum", "mean", "sum_all", "mean_all", "max", "min", "max_all", "min_all", "matmul", "softmax",
+ACCUMULATING = {"prod", "prod_all", "sum", "mean", "sum_all", "mean_all", "max", "min", "max_all", "min_all", "matmul", "softmax",
                 "log_softmax", "mse_loss", "cross_entropy", "chain", "sin", "cos", "tanh", "sigmoid",
                 "index_select", "index_add", "stack", "pow", "powf", "powi", "broadcast"}
 
@@ -77,9 +77,12 @@ def forward(c, T, dtype):
             return a.max()
         if op == "min_all":
             return a.min()
+        if op == "prod_all":
+            return a.prod()
         d, k = c["dim"], c["keepdim"]
         return {"sum": lambda: a.sum(d, keepdim=k), "mean": lambda: a.mean(d, keepdim=k),
-                "max": lambda: torch.amax(a, d, keepdim=k), "min": lambda: torch.amin(a, d, keepdim=k)}[op]()
+                "max": lambda: torch.amax(a, d, keepdim=k), "min": lambda: torch.amin(a, d, keepdim=k),
+                "prod": lambda: a.prod(d, keepdim=k)}[op]()
     if op == "matmul":
         return torch.matmul(a, b)
     if op == "softmax":
@@ -134,6 +137,7 @@ def run(c, dtype):
         loss.backward()
     grads = {k: (None if t.grad is None else t.grad) for k, t in T.items()}
     amax_nan_convention(c, T, grads)
+    prod_nonfinite_convention(c, grads)
     return y.detach(), grads
 
 
@@ -155,6 +159,39 @@ def amax_nan_convention(c, T, grads):
     has_nan = torch.isnan(a).any(d, keepdim=True)
     mask = torch.where(has_nan, torch.isnan(a), a == out).to(a.dtype)
     grads["a"] = w * mask / mask.sum(d, keepdim=True)
+
+
+def prod_nonfinite_convention(c, grads):
+    """The documented difference for prod's gradient when the input holds
+    +-inf or NaN: PyTorch switches between result/input and products of
+    the others depending on whether any element of the whole tensor is 0,
+    so a slice's gradient depends on other slices; kiln decides per slice
+    (result/input where it has no zero, the product of the others at its
+    only zero, else 0; the identity for a product of one element), which is
+    what PyTorch gives for a tensor without zeros. Recomputes kiln's rule."""
+    if c["family"] != "reduce" or c["op"] not in ("prod", "prod_all") or "a" not in grads:
+        return
+    a = tensor(c["inputs"]["a"], grads["a"].dtype)
+    if torch.isfinite(a).all() or a.numel() == 0:
+        return
+    w = tensor(c["w"], a.dtype)
+    if a.numel() == math.prod(c["out"]["shape"]):
+        # A product of one element: the identity, whatever its value.
+        grads["a"] = w.reshape(a.shape)
+        return
+    if c["op"] == "prod_all":
+        dims, w = list(range(a.dim())), w.reshape([1] * a.dim())
+    else:
+        dims = [c["dim"] % a.dim()]
+        w = w if c["keepdim"] else w.unsqueeze(dims[0])
+    zero = a == 0
+    zeros = zero.sum(dims, keepdim=True)
+    unz = torch.where(zero, torch.ones_like(a), a)
+    y = a.prod(dims[0], keepdim=True) if len(dims) == 1 else a.reshape(-1).prod().reshape([1] * a.dim())
+    rest = unz.prod(dims[0], keepdim=True) if len(dims) == 1 else unz.reshape(-1).prod().reshape([1] * a.dim())
+    z = torch.zeros_like(a)
+    g = torch.where(zero, torch.where(zeros == 1, rest, z), torch.where(zeros == 0, y / unz, z))
+    grads["a"] = w * g
 
 
 def compare(c, what, got, want, exact):

@@ -263,9 +263,9 @@ fn case(r: &mut Rng, dev: Device) -> Result<Option<Case>> {
             ("pow", op.into(), vec![("a", x)], y)
         }
         4 => {
-            let op = r.pick(&["sum", "mean", "max", "min", "sum_all", "mean_all", "max_all", "min_all"]);
+            let op = r.pick(&["sum", "mean", "max", "min", "prod", "sum_all", "mean_all", "max_all", "min_all", "prod_all"]);
             let shape = random_shape(r, 0, 3);
-            let vals = if op.starts_with("max") || op.starts_with("min") { Vals::Ties } else { Vals::Edgy };
+            let vals = if op.starts_with("max") || op.starts_with("min") || op.starts_with("prod") { Vals::Ties } else { Vals::Edgy };
             let x = leaf(r, &shape, dtype, dev, vals)?;
             let y = if op.ends_with("_all") {
                 if (op == "max_all" || op == "min_all") && x.elem_count() == 0 {
@@ -275,6 +275,7 @@ fn case(r: &mut Rng, dev: Device) -> Result<Option<Case>> {
                     "sum_all" => x.sum_all()?,
                     "mean_all" => x.mean_all()?,
                     "max_all" => x.max_all()?,
+                    "prod_all" => x.prod_all()?,
                     _ => x.min_all()?,
                 }
             } else {
@@ -296,6 +297,8 @@ fn case(r: &mut Rng, dev: Device) -> Result<Option<Case>> {
                     ("max", false) => x.max(signed)?,
                     ("max", true) => x.max_keepdim(signed)?,
                     ("min", false) => x.min(signed)?,
+                    ("prod", false) => x.prod(signed)?,
+                    ("prod", true) => x.prod_keepdim(signed)?,
                     _ => x.min_keepdim(signed)?,
                 }
             };

@@ -263,7 +263,7 @@ const BINARY: [BinaryOp; 13] = [
     BinaryOp::Gt,
     BinaryOp::Ge,
 ];
-const REDUCE: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::ArgMax, ReduceOp::ArgMin];
+const REDUCE: [ReduceOp; 6] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod, ReduceOp::ArgMax, ReduceOp::ArgMin];
 
 fn value(rng: &mut Rng) -> f64 {
     rng.pick(&[0.0, 1.0, -1.0, 2.5, -3.0, 0.1, 300.0, -7.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e30, 65504.0])

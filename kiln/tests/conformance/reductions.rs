@@ -71,3 +71,30 @@ fn sums_of_many_elements_agree_across_devices() {
         crate::common::report_ran(d);
     }
 }
+
+#[test]
+fn products_values_and_gradients() {
+    on_every_device(|d| {
+        let x = t2(&[&[1., -2., 3.], &[0.5, 4., -1.]], d)?;
+        assert_f32(&x.prod_all()?, d, &[], &[12.]);
+        assert_f32(&x.prod(0)?, d, &[3], &[0.5, -8., -3.]);
+        assert_f32(&x.prod_keepdim(-1)?, d, &[2, 1], &[-6., -2.]);
+        assert_f32(&x.t()?.prod(0)?, d, &[2], &[-6., -2.]);
+        assert_f32(&x.prod_dims(&[0, 1], false)?, d, &[], &[12.]);
+        // Empty products are 1; integers wrap in their dtype.
+        assert_f32(&Tensor::zeros((0, 2), DType::F32, &d)?.prod(0)?, d, &[2], &[1., 1.]);
+        assert_eq!(Tensor::new(&[[3i64, -4], [5, 6]], &d)?.prod(1)?.to_vec::<i64>()?, vec![-12, 30]);
+        assert_eq!(Tensor::new(&[16u8, 17], &d)?.prod_all()?.to_vec::<u8>()?, vec![16]);
+        assert_eq!(Tensor::new(&[1i64 << 62, 4], &d)?.prod_all()?.to_vec::<i64>()?, vec![0]);
+        // Gradients: no zero (y/x), one zero (the product of the others at
+        // it, 0 elsewhere), two zeros (0 everywhere); f64 for exactness.
+        let x = Tensor::new(&[[2f64, 3., 4.], [0., 5., 6.], [0., 7., 0.]], &d)?.requires_grad_();
+        let w = Tensor::new(&[1f64, 10., 100.], &d)?;
+        x.prod(1)?.mul(&w)?.sum_all()?.backward()?;
+        assert_values(&x.grad().expect("prod has a gradient"), d, &[3, 3], &[12., 8., 6., 300., 0., 0., 0., 0., 0.]);
+        // A NaN makes the product NaN.
+        let n = Tensor::new(&[f32::NAN, 2.], &d)?;
+        assert!(n.prod_all()?.to_vec::<f32>()?[0].is_nan());
+        Ok(())
+    });
+}

@@ -34,6 +34,9 @@ reduce_family! {
         /// Minimum, as maximum.
         Min => "min", init HIGHEST, host |a, b| a.min(b), cuda init "Ar<A>::highest()" combine "Ar<A>::mn(a, b)",
             grad |g, x, dims, y| extremum_grad(g, x, y, dims);
+        /// Product (1 for an empty slice); integers wrap.
+        Prod => "prod", init ONE, host |a, b| a.mul(b), cuda init "Cv<A>::from(1.0)" combine "Ar<A>::mul(a, b)",
+            grad |g, x, dims, y| prod_grad(g, x, y, dims);
     }
     arg {
         /// Index of the maximum (first one on ties; the first NaN wins), as i64; one dim only.
@@ -52,6 +55,29 @@ fn extremum_grad(g: &Tensor, x: &Tensor, y: &Tensor, dims: &[usize]) -> Result<T
     let hits = out_nan.where_cond(&x_nan, &x.binary(y, BinaryOp::Eq)?)?.to_dtype(x.dtype())?;
     let share = hits.div(&hits.sum_dims(dims, true)?)?;
     g.broadcast_to(x.shape())?.mul(&share)
+}
+
+/// The gradient of a product: y/x where the slice holds no zero (reusing
+/// the output, as PyTorch does); at the one zero of a slice with exactly
+/// one, the product of the others; 0 everywhere else.
+fn prod_grad(g: &Tensor, x: &Tensor, y: &Tensor, dims: &[usize]) -> Result<Tensor> {
+    if dims.iter().all(|&d| x.dims()[d] == 1) {
+        // A product of one element is the identity (y/x would be NaN at ±inf).
+        return g.reshape(x.dims());
+    }
+    let is_zero = x.binary(&x.scalar_like(0.0)?, BinaryOp::Eq)?;
+    let zeros = is_zero.to_dtype(x.dtype())?.sum_dims(dims, true)?;
+    let no_zero = zeros.binary(&zeros.scalar_like(0.0)?, BinaryOp::Eq)?;
+    let one_zero = zeros.binary(&zeros.scalar_like(1.0)?, BinaryOp::Eq)?;
+    // x with its zeros as ones: y / it is unused where x is 0, and its
+    // product is the product of the others at a slice's only zero.
+    let unzeroed = is_zero.where_cond(&x.scalar_like(1.0)?, x)?;
+    let others = y.div(&unzeroed)?;
+    let rest = unzeroed.reduce(ReduceOp::Prod, dims, true)?;
+    let zero = x.scalar_like(0.0)?;
+    let at_nonzero = no_zero.where_cond(&others, &zero)?;
+    let at_zero = one_zero.where_cond(&rest, &zero)?;
+    g.broadcast_to(x.shape())?.mul(&is_zero.where_cond(&at_zero, &at_nonzero)?)
 }
 
 impl ReduceKernel for ReduceOp {
@@ -327,6 +353,37 @@ impl Tensor {
     /// Minimum over one dimension, keeping it.
     pub fn min_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
         self.reduce(ReduceOp::Min, &[dim.index("min", self.rank())?], true)
+    }
+    /// Product of every element, as a 0-d tensor (1 for an empty tensor).
+    /// Floats multiply in f64 and round once; integers wrap and keep their
+    /// dtype (PyTorch gives i64 for every integer input).
+    ///
+    /// The gradient is y/x where a slice has no zero; at the only zero of a
+    /// slice, the product of the others; 0 where a slice has two zeros.
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::new(&[[1f32, 2.], [3., 4.]], &cpu())?.requires_grad_();
+    /// assert_eq!(x.prod_all()?.to_scalar::<f32>()?, 24.0);
+    /// assert_eq!(x.prod(1)?.to_vec::<f32>()?, vec![2., 12.]);
+    /// x.prod_all()?.backward()?;
+    /// assert_eq!(x.grad().unwrap().to_vec::<f32>()?, vec![24., 12., 8., 6.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn prod_all(&self) -> Result<Tensor> {
+        self.reduce(ReduceOp::Prod, &self.all_dims(), false)
+    }
+    /// Product over one dimension, dropping it.
+    pub fn prod(&self, dim: impl Dim) -> Result<Tensor> {
+        self.reduce(ReduceOp::Prod, &[dim.index("prod", self.rank())?], false)
+    }
+    /// Product over one dimension, keeping it as size 1.
+    pub fn prod_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
+        self.reduce(ReduceOp::Prod, &[dim.index("prod", self.rank())?], true)
+    }
+    /// Product over several dimensions.
+    pub fn prod_dims(&self, dims: &[impl Dim], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Prod, dims, keepdim)
     }
     /// Index of the maximum along `dim` (first on ties), i64.
     ///
