@@ -31,7 +31,7 @@ DT = {"f32": torch.float32, "f64": torch.float64, "i64": torch.int64, "i32": tor
 
 # Ops whose results sum terms or cancel: the tolerance grows with the largest
 # magnitude in the tensor.
-ACCUMULATING = {"prod", "prod_all", "sum", "mean", "sum_all", "mean_all", "max", "min", "max_all", "min_all", "matmul", "softmax",
+ACCUMULATING = {"cumsum", "prod", "prod_all", "sum", "mean", "sum_all", "mean_all", "max", "min", "max_all", "min_all", "matmul", "softmax",
                 "log_softmax", "mse_loss", "cross_entropy", "chain", "sin", "cos", "tanh", "sigmoid",
                 "index_select", "index_add", "stack", "pow", "powf", "powi", "broadcast"}
 
@@ -82,7 +82,7 @@ def forward(c, T, dtype):
         d, k = c["dim"], c["keepdim"]
         return {"sum": lambda: a.sum(d, keepdim=k), "mean": lambda: a.mean(d, keepdim=k),
                 "max": lambda: torch.amax(a, d, keepdim=k), "min": lambda: torch.amin(a, d, keepdim=k),
-                "prod": lambda: a.prod(d, keepdim=k)}[op]()
+                "prod": lambda: a.prod(d, keepdim=k), "cumsum": lambda: a.cumsum(d)}[op]()
     if op == "matmul":
         return torch.matmul(a, b)
     if op == "softmax":

@@ -263,7 +263,7 @@ fn case(r: &mut Rng, dev: Device) -> Result<Option<Case>> {
             ("pow", op.into(), vec![("a", x)], y)
         }
         4 => {
-            let op = r.pick(&["sum", "mean", "max", "min", "prod", "sum_all", "mean_all", "max_all", "min_all", "prod_all"]);
+            let op = r.pick(&["sum", "mean", "max", "min", "prod", "cumsum", "sum_all", "mean_all", "max_all", "min_all", "prod_all"]);
             let shape = random_shape(r, 0, 3);
             let vals = if op.starts_with("max") || op.starts_with("min") || op.starts_with("prod") { Vals::Ties } else { Vals::Edgy };
             let x = leaf(r, &shape, dtype, dev, vals)?;
@@ -299,6 +299,7 @@ fn case(r: &mut Rng, dev: Device) -> Result<Option<Case>> {
                     ("min", false) => x.min(signed)?,
                     ("prod", false) => x.prod(signed)?,
                     ("prod", true) => x.prod_keepdim(signed)?,
+                    ("cumsum", _) => x.cumsum(signed)?,
                     _ => x.min_keepdim(signed)?,
                 }
             };

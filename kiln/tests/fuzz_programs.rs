@@ -138,6 +138,11 @@ enum Step {
         a: usize,
         b: usize,
     },
+    /// `cumsum` along a dimension (signed, possibly out of range).
+    CumSum {
+        a: usize,
+        dim: i64,
+    },
     Transpose {
         a: usize,
         d0: usize,
@@ -289,7 +294,7 @@ fn program(rng: &mut Rng) -> Vec<Step> {
             }
         } else {
             let a = any(rng);
-            match rng.below(27) {
+            match rng.below(28) {
                 0 | 1 => Step::Unary { a, op: rng.pick(&UNARY) },
                 2..=4 => Step::Binary { a, b: any(rng), op: rng.pick(&BINARY) },
                 5 => Step::Reduce { a, op: rng.pick(&REDUCE), dim: rng.below(5), keepdim: rng.chance(50) },
@@ -344,6 +349,7 @@ fn program(rng: &mut Rng) -> Vec<Step> {
                 23 => Step::Assign { dst: a, src: any(rng) },
                 24 => Step::RoundTrip { a },
                 25 => Step::ToMissing { a, which: rng.below(3) as u8, copy: rng.chance(50) },
+                26 => Step::CumSum { a, dim: rng.below(7) as i64 - 3 },
                 _ => {
                     if rng.chance(50) {
                         Step::Print { a }
@@ -369,6 +375,7 @@ fn operands(step: &Step) -> Vec<usize> {
         Step::Unary { a, .. }
         | Step::Reduce { a, .. }
         | Step::ReduceAll { a, .. }
+        | Step::CumSum { a, .. }
         | Step::Transpose { a, .. }
         | Step::Narrow { a, .. }
         | Step::Reshape { a, .. }
@@ -544,6 +551,7 @@ fn run_step(step: &Step, vals: &[Option<Tensor>], device: &Device, sim: Device) 
                 }
             }
             Step::Matmul { a, b } => arg!(*a).matmul(&arg!(*b))?,
+            Step::CumSum { a, dim } => arg!(*a).cumsum(*dim)?,
             Step::Transpose { a, d0, d1 } => arg!(*a).transpose(*d0, *d1)?,
             Step::Narrow { a, dim, start, len } => arg!(*a).narrow(*dim, *start, *len)?,
             Step::Reshape { a, dims } => arg!(*a).reshape(dims.as_slice())?,

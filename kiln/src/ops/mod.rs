@@ -19,6 +19,7 @@ mod cat;
 mod composite;
 pub(crate) mod copy;
 mod create;
+mod cumsum;
 mod display;
 pub(crate) mod fill;
 mod index_add;

@@ -98,3 +98,39 @@ fn products_values_and_gradients() {
         Ok(())
     });
 }
+
+#[test]
+fn running_sums_values_and_gradients() {
+    on_every_device(|d| {
+        let x = t2(&[&[1., 2., 3.], &[4., 5., 6.]], d)?;
+        assert_f32(&x.cumsum(1)?, d, &[2, 3], &[1., 3., 6., 4., 9., 15.]);
+        assert_f32(&x.cumsum(0)?, d, &[2, 3], &[1., 2., 3., 5., 7., 9.]);
+        assert_f32(&x.cumsum(-1)?, d, &[2, 3], &[1., 3., 6., 4., 9., 15.]);
+        // Over a transposed (strided) view and a rank-3 middle dimension.
+        assert_f32(&x.t()?.cumsum(0)?, d, &[3, 2], &[1., 4., 3., 9., 6., 15.]);
+        let c = Tensor::arange(0.0, 12.0, 1.0, &d)?.reshape((2, 3, 2))?;
+        assert_f32(&c.cumsum(1)?, d, &[2, 3, 2], &[0., 1., 2., 4., 6., 9., 6., 7., 14., 16., 24., 27.]);
+        // f32 accumulates in f64 and rounds each output (as PyTorch's CPU scan).
+        let big = Tensor::new(&[16777216f32, 1., 1.], &d)?;
+        assert_eq!(big.cumsum(0)?.to_vec::<f32>()?, vec![16777216., 16777216., 16777218.]);
+        // Integers keep their dtype and wrap; a scalar is its own cumsum.
+        assert_eq!(Tensor::new(&[1i64, -4, 10], &d)?.cumsum(0)?.to_vec::<i64>()?, vec![1, -3, 7]);
+        assert_eq!(Tensor::new(&[200u8, 100], &d)?.cumsum(0)?.to_vec::<u8>()?, vec![200, 44]);
+        assert_eq!(Tensor::new(&[7i32, 8], &d)?.cumsum(0)?.dtype(), DType::I32);
+        assert_f32(&Tensor::new(&3f32, &d)?.cumsum(-1)?, d, &[], &[3.]);
+        assert!(matches!(Tensor::new(&3f32, &d)?.cumsum(1), Err(kiln::Error::InvalidArgument { .. })));
+        assert!(matches!(x.cumsum(2), Err(kiln::Error::InvalidArgument { .. })));
+        assert_f32(&Tensor::zeros((0, 3), DType::F32, &d)?.cumsum(0)?, d, &[0, 3], &[]);
+        assert_f32(&Tensor::zeros((2, 0), DType::F32, &d)?.cumsum(1)?, d, &[2, 0], &[]);
+        // The gradient is the running sum of g from the end; through two
+        // scans, the reversed scan twice.
+        let x = Tensor::new(&[[1f64, 2., 3.], [4., 5., 6.]], &d)?.requires_grad_();
+        let w = Tensor::new(&[[1f64, 10., 100.], [1000., 10000., 100000.]], &d)?;
+        x.cumsum(1)?.mul(&w)?.sum_all()?.backward()?;
+        assert_values(&x.grad().expect("cumsum has a gradient"), d, &[2, 3], &[111., 110., 100., 111000., 110000., 100000.]);
+        let x = Tensor::new(&[1f64, 2., 3.], &d)?.requires_grad_();
+        x.cumsum(0)?.cumsum(0)?.mul(&Tensor::new(&[0f64, 0., 1.], &d)?)?.sum_all()?.backward()?;
+        assert_values(&x.grad().expect("gradient"), d, &[3], &[3., 2., 1.]);
+        Ok(())
+    });
+}
