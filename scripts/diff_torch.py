@@ -31,7 +31,7 @@ DT = {"f32": torch.float32, "f64": torch.float64, "i64": torch.int64, "i32": tor
 
 # Ops whose results sum terms or cancel: the tolerance grows with the largest
 # magnitude in the tensor.
-ACCUMULATING = {"cumsum", "prod", "prod_all", "sum", "mean", "sum_all", "mean_all", "max", "min", "max_all", "min_all", "matmul", "softmax",
+ACCUMULATING = {"gelu", "gelu_tanh", "silu", "logsumexp", "var", "std", "cumsum", "prod", "prod_all", "sum", "mean", "sum_all", "mean_all", "max", "min", "max_all", "min_all", "matmul", "softmax",
                 "log_softmax", "mse_loss", "cross_entropy", "chain", "sin", "cos", "tanh", "sigmoid",
                 "index_select", "index_add", "stack", "pow", "powf", "powi", "broadcast"}
 
@@ -52,6 +52,7 @@ def forward(c, T, dtype):
             "neg": lambda x: -x, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
             "sqr": lambda x: x * x, "recip": torch.reciprocal, "sin": torch.sin, "cos": torch.cos,
             "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "erf": torch.erf,
+            "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu,
         }[op](a)
     if c["family"] == "binary":
         return {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
@@ -82,7 +83,10 @@ def forward(c, T, dtype):
         d, k = c["dim"], c["keepdim"]
         return {"sum": lambda: a.sum(d, keepdim=k), "mean": lambda: a.mean(d, keepdim=k),
                 "max": lambda: torch.amax(a, d, keepdim=k), "min": lambda: torch.amin(a, d, keepdim=k),
-                "prod": lambda: a.prod(d, keepdim=k), "cumsum": lambda: a.cumsum(d)}[op]()
+                "prod": lambda: a.prod(d, keepdim=k), "cumsum": lambda: a.cumsum(d),
+                "logsumexp": lambda: torch.logsumexp(a, d, keepdim=k),
+                "var": lambda: torch.var(a, d, correction=c.get("correction"), keepdim=k),
+                "std": lambda: torch.std(a, d, correction=c.get("correction"), keepdim=k)}[op]()
     if op == "matmul":
         return torch.matmul(a, b)
     if op == "softmax":
@@ -136,9 +140,14 @@ def run(c, dtype):
     if loss.requires_grad:
         loss.backward()
     grads = {k: (None if t.grad is None else t.grad) for k, t in T.items()}
+    y = y.detach()
+    if c["op"] == "gelu":
+        # The documented difference: gelu(+inf) = +inf (PyTorch's vectorised
+        # f32 CPU kernel gives NaN, its scalar path and f64 +inf).
+        y = torch.where(torch.isposinf(T["a"].detach()), T["a"].detach(), y)
     amax_nan_convention(c, T, grads)
     prod_nonfinite_convention(c, grads)
-    return y.detach(), grads
+    return y, grads
 
 
 def amax_nan_convention(c, T, grads):

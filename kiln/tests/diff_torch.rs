@@ -167,7 +167,24 @@ fn case(r: &mut Rng, dev: Device) -> Result<Option<Case>> {
     let family_no = r.below(14);
     let (family, op, leaves, out): (&'static str, String, Vec<(&'static str, Tensor)>, Tensor) = match family_no {
         0 => {
-            let op = r.pick(&["neg", "abs", "exp", "log", "sqrt", "sqr", "recip", "sin", "cos", "tanh", "sigmoid", "relu", "erf"]);
+            let op = r.pick(&[
+                "neg",
+                "abs",
+                "exp",
+                "log",
+                "sqrt",
+                "sqr",
+                "recip",
+                "sin",
+                "cos",
+                "tanh",
+                "sigmoid",
+                "relu",
+                "erf",
+                "gelu",
+                "gelu_tanh",
+                "silu",
+            ]);
             let vals = if op == "log" && r.below(2) == 0 { Vals::Positive } else { Vals::Edgy };
             let sh = random_shape(r, 0, 3);
             let x = leaf(r, &sh, dtype, dev, vals)?;
@@ -184,6 +201,9 @@ fn case(r: &mut Rng, dev: Device) -> Result<Option<Case>> {
                 "tanh" => x.tanh()?,
                 "sigmoid" => x.sigmoid()?,
                 "erf" => x.erf()?,
+                "gelu" => x.gelu()?,
+                "gelu_tanh" => x.gelu_tanh()?,
+                "silu" => x.silu()?,
                 _ => x.relu()?,
             };
             ("unary", op.into(), vec![("a", x)], y)
@@ -263,7 +283,22 @@ fn case(r: &mut Rng, dev: Device) -> Result<Option<Case>> {
             ("pow", op.into(), vec![("a", x)], y)
         }
         4 => {
-            let op = r.pick(&["sum", "mean", "max", "min", "prod", "cumsum", "sum_all", "mean_all", "max_all", "min_all", "prod_all"]);
+            let op = r.pick(&[
+                "sum",
+                "mean",
+                "max",
+                "min",
+                "prod",
+                "cumsum",
+                "logsumexp",
+                "var",
+                "std",
+                "sum_all",
+                "mean_all",
+                "max_all",
+                "min_all",
+                "prod_all",
+            ]);
             let shape = random_shape(r, 0, 3);
             let vals = if op.starts_with("max") || op.starts_with("min") || op.starts_with("prod") { Vals::Ties } else { Vals::Edgy };
             let x = leaf(r, &shape, dtype, dev, vals)?;
@@ -300,6 +335,16 @@ fn case(r: &mut Rng, dev: Device) -> Result<Option<Case>> {
                     ("prod", false) => x.prod(signed)?,
                     ("prod", true) => x.prod_keepdim(signed)?,
                     ("cumsum", _) => x.cumsum(signed)?,
+                    ("logsumexp", k) => x.logsumexp(&[signed], k)?,
+                    ("var" | "std", k) => {
+                        let correction = r.pick(&[0.0, 1.0]);
+                        write!(extra, ",\"correction\":{correction}").unwrap();
+                        if op == "var" {
+                            x.var_dims(&[signed], correction, k)?
+                        } else {
+                            x.std_dims(&[signed], correction, k)?
+                        }
+                    }
                     _ => x.min_keepdim(signed)?,
                 }
             };

@@ -143,6 +143,13 @@ enum Step {
         a: usize,
         dim: i64,
     },
+    /// A composite, `which` of gelu, gelu_tanh, silu, logsumexp, var, std
+    /// (the last three along `dim`).
+    Composite {
+        a: usize,
+        which: u8,
+        dim: i64,
+    },
     Transpose {
         a: usize,
         d0: usize,
@@ -294,7 +301,7 @@ fn program(rng: &mut Rng) -> Vec<Step> {
             }
         } else {
             let a = any(rng);
-            match rng.below(28) {
+            match rng.below(29) {
                 0 | 1 => Step::Unary { a, op: rng.pick(&UNARY) },
                 2..=4 => Step::Binary { a, b: any(rng), op: rng.pick(&BINARY) },
                 5 => Step::Reduce { a, op: rng.pick(&REDUCE), dim: rng.below(5), keepdim: rng.chance(50) },
@@ -350,6 +357,7 @@ fn program(rng: &mut Rng) -> Vec<Step> {
                 24 => Step::RoundTrip { a },
                 25 => Step::ToMissing { a, which: rng.below(3) as u8, copy: rng.chance(50) },
                 26 => Step::CumSum { a, dim: rng.below(7) as i64 - 3 },
+                27 => Step::Composite { a, which: rng.below(6) as u8, dim: rng.below(7) as i64 - 3 },
                 _ => {
                     if rng.chance(50) {
                         Step::Print { a }
@@ -376,6 +384,7 @@ fn operands(step: &Step) -> Vec<usize> {
         | Step::Reduce { a, .. }
         | Step::ReduceAll { a, .. }
         | Step::CumSum { a, .. }
+        | Step::Composite { a, .. }
         | Step::Transpose { a, .. }
         | Step::Narrow { a, .. }
         | Step::Reshape { a, .. }
@@ -552,6 +561,17 @@ fn run_step(step: &Step, vals: &[Option<Tensor>], device: &Device, sim: Device) 
             }
             Step::Matmul { a, b } => arg!(*a).matmul(&arg!(*b))?,
             Step::CumSum { a, dim } => arg!(*a).cumsum(*dim)?,
+            Step::Composite { a, which, dim } => {
+                let a = arg!(*a);
+                match which {
+                    0 => a.gelu()?,
+                    1 => a.gelu_tanh()?,
+                    2 => a.silu()?,
+                    3 => a.logsumexp(&[*dim], rng_keep(*dim))?,
+                    4 => a.var_dims(&[*dim], 1.0, false)?,
+                    _ => a.std_dims(&[*dim], 0.0, true)?,
+                }
+            }
             Step::Transpose { a, d0, d1 } => arg!(*a).transpose(*d0, *d1)?,
             Step::Narrow { a, dim, start, len } => arg!(*a).narrow(*dim, *start, *len)?,
             Step::Reshape { a, dims } => arg!(*a).reshape(dims.as_slice())?,
@@ -602,6 +622,12 @@ fn run_step(step: &Step, vals: &[Option<Tensor>], device: &Device, sim: Device) 
         }))
     })();
     Some(r)
+}
+
+/// keepdim for a composite's reduction, from its dimension (so that the
+/// program stays a pure function of its steps).
+fn rng_keep(dim: i64) -> bool {
+    dim % 2 == 0
 }
 
 /// The error a step that names a device that does not exist may give

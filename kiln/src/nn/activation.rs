@@ -49,6 +49,48 @@ impl Module for Tanh {
     }
 }
 
+/// GELU, elementwise: exact (x·Φ(x), PyTorch's default) or its tanh
+/// approximation (`GELU { tanh: true }`, PyTorch's `approximate="tanh"`).
+///
+/// ```
+/// use kiln::nn::{Module, GELU};
+/// let x = kiln::Tensor::new(&[0f32, 1.], &kiln::cpu())?;
+/// let y = GELU::default().forward(&x)?.to_vec::<f32>()?;
+/// assert!(y[0] == 0.0 && (y[1] - 0.8413447).abs() < 1e-6);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GELU {
+    /// Use the tanh approximation instead of erf.
+    pub tanh: bool,
+}
+
+impl Module for GELU {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.tanh {
+            x.gelu_tanh()
+        } else {
+            x.gelu()
+        }
+    }
+    fn describe(&self) -> String {
+        if self.tanh { "GELU(approximate=tanh)" } else { "GELU" }.into()
+    }
+}
+
+/// SiLU (swish), x·σ(x), elementwise.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SiLU;
+
+impl Module for SiLU {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.silu()
+    }
+    fn describe(&self) -> String {
+        "SiLU".into()
+    }
+}
+
 /// Flattens every dimension after the first: (n, c, h, w) → (n, c·h·w).
 ///
 /// ```

@@ -26,7 +26,7 @@ mod loss;
 mod module;
 mod sequential;
 
-pub use activation::{Flatten, ReLU, Sigmoid, Tanh};
+pub use activation::{Flatten, ReLU, SiLU, Sigmoid, Tanh, GELU};
 pub use dropout::Dropout;
 pub use linear::{LazyLinear, Linear};
 pub use loss::{accuracy, cross_entropy, log_softmax, mse_loss, one_hot, softmax, Loss};

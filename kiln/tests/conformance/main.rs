@@ -8,6 +8,7 @@
 mod common;
 
 mod autograd;
+mod composites;
 mod creation;
 mod elementwise;
 mod errors;
