@@ -258,6 +258,11 @@ impl MemoryPool {
             // small allocation in Rust does) and come from this thread's cache.
             return Ok(small_take(dtype, len).unwrap_or_else(|| CpuBuffer::zeros(dtype, len)));
         }
+        if bytes < CACHE_MIN_BYTES {
+            if let Some(buf) = medium_take(dtype, len) {
+                return Ok(buf);
+            }
+        }
         self.host_buffer(dtype, len).inspect_err(|_| self.unreserve(bytes))
     }
 
@@ -273,6 +278,8 @@ impl MemoryPool {
     pub(crate) fn recycle(&self, buf: CpuBuffer) {
         if buf.len() <= SMALL_LEN {
             small_put(buf);
+        } else if buf.size_in_bytes() < CACHE_MIN_BYTES {
+            medium_put(buf);
         } else {
             self.recycle_large(buf);
         }
@@ -458,5 +465,43 @@ fn small_put(buf: CpuBuffer) {
         if kept.len() < SMALL_KEEP {
             kept.push(buf);
         }
+    });
+}
+
+// Medium buffers (above `SMALL_LEN` elements, below `CACHE_MIN_BYTES`) are
+// kept per thread too, a few at a time: a loop of 100×100 matmuls would
+// otherwise get each 40 KB output from `calloc`, which zeroes it (a fifth of
+// W2's instructions). Their contents are stale, as the small ones'.
+
+/// Medium buffers kept per thread, the most recently dropped first.
+const MEDIUM_KEEP: usize = 4;
+
+thread_local! {
+    static MEDIUM: std::cell::RefCell<Vec<CpuBuffer>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A kept medium buffer of exactly `dtype` and `len`, if any.
+#[inline]
+fn medium_take(dtype: DType, len: usize) -> Option<CpuBuffer> {
+    MEDIUM
+        .try_with(|m| {
+            let mut kept = m.try_borrow_mut().ok()?;
+            let pos = kept.iter().rposition(|b| b.len() == len && b.dtype() == dtype)?;
+            Some(kept.remove(pos))
+        })
+        .ok()
+        .flatten()
+}
+
+/// Keeps a medium buffer on this thread, dropping the oldest kept one when
+/// there are `MEDIUM_KEEP` already.
+#[inline]
+fn medium_put(buf: CpuBuffer) {
+    let _ = MEDIUM.try_with(|m| {
+        let Ok(mut kept) = m.try_borrow_mut() else { return };
+        if kept.len() >= MEDIUM_KEEP {
+            kept.remove(0);
+        }
+        kept.push(buf);
     });
 }

@@ -225,6 +225,22 @@ impl Tensor {
         Ok(Tensor::from_storage(storage, shape))
     }
 
+    /// [`run_new`](Self::run_new) for an output of this tensor's shape (an
+    /// elementwise op): its element count is known to fit, and a contiguous
+    /// input's strides are the output's, so neither is computed again (the
+    /// one-element add spends its time in such bookkeeping).
+    #[inline(always)]
+    pub(crate) fn run_new_same_shape(&self, kernel: Kernel<'_>, dtype: DType) -> Result<Tensor> {
+        let len = self.layout.elem_count();
+        if len == usize::MAX || !self.layout.is_contiguous() {
+            // A saturated count (a huge broadcast view) is checked and named.
+            return self.run_new(kernel, dtype, self.shape().clone());
+        }
+        let storage = backends::run_new(self.storage.backend, self.storage.device, &kernel, dtype, len)?;
+        let layout = Layout { offset: 0, ..self.layout.clone() };
+        Ok(Tensor { storage: StorageHandle::new(storage), layout, node: None })
+    }
+
     // ---- what a tensor is ---------------------------------------------
 
     /// The device the tensor lives on.

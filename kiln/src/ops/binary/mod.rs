@@ -214,19 +214,17 @@ impl Tensor {
             // PyTorch: `/` of integer tensors is true division, in floats.
             return self.to_dtype(DType::F32)?.binary(&rhs.to_dtype(DType::F32)?, op);
         }
-        let same_shape = self.shape() == rhs.shape();
-        let shape = if same_shape { self.shape().clone() } else { broadcast_shapes(name, self.shape(), rhs.shape())? };
-        let (l, r) = if same_shape {
-            (self.src(), rhs.src())
+        let dtype = if op.is_comparison() { DType::U8 } else { self.dtype() };
+        let t = if self.shape() == rhs.shape() {
+            self.run_new_same_shape(Kernel::Binary { op: OpRef::Borrowed(&op), lhs: self.src(), rhs: rhs.src() }, dtype)?
         } else {
+            let shape = broadcast_shapes(name, self.shape(), rhs.shape())?;
             let mut l = self.src();
             l.layout = Cow::Owned(self.layout.broadcast_as(&shape)?);
             let mut r = rhs.src();
             r.layout = Cow::Owned(rhs.layout.broadcast_as(&shape)?);
-            (l, r)
+            self.run_new(Kernel::Binary { op: OpRef::Borrowed(&op), lhs: l, rhs: r }, dtype, shape)?
         };
-        let dtype = if op.is_comparison() { DType::U8 } else { self.dtype() };
-        let t = self.run_new(Kernel::Binary { op: OpRef::Borrowed(&op), lhs: l, rhs: r }, dtype, shape)?;
         if op.is_comparison() {
             return Ok(t);
         }

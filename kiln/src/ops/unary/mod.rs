@@ -228,7 +228,7 @@ impl Tensor {
         if !dtype.is_float() && promotes_integers(op, dtype) {
             return self.to_dtype(DType::F32)?.unary(op);
         }
-        let t = self.run_new(Kernel::Unary { op: OpRef::Borrowed(&op), src: self.src() }, dtype, self.shape().clone())?;
+        let t = self.run_new_same_shape(Kernel::Unary { op: OpRef::Borrowed(&op), src: self.src() }, dtype)?;
         Ok(crate::autograd::record(t, &[self], op.saves_output(), || {
             Box::new(move |c| Ok(smallvec::smallvec![Some(op.grad(c.g, &c.inputs[0], c.output)?)]))
         }))
