@@ -152,7 +152,7 @@ fn losses_have_exact_values_and_are_stable() -> Result<()> {
     let labels = Tensor::new(&[0i64, 0], &cpu())?;
     let ce = cross_entropy(&logits, &labels)?.to_scalar::<f32>()?;
     assert!((ce - 500.0).abs() < 1e-3 && ce.is_finite(), "ce {ce}");
-    let ls = log_softmax(&Tensor::new(&[[0f32, 0., 0., 0.]], &cpu())?)?.to_vec::<f32>()?;
+    let ls = log_softmax(&Tensor::new(&[[0f32, 0., 0., 0.]], &cpu())?, -1)?.to_vec::<f32>()?;
     assert!(ls.iter().all(|v| (v + 4f32.ln()).abs() < 1e-6));
     assert_eq!(accuracy(&logits, &labels)?.to_scalar::<f32>()?, 0.5);
     assert!(cross_entropy(&logits, &Tensor::new(&[0f32, 0.], &cpu())?).is_err(), "labels must be i64");

@@ -1,6 +1,7 @@
 //! Losses and metrics, computed on the operands' device and returned as 0-d
 //! tensors there (reading them is the caller's choice, and a transfer).
 
+use crate::tensor::Dim;
 use crate::{DType, Error, Result, Tensor};
 
 /// Mean squared error, mean over every element: mean((ŷ − y)²). The target
@@ -31,23 +32,33 @@ pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
     pred.sub(&target)?.sqr()?.sum_all()?.div_scalar(n)
 }
 
-/// log(softmax(x)) along the last dimension, computed stably as
-/// x − max − log Σ exp(x − max).
+/// log(softmax(x)) along `dim` (negative counts from the end), computed
+/// stably as x − max − log Σ exp(x − max): PyTorch's
+/// `F.log_softmax(x, dim)`, the same as [`Tensor::log_softmax`].
 ///
 /// ```
 /// use kiln::{Tensor, cpu};
 /// let x = Tensor::new(&[[1000f32, 1000.]], &cpu())?;
-/// let l = kiln::nn::log_softmax(&x)?.to_vec::<f32>()?;
+/// let l = kiln::nn::log_softmax(&x, -1)?.to_vec::<f32>()?;
 /// assert!((l[0] - (0.5f32).ln()).abs() < 1e-6);
 /// # Ok::<(), kiln::Error>(())
 /// ```
-pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
-    x.log_softmax(-1)
+pub fn log_softmax(x: &Tensor, dim: impl Dim) -> Result<Tensor> {
+    x.log_softmax(dim)
 }
 
-/// softmax(x) along the last dimension.
-pub fn softmax(x: &Tensor) -> Result<Tensor> {
-    x.softmax(-1)
+/// softmax(x) along `dim` (negative counts from the end): PyTorch's
+/// `F.softmax(x, dim)`, the same as [`Tensor::softmax`].
+///
+/// ```
+/// use kiln::{Tensor, cpu};
+/// let x = Tensor::new(&[[1f32, 1.], [0., 0.]], &cpu())?;
+/// assert_eq!(kiln::nn::softmax(&x, 0)?.to_vec::<f32>()?[0], 1.0 / (1.0 + (-1f32).exp()));
+/// assert!(kiln::nn::softmax(&x, 2).unwrap_err().to_string().starts_with("softmax"));
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn softmax(x: &Tensor, dim: impl Dim) -> Result<Tensor> {
+    x.softmax(dim)
 }
 
 fn check_labels(op: &str, logits: &Tensor, labels: &Tensor) -> Result<usize> {
@@ -122,7 +133,7 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
     let classes = check_labels("cross_entropy", logits, labels)?;
     // An empty batch: 0 · (−1/0) = NaN, as PyTorch.
     let n = logits.dims()[0] as f64;
-    let picked = log_softmax(logits)?.mul(&one_hot(labels, classes, logits.dtype())?)?;
+    let picked = logits.log_softmax(-1)?.mul(&one_hot(labels, classes, logits.dtype())?)?;
     picked.sum_all()?.mul_scalar(-1.0 / n)
 }
 

@@ -92,6 +92,11 @@ impl Tensor {
 
     /// softmax(x) along `dim` (−1 is the last); see [`log_softmax`](Self::log_softmax).
     pub fn softmax(&self, dim: impl Dim) -> Result<Tensor> {
+        if self.rank() == 0 {
+            return Err(Error::invalid("softmax", "needs a tensor of rank 1 or more"));
+        }
+        // Resolved here so that an error names softmax, not log_softmax.
+        let dim = dim.index("softmax", self.rank())?;
         self.log_softmax(dim)?.exp()
     }
 

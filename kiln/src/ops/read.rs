@@ -20,11 +20,19 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
+        self.read_as("to_vec")
+    }
+
+    /// The elements as `T`, which must be the tensor's dtype. The error
+    /// names the read (`to_scalar::<f64>`) and advises converting the
+    /// tensor to the type asked for (`lhs`: asked, `rhs`: held).
+    #[track_caller]
+    fn read_as<T: WithDType>(&self, op: &str) -> Result<Vec<T>> {
         if T::DTYPE != self.dtype() {
-            return Err(Error::DTypeMismatch { op: "to_vec".into(), lhs: self.dtype(), rhs: T::DTYPE });
+            return Err(Error::DTypeMismatch { op: format!("{op}::<{}>", T::DTYPE), lhs: T::DTYPE, rhs: self.dtype() });
         }
         let buf = self.read_host(Location::caller())?;
-        T::from_buffer(buf).ok_or_else(|| Error::invalid("to_vec", "dtype changed during the read"))
+        T::from_buffer(buf).ok_or_else(|| Error::invalid(op, "dtype changed during the read"))
     }
 
     /// Reads the elements as a vector of rows (2-D tensors).
@@ -34,7 +42,7 @@ impl Tensor {
             return Err(Error::invalid("to_vec2", format!("needs a 2-D tensor, this one has shape {}", self.shape())));
         }
         let (rows, cols) = (self.dims()[0], self.dims()[1]);
-        let flat = self.to_vec::<T>()?;
+        let flat = self.read_as::<T>("to_vec2")?;
         let mut out = crate::backends::host::try_vec(rows)?;
         if cols == 0 {
             out.resize(rows, Vec::new());
@@ -48,7 +56,11 @@ impl Tensor {
     ///
     /// ```
     /// use kiln::{Tensor, cpu};
-    /// assert_eq!(Tensor::new(&[5f32], &cpu())?.to_scalar::<f32>()?, 5.0);
+    /// let x = Tensor::new(&[5f32], &cpu())?;
+    /// assert_eq!(x.to_scalar::<f32>()?, 5.0);
+    /// // Another type is refused, naming the read and the conversion to make.
+    /// let e = x.to_scalar::<f64>().unwrap_err().to_string();
+    /// assert!(e.starts_with("to_scalar::<f64>") && e.contains("to_dtype(DType::F64)"), "{e}");
     /// # Ok::<(), kiln::Error>(())
     /// ```
     #[track_caller]
@@ -56,7 +68,7 @@ impl Tensor {
         if self.elem_count() != 1 {
             return Err(Error::invalid("to_scalar", format!("needs exactly one element, this tensor has shape {}", self.shape())));
         }
-        Ok(self.to_vec::<T>()?[0])
+        Ok(self.read_as::<T>("to_scalar")?[0])
     }
 
     /// Reads a one-element tensor of any dtype as f64 (PyTorch's `item()`).

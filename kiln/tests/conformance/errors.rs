@@ -191,3 +191,31 @@ fn no_such_device_lists_devices_and_suggests_try_gpu() {
     // Naming a device never fails.
     assert_eq!(bad.to_string(), "gpu(99)");
 }
+
+#[test]
+fn read_and_softmax_errors_name_the_call_and_the_fix() {
+    on_every_device(|d| {
+        let x = Tensor::new(&[[1f32, 2.], [3., 4.]], &d)?;
+        let one = Tensor::new(&[5f32], &d)?;
+        match one.to_scalar::<f64>() {
+            Err(Error::DTypeMismatch { op, lhs, rhs }) => {
+                assert_eq!((op.as_str(), lhs, rhs), ("to_scalar::<f64>", DType::F64, DType::F32));
+            }
+            other => panic!("to_scalar::<f64> of an f32 tensor gave {other:?}"),
+        }
+        let msg = one.to_scalar::<f64>().unwrap_err().to_string();
+        assert!(msg.contains("to_dtype(DType::F64)"), "{msg}");
+        assert!(x.to_vec2::<i64>().unwrap_err().to_string().starts_with("to_vec2::<i64>"));
+        assert!(x.to_vec::<u8>().unwrap_err().to_string().starts_with("to_vec::<u8>"));
+        // softmax names itself, with the rank, for a dimension out of range.
+        let e = x.softmax(2).unwrap_err().to_string();
+        assert!(e.starts_with("softmax") && e.contains("rank 2"), "{e}");
+        assert!(kiln::nn::softmax(&x, -3).unwrap_err().to_string().starts_with("softmax"));
+        assert!(x.log_softmax(5).unwrap_err().to_string().starts_with("log_softmax"));
+        assert!(Tensor::new(&1f32, &d)?.softmax(0).unwrap_err().to_string().starts_with("softmax"));
+        // nn's functions and the methods agree, any dimension.
+        assert_eq!(kiln::nn::softmax(&x, 0)?.to_vec::<f32>()?, x.softmax(-2)?.to_vec::<f32>()?);
+        assert_eq!(kiln::nn::log_softmax(&x, 1)?.to_vec::<f32>()?, x.log_softmax(-1)?.to_vec::<f32>()?);
+        Ok(())
+    });
+}
