@@ -46,7 +46,8 @@ fn main() -> kiln::Result<()> {
     let beside = calls(200)?;
     stop.store(true, Ordering::Relaxed);
     let matmuls = busy.join().expect("matmul thread")?;
-    let show = |what: &str, v: &[f64]| println!("{what}: median {:.4} ms, worst {:.4} ms over {} calls", v[v.len() / 2], v[v.len() - 1], v.len());
+    let show =
+        |what: &str, v: &[f64]| println!("{what}: median {:.4} ms, worst {:.4} ms over {} calls", v[v.len() / 2], v[v.len() - 1], v.len());
     show("index_add alone", &alone);
     show(&format!("index_add beside 1500x1500 matmuls ({matmuls} ran)"), &beside);
     Ok(())
