@@ -4,6 +4,7 @@
 //! GPUs are numbered real ones first (CUDA), then simulated ones.
 
 use crate::backends::cpu::CPU;
+use crate::backends::sim::{self, MAX_SIM_GPUS};
 use crate::backends::GPU_BACKENDS;
 use crate::base::device::{Device, DeviceInfo, DeviceKind, FallbackReason};
 use crate::base::error::{Error, Result};
@@ -52,10 +53,43 @@ fn registry() -> &'static Registry {
 
 /// Adds GPUs made by `make(first_index, existing)` to the registry (under
 /// its lock, so that indices stay dense), returning what `make` returns:
-/// how a backend that adds devices on demand (the simulated GPUs) registers them.
-pub(crate) fn add_gpus<R>(make: impl FnOnce(&mut Vec<&'static dyn Backend>) -> R) -> R {
+/// how devices added on demand (the simulated GPUs) come to exist.
+fn add_gpus<R>(make: impl FnOnce(&mut Vec<&'static dyn Backend>) -> R) -> R {
     let mut gpus = registry().gpus.write().unwrap_or_else(|e| e.into_inner());
     make(&mut gpus)
+}
+
+/// Makes sure at least `n` simulated GPUs exist, adding them with `capacity`
+/// bytes each when fewer do, and returns their devices. Independent of the
+/// environment, so tests can call it; adding is permanent for the process.
+/// At most [`MAX_SIM_GPUS`] simulated GPUs exist: a larger `n` gives that many
+/// (see [`try_ensure_simulated_gpus`] for an error instead).
+///
+/// ```
+/// let sims = kiln::ensure_simulated_gpus(2, 256 << 20);
+/// assert_eq!(sims.len(), 2);
+/// assert!(kiln::num_gpus() >= 2);
+/// ```
+pub fn ensure_simulated_gpus(n: usize, capacity: usize) -> Vec<Device> {
+    add_gpus(|gpus| sim::add_simulated(gpus, n.min(MAX_SIM_GPUS), capacity))
+}
+
+/// Like [`ensure_simulated_gpus`], but asking for more than [`MAX_SIM_GPUS`]
+/// is an error rather than capped.
+///
+/// ```
+/// assert!(kiln::try_ensure_simulated_gpus(100_000, 1 << 20).is_err());
+/// assert_eq!(kiln::try_ensure_simulated_gpus(1, 256 << 20)?.len(), 1);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn try_ensure_simulated_gpus(n: usize, capacity: usize) -> Result<Vec<Device>> {
+    if n > MAX_SIM_GPUS {
+        return Err(Error::invalid(
+            "simulated GPUs",
+            format!("{n} simulated GPUs asked for, at most {MAX_SIM_GPUS} are supported; e.g. `kiln::ensure_simulated_gpus(2, kiln::DEFAULT_SIM_GPU_MEMORY)`"),
+        ));
+    }
+    Ok(add_gpus(|gpus| sim::add_simulated(gpus, n, capacity)))
 }
 
 /// Why the GPU backend `name` found no device, if it found none.

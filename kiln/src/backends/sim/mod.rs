@@ -393,7 +393,7 @@ impl Backend for SimBackend {
 // ---- how simulated GPUs come to exist ---------------------------------------
 
 /// The most simulated GPUs a process can have (`KILN_SIM_GPUS`,
-/// `--sim-gpus`, [`ensure_simulated_gpus`]): each has a worker thread, and a
+/// `--sim-gpus`, [`crate::ensure_simulated_gpus`]): each has a worker thread, and a
 /// multi-GPU program on more than this many simulated devices tests nothing
 /// that 64 do not.
 pub const MAX_SIM_GPUS: usize = 64;
@@ -417,48 +417,17 @@ pub(crate) fn probe(first: usize) -> Found {
     Found { backends, absent: None }
 }
 
-/// Makes sure at least `n` simulated GPUs exist, adding them with `capacity`
-/// bytes each when fewer do, and returns their devices. Independent of the
-/// environment, so tests can call it; adding is permanent for the process.
-/// At most [`MAX_SIM_GPUS`] simulated GPUs exist: a larger `n` gives that many
-/// (see [`try_ensure_simulated_gpus`] for an error instead).
-///
-/// ```
-/// let sims = kiln::ensure_simulated_gpus(2, 256 << 20);
-/// assert_eq!(sims.len(), 2);
-/// assert!(kiln::num_gpus() >= 2);
-/// ```
-pub fn ensure_simulated_gpus(n: usize, capacity: usize) -> Vec<Device> {
-    add_simulated_gpus(n.min(MAX_SIM_GPUS), capacity)
-}
-
-/// Like [`ensure_simulated_gpus`], but asking for more than [`MAX_SIM_GPUS`]
-/// is an error rather than capped.
-///
-/// ```
-/// assert!(kiln::try_ensure_simulated_gpus(100_000, 1 << 20).is_err());
-/// assert_eq!(kiln::try_ensure_simulated_gpus(1, 256 << 20)?.len(), 1);
-/// # Ok::<(), kiln::Error>(())
-/// ```
-pub fn try_ensure_simulated_gpus(n: usize, capacity: usize) -> Result<Vec<Device>> {
-    if n > MAX_SIM_GPUS {
-        return Err(Error::invalid(
-            "simulated GPUs",
-            format!("{n} simulated GPUs asked for, at most {MAX_SIM_GPUS} are supported; e.g. `kiln::ensure_simulated_gpus(2, kiln::DEFAULT_SIM_GPU_MEMORY)`"),
-        ));
+/// Adds simulated GPUs with `capacity` bytes each to `gpus` (the registry's
+/// list, under its lock) until `n` exist, and returns the first `n`: how
+/// [`crate::ensure_simulated_gpus`] adds devices on demand. The registry
+/// calls this; the backend does not register itself.
+pub(crate) fn add_simulated(gpus: &mut Vec<&'static dyn Backend>, n: usize, capacity: usize) -> Vec<Device> {
+    let mut sims: Vec<Device> = gpus.iter().filter(|b| b.as_any().is::<SimBackend>()).map(|b| b.device()).collect();
+    while sims.len() < n {
+        let device = Device::Gpu(gpus.len());
+        gpus.push(Box::leak(Box::new(SimBackend::new(device, sims.len(), capacity))));
+        sims.push(device);
     }
-    Ok(add_simulated_gpus(n, capacity))
-}
-
-fn add_simulated_gpus(n: usize, capacity: usize) -> Vec<Device> {
-    crate::registry::add_gpus(|gpus| {
-        let mut sims: Vec<Device> = gpus.iter().filter(|b| b.as_any().is::<SimBackend>()).map(|b| b.device()).collect();
-        while sims.len() < n {
-            let device = Device::Gpu(gpus.len());
-            gpus.push(Box::leak(Box::new(SimBackend::new(device, sims.len(), capacity))));
-            sims.push(device);
-        }
-        sims.truncate(n);
-        sims
-    })
+    sims.truncate(n);
+    sims
 }

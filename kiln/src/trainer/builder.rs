@@ -1,0 +1,111 @@
+//! [`TrainerBuilder`]: a [`Trainer`]'s settings by name.
+
+use super::{Callback, Progress, Trainer};
+use crate::{Device, Error, Result};
+#[cfg(feature = "plot")]
+use std::path::PathBuf;
+
+/// Settings of a [`Trainer`], by name: see [`Trainer::builder`].
+#[derive(Default)]
+pub struct TrainerBuilder {
+    max_epochs: Option<usize>,
+    num_gpus: usize,
+    device: Option<Device>,
+    gradient_clip_val: f64,
+    progress: Progress,
+    callbacks: Vec<Box<dyn Callback>>,
+    #[cfg(feature = "plot")]
+    plot: Option<PathBuf>,
+}
+
+impl TrainerBuilder {
+    /// Epochs each [`Trainer::fit`] runs (required).
+    pub fn max_epochs(mut self, max_epochs: usize) -> TrainerBuilder {
+        self.max_epochs = Some(max_epochs);
+        self
+    }
+
+    /// Use the first `min(num_gpus, kiln::num_gpus())` GPUs (the first one
+    /// computes); 0, the default, trains on the CPU. Replaces a
+    /// [`TrainerBuilder::device`].
+    pub fn num_gpus(mut self, num_gpus: usize) -> TrainerBuilder {
+        self.num_gpus = num_gpus;
+        self.device = None;
+        self
+    }
+
+    /// Train on this device (a GPU, or the CPU) instead; `build` fails when
+    /// it does not exist. Replaces a [`TrainerBuilder::num_gpus`].
+    pub fn device(mut self, device: Device) -> TrainerBuilder {
+        self.device = Some(device);
+        self
+    }
+
+    /// Clip the gradients' global norm to this value before each step
+    /// (0, the default: no clipping).
+    pub fn gradient_clip_val(mut self, gradient_clip_val: f64) -> TrainerBuilder {
+        self.gradient_clip_val = gradient_clip_val;
+        self
+    }
+
+    /// Show a progress bar or not ([`Progress::Auto`] by default).
+    pub fn progress(mut self, progress: Progress) -> TrainerBuilder {
+        self.progress = progress;
+        self
+    }
+
+    /// Adds a callback (run in the order added).
+    pub fn callback(mut self, callback: impl Callback + 'static) -> TrainerBuilder {
+        self.callbacks.push(Box::new(callback));
+        self
+    }
+
+    /// Writes the loss curves to a PNG at the end of each fit. Needs kiln's
+    /// `plot` feature.
+    #[cfg(feature = "plot")]
+    pub fn plot_to(mut self, path: impl Into<PathBuf>) -> TrainerBuilder {
+        self.plot = Some(path.into());
+        self
+    }
+
+    /// The trainer. Fails when `max_epochs` was not given, the clipping value
+    /// is negative or not finite, the device does not exist, or two
+    /// callbacks share a name.
+    pub fn build(self) -> Result<Trainer> {
+        let op = "Trainer::builder";
+        let max_epochs = self.max_epochs.ok_or_else(|| {
+            Error::invalid(op, "max_epochs is not set; say how long each fit trains, e.g. `Trainer::builder().max_epochs(10)`")
+        })?;
+        if !(self.gradient_clip_val.is_finite() && self.gradient_clip_val >= 0.0) {
+            return Err(Error::invalid(
+                op,
+                format!("gradient_clip_val must be a finite number ≥ 0 (0: no clipping), got {}", self.gradient_clip_val),
+            ));
+        }
+        let mut names: Vec<String> = Vec::new();
+        for c in &self.callbacks {
+            let name = c.name();
+            if names.contains(&name) {
+                return Err(Error::invalid(op, format!("two callbacks are named `{name}`; their checkpoint states would clash")));
+            }
+            names.push(name);
+        }
+        let (num_gpus, gpus) = match self.device {
+            Some(device) => {
+                device.memory_stats()?;
+                (usize::from(device.is_gpu()), if device.is_gpu() { vec![device] } else { Vec::new() })
+            }
+            None => (self.num_gpus, (0..self.num_gpus.min(crate::num_gpus())).map(Device::Gpu).collect()),
+        };
+        Ok(Trainer {
+            max_epochs,
+            num_gpus,
+            gradient_clip_val: self.gradient_clip_val,
+            gpus,
+            progress: self.progress,
+            callbacks: self.callbacks,
+            #[cfg(feature = "plot")]
+            plot: self.plot,
+        })
+    }
+}

@@ -1,0 +1,185 @@
+//! What a fit and an evaluation report: [`EpochStats`], [`History`] (and its
+//! plot), [`Evaluation`], and the on-device sums they are read from.
+
+use crate::nn::Loss;
+#[cfg(feature = "plot")]
+use crate::Error;
+use crate::{no_grad, DType, Device, Result, Tensor};
+#[cfg(feature = "plot")]
+use std::path::Path;
+
+/// What one epoch gave. Losses and metrics are means over the examples
+/// (a short last batch weighs what its examples weigh).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpochStats {
+    /// The epoch, from 0, counted over every fit of the learner.
+    pub epoch: usize,
+    /// Mean training loss over the epoch's examples (as the parameters were
+    /// at each step).
+    pub train_loss: f64,
+    /// Mean training metric (accuracy for classification), when the loss has one.
+    pub train_metric: Option<f64>,
+    /// Mean validation loss, when there is validation data.
+    pub val_loss: Option<f64>,
+    /// Validation metric (accuracy: correct / examples), when there is one.
+    pub val_metric: Option<f64>,
+    /// The learning rate of the epoch.
+    pub lr: f64,
+    /// Wall time of the epoch (training and validation), in seconds.
+    pub seconds: f64,
+}
+
+/// The record of a [`Trainer::fit`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct History {
+    /// One entry per epoch.
+    pub epochs: Vec<EpochStats>,
+    /// The metric's name, when the loss has one.
+    pub metric_name: Option<String>,
+    /// Where the training ran.
+    pub device: Device,
+    /// The callback that stopped the fit before `max_epochs`, if one did.
+    pub stopped_by: Option<String>,
+}
+
+impl History {
+    /// The last epoch.
+    pub fn last(&self) -> Option<&EpochStats> {
+        self.epochs.last()
+    }
+
+    /// Training loss per epoch.
+    pub fn train_losses(&self) -> Vec<f64> {
+        self.epochs.iter().map(|e| e.train_loss).collect()
+    }
+
+    /// Validation loss per epoch (epochs without validation left out).
+    pub fn val_losses(&self) -> Vec<f64> {
+        self.epochs.iter().filter_map(|e| e.val_loss).collect()
+    }
+
+    /// Validation metric per epoch (epochs without one left out).
+    pub fn val_metrics(&self) -> Vec<f64> {
+        self.epochs.iter().filter_map(|e| e.val_metric).collect()
+    }
+
+    /// Mean seconds per epoch.
+    pub fn seconds_per_epoch(&self) -> f64 {
+        if self.epochs.is_empty() {
+            return 0.0;
+        }
+        self.epochs.iter().map(|e| e.seconds).sum::<f64>() / self.epochs.len() as f64
+    }
+
+    /// Draws the loss curves (and the metric, when there is one) to a PNG.
+    /// Needs kiln's `plot` feature.
+    #[cfg(feature = "plot")]
+    pub fn save_plot(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        // Fonts may be missing on a server: fall back to a chart without text.
+        self.draw(path, true).or_else(|_| self.draw(path, false))
+    }
+
+    #[cfg(feature = "plot")]
+    fn draw(&self, path: &Path, text: bool) -> Result<()> {
+        use plotters::prelude::*;
+        let err =
+            |e: &dyn std::fmt::Display| Error::Io { path: path.display().to_string(), msg: format!("cannot draw the loss plot: {e}") };
+        let root = BitMapBackend::new(path, (640, 420)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        let series: Vec<(&str, Vec<f64>, RGBColor)> = {
+            let mut s = vec![("train loss", self.train_losses(), BLUE)];
+            let val = self.val_losses();
+            if !val.is_empty() {
+                s.push(("val loss", val, RED));
+            }
+            let metric = self.val_metrics();
+            if !metric.is_empty() {
+                s.push(("val metric", metric, GREEN));
+            }
+            s
+        };
+        let x_max = (self.epochs.len().max(2)) as f64;
+        let y_max = series.iter().flat_map(|s| s.1.iter().copied()).filter(|v| v.is_finite()).fold(0.0f64, f64::max).max(1e-12) * 1.05;
+        let mut builder = ChartBuilder::on(&root);
+        builder.margin(15);
+        if text {
+            builder.caption("training", ("sans-serif", 22)).x_label_area_size(35).y_label_area_size(55);
+        }
+        let mut chart = builder.build_cartesian_2d(1.0..x_max, 0.0..y_max).map_err(|e| err(&e))?;
+        if text {
+            chart.configure_mesh().x_desc("epoch").draw().map_err(|e| err(&e))?;
+        }
+        for (name, values, color) in series {
+            let pts: Vec<(f64, f64)> = values.iter().enumerate().map(|(i, &v)| ((i + 1) as f64, v)).collect();
+            let s = chart.draw_series(LineSeries::new(pts, color.stroke_width(2))).map_err(|e| err(&e))?;
+            if text {
+                s.label(name).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
+            }
+        }
+        if text {
+            chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| err(&e))?;
+        }
+        root.present().map_err(|e| err(&e))?;
+        Ok(())
+    }
+}
+
+/// The result of [`Trainer::evaluate`]: means over every example.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Evaluation {
+    /// Mean loss over the examples.
+    pub loss: f64,
+    /// The metric (accuracy = correct / examples), when the loss has one.
+    pub metric: Option<f64>,
+    /// Examples predicted right, for classification.
+    pub correct: Option<u64>,
+    /// Examples evaluated.
+    pub examples: usize,
+}
+
+/// Sums of one pass over a loader, on the device: loss × examples and
+/// correct predictions.
+pub(super) struct Sums {
+    pub(super) loss: Option<Tensor>,
+    pub(super) correct: Option<Tensor>,
+    pub(super) examples: usize,
+}
+
+impl Sums {
+    pub(super) fn new() -> Sums {
+        Sums { loss: None, correct: None, examples: 0 }
+    }
+
+    /// Adds a batch of `n` examples: its mean loss and, for classification,
+    /// its predictions (detached).
+    pub(super) fn add(&mut self, loss: &Tensor, pred: &Tensor, target: &Tensor, kind: Loss, n: usize) -> Result<()> {
+        let _g = no_grad();
+        let weighted = loss.detach().to_dtype(DType::F64)?.mul_scalar(n as f64)?;
+        self.loss = Some(accumulate(self.loss.take(), weighted)?);
+        if kind.metric_name().is_some() {
+            let hits = pred.detach().argmax(1)?.eq(&target.flatten_all()?)?.to_dtype(DType::F64)?.sum_all()?;
+            self.correct = Some(accumulate(self.correct.take(), hits)?);
+        }
+        self.examples += n;
+        Ok(())
+    }
+
+    /// [loss sum, correct] as two f64 scalars on `device` (zeros when absent).
+    pub(super) fn parts(self, device: &Device) -> Result<[Tensor; 2]> {
+        let zero = || Tensor::zeros((), DType::F64, device);
+        Ok([self.loss.map_or_else(zero, |t| t.reshape(()))?, self.correct.map_or_else(zero, |t| t.reshape(()))?])
+    }
+}
+
+pub(super) fn accumulate(acc: Option<Tensor>, t: Tensor) -> Result<Tensor> {
+    match acc {
+        Some(a) => a.add(&t),
+        None => Ok(t),
+    }
+}
+
+/// The mean of a sum over `n` examples.
+pub(super) fn mean(sum: f64, n: usize) -> f64 {
+    sum / n as f64
+}

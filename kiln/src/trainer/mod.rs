@@ -1,0 +1,152 @@
+//! The book's `Trainer`, device-aware, built with named settings:
+//! `gpus` are the first `min(num_gpus, num_gpus())` GPUs;
+//! [`Trainer::prepare_model`] moves the model to `gpus[0]` (or to the CPU
+//! when there is none), and the data goes there too: by default the loader
+//! holds the whole data set on that device when it fits (copied once), and
+//! otherwise uploads each batch one ahead of the step (see
+//! [`Placement`](crate::data::Placement)). Per-step losses stay on the
+//! device and are read to the host once per epoch, in one transfer.
+//!
+//! A [`Learner`] keeps its optimizer (momentum, Adam's moments and step
+//! counter) and its epoch count across [`Trainer::fit`] calls, so two fits
+//! of 15 epochs train exactly as one of 30; [`Trainer::save_checkpoint`]
+//! and [`Trainer::load_checkpoint`] carry all of it, and kiln's random
+//! generator, across processes. Losses and metrics are means over
+//! examples. Learning-rate schedules come from [`crate::optim::LrSchedule`];
+//! [`Callback`]s ([`EarlyStopping`], [`BestCheckpoint`], your own) run at
+//! the end of each epoch.
+//!
+//! ```
+//! use kiln::data::synthetic_regression;
+//! use kiln::nn::{Linear, Loss, Module};
+//! use kiln::optim::OptimizerConfig;
+//! use kiln::trainer::{Learner, Trainer};
+//!
+//! kiln::manual_seed(0);
+//! let data = synthetic_regression(1000, 100, 32)?;
+//! let net = Linear::new(2, 1, &kiln::cpu())?;
+//! let mut model = Learner::new(net, Loss::Mse, OptimizerConfig::sgd(0.03));
+//! let mut trainer = Trainer::builder().max_epochs(3).num_gpus(1).build()?; // one GPU if there is one
+//! let history = trainer.fit(&mut model, &data)?;
+//! assert!(history.last().unwrap().train_loss < 0.01);
+//! assert_eq!(model.net.weight().device(), trainer.device());
+//! # Ok::<(), kiln::Error>(())
+//! ```
+
+use crate::nn::Module;
+use crate::{Device, Result, Tensor};
+use std::collections::BTreeMap;
+use std::panic::Location;
+#[cfg(feature = "plot")]
+use std::path::PathBuf;
+
+mod bench;
+mod builder;
+mod callbacks;
+mod fit;
+mod learner;
+mod metrics;
+mod progress;
+mod state;
+
+pub use bench::{bench_w5, W5Report};
+pub use builder::TrainerBuilder;
+pub use callbacks::{BestCheckpoint, Callback, EarlyStopping, EpochEnd, FitStart, Monitor};
+pub use learner::Learner;
+pub use metrics::{EpochStats, Evaluation, History};
+pub use progress::Progress;
+
+/// Trains a [`Learner`] for `max_epochs` per fit on the first `min(num_gpus,
+/// kiln::num_gpus())` GPUs (only the first is used for compute), or on the
+/// CPU when there is none, clipping the gradient norm to
+/// `gradient_clip_val` when it is positive. Built with [`Trainer::builder`].
+pub struct Trainer {
+    max_epochs: usize,
+    num_gpus: usize,
+    gradient_clip_val: f64,
+    gpus: Vec<Device>,
+    progress: Progress,
+    callbacks: Vec<Box<dyn Callback>>,
+    #[cfg(feature = "plot")]
+    plot: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Trainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("max_epochs", &self.max_epochs)
+            .field("num_gpus", &self.num_gpus)
+            .field("gradient_clip_val", &self.gradient_clip_val)
+            .field("gpus", &self.gpus)
+            .field("progress", &self.progress)
+            .field("callbacks", &self.callbacks.iter().map(|c| c.name()).collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Trainer {
+    /// Settings by name; `max_epochs` is required.
+    ///
+    /// ```
+    /// use kiln::trainer::{Progress, Trainer};
+    /// let trainer = Trainer::builder().max_epochs(30).num_gpus(1).gradient_clip_val(1.0).progress(Progress::Off).build()?;
+    /// assert_eq!((trainer.max_epochs(), trainer.gradient_clip_val()), (30, 1.0));
+    /// assert!(Trainer::builder().num_gpus(1).build().is_err()); // how many epochs?
+    /// assert!(Trainer::builder().max_epochs(1).gradient_clip_val(-1.0).build().is_err());
+    /// assert!(Trainer::builder().max_epochs(1).device(kiln::gpu(99)).build().is_err());
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn builder() -> TrainerBuilder {
+        TrainerBuilder::default()
+    }
+
+    /// Epochs each fit runs.
+    pub fn max_epochs(&self) -> usize {
+        self.max_epochs
+    }
+
+    /// GPUs asked for.
+    pub fn num_gpus(&self) -> usize {
+        self.num_gpus
+    }
+
+    /// Gradient-norm clipping threshold (0 for none).
+    pub fn gradient_clip_val(&self) -> f64 {
+        self.gradient_clip_val
+    }
+
+    /// The GPUs this trainer uses (empty: the CPU).
+    pub fn gpus(&self) -> &[Device] {
+        &self.gpus
+    }
+
+    /// Where training runs: `gpus[0]`, or the CPU.
+    pub fn device(&self) -> Device {
+        self.gpus.first().copied().unwrap_or(Device::Cpu)
+    }
+
+    /// The state of each callback, by name (what a checkpoint saves).
+    pub fn callback_states(&self) -> BTreeMap<String, BTreeMap<String, f64>> {
+        self.callbacks.iter().map(|c| (c.name(), c.state())).collect()
+    }
+
+    /// Moves each tensor of a batch to `gpus[0]` (no-op without GPUs or when
+    /// already there): the book's `prepare_batch`.
+    #[track_caller]
+    pub fn prepare_batch(&self, batch: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        let _site = crate::runtime::ledger::site_scope(Location::caller());
+        match self.gpus.first() {
+            Some(d) => batch.iter().map(|t| t.to(d)).collect(),
+            None => Ok(batch),
+        }
+    }
+
+    /// Moves the model's parameters to [`Trainer::device`]: `gpus[0]`, or
+    /// the CPU when the trainer has no GPU (so a model left on a GPU comes
+    /// back). Parameters already there stay the same tensors.
+    #[track_caller]
+    pub fn prepare_model(&self, model: &mut dyn Module) -> Result<()> {
+        let _site = crate::runtime::ledger::site_scope(Location::caller());
+        model.to(&self.device())
+    }
+}

@@ -1,0 +1,196 @@
+//! Fixed defects, checked with the CUDA simulator's fault injection.
+
+use super::*;
+
+// ---- fixed defects, checked with the CUDA simulator's fault injection -------
+
+/// The CUDA simulator's answer to `what` (`kiln_cudasim_stat` in the loaded
+/// `libcuda.so`; see cudasim/src/lib.rs), or None when the driver is not the
+/// simulator.
+pub(crate) fn sim_stat(what: &str) -> Option<i64> {
+    type Stat = unsafe extern "C" fn(*const std::ffi::c_char) -> i64;
+    let what = std::ffi::CString::new(what).ok()?;
+    // SAFETY: RTLD_NOLOAD only finds a library that is loaded already (the
+    // driver kiln opened); the simulator's `kiln_cudasim_stat` has this
+    // signature, and the library stays loaded (kiln holds it) after dlclose.
+    unsafe {
+        let lib = libc::dlopen(c"libcuda.so".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        if lib.is_null() {
+            return None;
+        }
+        let f = libc::dlsym(lib, c"kiln_cudasim_stat".as_ptr());
+        libc::dlclose(lib);
+        if f.is_null() {
+            return None;
+        }
+        let f: Stat = std::mem::transmute::<*mut std::ffi::c_void, Stat>(f);
+        Some(f(what.as_ptr()))
+    }
+}
+
+#[track_caller]
+pub(crate) fn stat(what: &str) -> i64 {
+    sim_stat(what).unwrap_or_else(|| panic!("the CUDA simulator does not answer `{what}`"))
+}
+
+/// The CUDA devices when they are the simulator's, else why the test cannot
+/// run (no CUDA device, or real ones, on which faults cannot be injected).
+pub(crate) fn simulated_cuda() -> std::result::Result<Vec<Device>, Skip> {
+    let devs = cuda_devices();
+    if devs.is_empty() {
+        return Err(no_cuda_device());
+    }
+    if sim_stat("events").is_none() {
+        return Err(common::skip("needs the CUDA simulator (scripts/cudasim.sh): its fault injection and launch records"));
+    }
+    Ok(devs)
+}
+
+/// Runs `child` on gpu(0) in a child process of this test binary whose CUDA
+/// simulator is set up by `env` (its settings are read once per process).
+pub(crate) fn in_simulator_child(env: &[(&str, &str)], child: impl Fn(Device) -> Result<()>) -> Ran {
+    if common::is_child() {
+        let d = cuda_devices()[0];
+        if let Err(e) = child(d) {
+            panic!("on {d}: {e}");
+        }
+        println!("CHILD-OK");
+        return Ok(());
+    }
+    let devs = simulated_cuda()?;
+    common::run_child(env);
+    common::report_ran(devs[0]);
+    Ok(())
+}
+
+pub(crate) fn cublas_status(d: Device) -> String {
+    let info = kiln::devices().into_iter().find(|i| i.device == d).expect("listed");
+    info.details.into_iter().find(|(k, _)| k == "cublas").map(|(_, v)| v).unwrap_or_default()
+}
+
+pub(crate) const MIB: usize = 1 << 20;
+
+/// When cuMemAlloc fails, kiln gives its cached blocks back to the driver and
+/// tries again; only if that fails too is it `OutOfMemory`. The device has
+/// 64 MiB of which 16 MiB are held by "another process"
+/// (`KILN_CUDASIM_RESERVED`), so kiln's books have room where the driver has
+/// none.
+pub(crate) fn cuda_a_driver_out_of_memory_empties_the_cache_and_retries_before_failing() -> Ran {
+    in_simulator_child(&[("KILN_CUDASIM_MEMORY", "64MiB"), ("KILN_CUDASIM_RESERVED", "16MiB")], |d| {
+        let x = Tensor::zeros(30 * MIB / 4, DType::F32, &d)?;
+        kiln::synchronize(&d)?;
+        drop(x);
+        assert_eq!(kiln::memory_stats(&d)?.cached, 30 * MIB, "the dropped block is cached");
+        // 32 MiB: nothing is in use, but the driver has 48 - 30 MiB left
+        // while the cache holds its block.
+        let y = Tensor::full(2.0, 32 * MIB / 4, DType::F32, &d)?;
+        let stats = kiln::memory_stats(&d)?;
+        assert_eq!((stats.in_use, stats.cached), (32 * MIB, 0), "the cache was given back for the retry");
+        assert_eq!(y.sum_all()?.to_scalar::<f32>()?, (16 * MIB) as f32);
+        // 20 MiB: kiln's books have room (32 of 64 MiB in use), the driver
+        // has not (16 reserved + 32), with or without the cache.
+        match Tensor::zeros(20 * MIB / 4, DType::F32, &d) {
+            Err(Error::OutOfMemory { device, requested, in_use, capacity }) => {
+                assert_eq!((device, requested, in_use, capacity), (d, 20 * MIB, 32 * MIB, 64 * MIB))
+            }
+            other => panic!("expected OutOfMemory from the driver, got {other:?}"),
+        }
+        assert_eq!(kiln::memory_stats(&d)?.in_use, 32 * MIB, "the refused allocation booked nothing");
+        // Recoverable: with y gone (its block cached), 20 MiB fits again.
+        drop(y);
+        let z = Tensor::ones(20 * MIB / 4, DType::F32, &d)?;
+        assert_eq!(z.sum_all()?.to_scalar::<f32>()?, (5 * MIB) as f32);
+        Ok(())
+    })
+}
+
+/// Staging needs two pinned chunks; when only one can be had (8 MiB of
+/// pinned memory allowed), or its event cannot be made, what was allocated
+/// is given back and transfers go without staging.
+pub(crate) fn cuda_a_lone_pinned_staging_chunk_and_its_event_are_not_leaked() -> Ran {
+    let check = |d: Device| -> Result<()> {
+        let events = stat("events");
+        assert_eq!(stat("pinned_bytes"), 0, "pinned memory before the first transfer");
+        for i in 0..3 {
+            let host: Vec<f32> = (0..100_000).map(|j| (i * 100_000 + j) as f32).collect();
+            let x = Tensor::from_vec(host.clone(), host.len(), &d)?;
+            assert_eq!(x.to_vec::<f32>()?, host, "transfer {i} without staging");
+        }
+        kiln::synchronize(&d)?;
+        assert_eq!((stat("pinned_bytes"), stat("pinned_blocks")), (0, 0), "a pinned staging chunk was leaked");
+        assert_eq!(stat("events"), events, "a staging chunk's event was leaked");
+        Ok(())
+    };
+    in_simulator_child(&[("KILN_CUDASIM_PINNED", "8MiB")], check)?;
+    in_simulator_child(&[("KILN_CUDASIM_FAIL", "cuEventCreate:1")], check)
+}
+
+/// A failed cublasCreate (say, out of memory) is not remembered: the next
+/// matmul creates cuBLAS and uses it.
+pub(crate) fn cuda_matmul_uses_cublas_again_after_a_failed_cublas_create() -> Ran {
+    in_simulator_child(&[("KILN_CUDASIM_FAIL", "cublasCreate_v2:1")], |d| {
+        let a = Tensor::new(&[[1f32, 2., 3.], [4., 5., 6.]], &d)?;
+        let b = Tensor::new(&[[1f32, 0.], [0., 1.], [1., 1.]], &d)?;
+        let expected = vec![4f32, 5., 10., 11.];
+        assert_eq!(cublas_status(d), "not loaded yet");
+        let (gemms, own) = (stat("gemms"), stat("launches:matmul_f32"));
+        assert_eq!(a.matmul(&b)?.to_vec::<f32>()?, expected, "with kiln's own kernel");
+        let status = cublas_status(d);
+        assert!(status.starts_with("no: cublasCreate failed"), "{status}");
+        assert_eq!((stat("gemms"), stat("launches:matmul_f32")), (gemms, own + 1), "the first matmul ran kiln's kernel");
+        assert_eq!(a.matmul(&b)?.to_vec::<f32>()?, expected, "with cuBLAS");
+        assert_eq!(cublas_status(d), "yes");
+        assert_eq!((stat("gemms"), stat("launches:matmul_f32")), (gemms + 1, own + 1), "the second matmul ran a cuBLAS gemm");
+        Ok(())
+    })
+}
+
+/// sum_all, mean_all, norm and a long argmax/argmin spread over the device:
+/// a first pass over many blocks, then one over their partial results.
+pub(crate) fn cuda_full_reductions_launch_many_blocks() -> Ran {
+    simulated_cuda()?;
+    on_cuda_alone("reduction grids", |d| {
+        let n = 1_000_000usize;
+        let x = Tensor::ones(n, DType::F32, &d)?;
+        let peak = Tensor::arange(0.0, n as f64, 1.0, &d)?.sub_scalar(700_000.0)?.abs()?.neg()?;
+        type Reduction<'a> = Box<dyn Fn() -> Result<f64> + 'a>;
+        let cases: Vec<(&str, &str, Reduction)> = vec![
+            ("sum_all", "reduce_sum_f32_partial", Box::new(|| Ok(x.sum_all()?.to_scalar::<f32>()? as f64))),
+            ("mean_all", "reduce_sum_f32_partial", Box::new(|| Ok(x.mean_all()?.to_scalar::<f32>()? as f64))),
+            ("norm", "reduce_sum_f32_partial", Box::new(|| Ok(x.norm()?.to_scalar::<f32>()? as f64))),
+            ("argmax", "arg_partial_f32", Box::new(|| Ok(peak.argmax(0)?.to_scalar::<i64>()? as f64))),
+            ("argmin", "arg_partial_f32", Box::new(|| Ok(peak.neg()?.argmin(0)?.to_scalar::<i64>()? as f64))),
+        ];
+        let expected = [n as f64, 1.0, 1000.0, 700_000.0, 700_000.0];
+        for ((what, kernel, run), want) in cases.iter().zip(expected) {
+            let before = stat(&format!("launches:{kernel}"));
+            assert_eq!(run()?, want, "{what} of {n} elements");
+            assert_eq!(stat(&format!("launches:{kernel}")), before + 1, "{what}: one launch of {kernel}");
+            let grid = stat(&format!("grid:{kernel}"));
+            assert!(grid > 1, "{what} of {n} elements ran {kernel} on {grid} block(s)");
+            println!("{what} of {n} elements on {d}: {kernel} over {grid} blocks");
+        }
+        Ok(())
+    })
+}
+
+/// A cuMemFree that fails while emptying the cache is an error naming the
+/// device and the bytes, not dropped on the floor.
+pub(crate) fn cuda_empty_cache_reports_a_failed_cumemfree() -> Ran {
+    in_simulator_child(&[("KILN_CUDASIM_FAIL", "cuMemFree_v2:1")], |d| {
+        drop(Tensor::zeros(MIB, DType::F32, &d)?);
+        kiln::synchronize(&d)?;
+        assert_eq!(kiln::memory_stats(&d)?.cached, 4 * MIB);
+        match kiln::empty_cache(&d) {
+            Err(Error::Backend { device, msg }) => {
+                assert_eq!(device, d);
+                assert!(msg.contains("1 of 1 blocks (4.0 MiB) could not be freed") && msg.contains("cuMemFree"), "{msg}");
+            }
+            other => panic!("expected the failed cuMemFree as an error, got {other:?}"),
+        }
+        assert_eq!(kiln::memory_stats(&d)?.cached, 0, "the block left the cache");
+        kiln::empty_cache(&d)?;
+        assert_eq!(Tensor::ones(3, DType::F32, &d)?.sum_all()?.to_scalar::<f32>()?, 3.0, "the device still works");
+        Ok(())
+    })
+}

@@ -1,0 +1,315 @@
+//! Running a program on one device and judging what it did: outcomes,
+//! sensible errors, the expected argument errors.
+
+use super::*;
+
+/// What one step gave, comparable across devices.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Outcome {
+    /// dims, dtype, and the values' bits (as f64) when small enough to read.
+    Value(Vec<usize>, DType, Option<Vec<u64>>),
+    /// The error's kind.
+    Error(&'static str),
+    /// An operand was missing (its step failed).
+    Skipped,
+    /// A step whose result is not a tensor.
+    Done,
+}
+
+pub(crate) fn kind(e: &Error) -> &'static str {
+    match e {
+        Error::DeviceMismatch { .. } => "DeviceMismatch",
+        Error::NoSuchDevice { .. } => "NoSuchDevice",
+        Error::ShapeMismatch { .. } => "ShapeMismatch",
+        Error::DTypeMismatch { .. } => "DTypeMismatch",
+        Error::UnsupportedDType { .. } => "UnsupportedDType",
+        Error::OutOfMemory { .. } => "OutOfMemory",
+        Error::InvalidArgument { .. } => "InvalidArgument",
+        Error::KernelFailed { .. } => "KernelFailed",
+        Error::Backend { .. } => "Backend",
+        _ => "other",
+    }
+}
+
+/// Errors a well-behaved library may return for a random program. Anything
+/// else (a failed kernel, a backend failure) is a defect.
+pub(crate) fn sensible(e: &Error) -> bool {
+    matches!(
+        kind(e),
+        "NoSuchDevice" | "ShapeMismatch" | "DTypeMismatch" | "UnsupportedDType" | "OutOfMemory" | "InvalidArgument" | "DeviceMismatch"
+    )
+}
+
+/// Indices made valid for dimension `dim` of `a`: the CPU checks index
+/// values while a GPU does not read them back (that would be a hidden
+/// transfer), so out-of-range indices are compared elsewhere.
+pub(crate) fn in_range(ids: &[i64], a: &Tensor, dim: usize) -> Vec<i64> {
+    match a.dims().get(dim) {
+        Some(&0) => Vec::new(),
+        Some(&size) => ids.iter().map(|&i| i.rem_euclid(size.min(i64::MAX as usize) as i64)).collect(),
+        None => ids.to_vec(),
+    }
+}
+
+/// An index tensor of `dtype`, or of i64 when a value does not fit `dtype`
+/// (a wrapped index would be out of range: the CPU refuses it, a GPU skips
+/// it, and the devices would legitimately disagree).
+pub(crate) fn idx_tensor(ids: &[i64], dtype: DType, device: &Device) -> kiln::Result<Tensor> {
+    let max = match dtype {
+        DType::U8 => u8::MAX as i64,
+        DType::I32 => i32::MAX as i64,
+        _ => i64::MAX,
+    };
+    let t = Tensor::from_vec(ids.to_vec(), ids.len(), device)?;
+    if ids.iter().all(|&i| (0..=max).contains(&i)) {
+        t.to_dtype(dtype)
+    } else {
+        Ok(t)
+    }
+}
+
+/// A device that does not exist.
+pub(crate) fn missing(which: u8) -> Device {
+    match which {
+        0 => gpu(kiln::MAX_SIM_GPUS + 99),
+        1 => gpu(usize::MAX),
+        _ => gpu(kiln::num_gpus()),
+    }
+}
+
+/// Every way a program can name a device without a tensor on it, on `d`.
+pub(crate) fn on_device(d: Device, dims: &[usize], dtype: DType, how: u8) -> kiln::Result<Option<Tensor>> {
+    let n = count(dims).min(64);
+    Ok(Some(match how {
+        0 => Tensor::zeros(dims, dtype, &d)?,
+        1 => Tensor::ones(dims, dtype, &d)?,
+        2 => Tensor::full(2.5, dims, dtype, &d)?,
+        3 => Tensor::rand_uniform(-1.0, 1.0, dims, dtype, &d)?,
+        4 => Tensor::randn_with(0.0, 1.0, dims, dtype, &d)?,
+        5 => Tensor::arange_dtype(0.0, n as f64, 1.0, dtype, &d)?,
+        6 => Tensor::from_vec(vec![1i32; n], n, &d)?,
+        7 => Tensor::eye(n, dtype, &d)?,
+        8 => Tensor::linspace(0.0, 1.0, n, &d)?,
+        9 => {
+            kiln::synchronize(&d)?;
+            return Ok(None);
+        }
+        10 => {
+            kiln::memory_stats(&d)?;
+            return Ok(None);
+        }
+        11 => {
+            kiln::reset_peak_memory(&d)?;
+            return Ok(None);
+        }
+        12 => {
+            kiln::empty_cache(&d)?;
+            return Ok(None);
+        }
+        _ => {
+            let _scope = kiln::default_device_scope(d)?;
+            Tensor::new_default(&[1i32, 2, 3])?
+        }
+    }))
+}
+
+pub(crate) fn run_step(step: &Step, vals: &[Option<Tensor>], device: &Device, sim: Device) -> Option<kiln::Result<Option<Tensor>>> {
+    if operands(step).iter().any(|&i| vals.get(i).is_none_or(|v| v.is_none())) {
+        return None;
+    }
+    // Checked just above: every operand exists.
+    macro_rules! arg {
+        ($i:expr) => {
+            vals[$i].clone().expect("operand checked")
+        };
+    }
+    let r: kiln::Result<Option<Tensor>> = (|| {
+        Ok(Some(match step {
+            Step::Create { dims, dtype, how, value } => match how {
+                0 => Tensor::zeros(dims.as_slice(), *dtype, device)?,
+                1 => Tensor::ones(dims.as_slice(), *dtype, device)?,
+                2 => Tensor::full(*value, dims.as_slice(), *dtype, device)?,
+                3 => Tensor::rand_uniform(-2.0, 2.0, dims.as_slice(), *dtype, device)?,
+                4 => Tensor::randn_with(0.0, 3.0, dims.as_slice(), *dtype, device)?,
+                _ => {
+                    let n = count(dims).min(64);
+                    Tensor::arange_dtype(0.0, n as f64, 1.0, *dtype, device)?.reshape(dims.as_slice())?
+                }
+            },
+            Step::FromValues { dims, dtype, values } => Tensor::from_vec(values.clone(), dims.as_slice(), device)?.to_dtype(*dtype)?,
+            Step::NoSuchDevice { dims, dtype, which, how } => return on_device(missing(*which), dims, *dtype, *how),
+            Step::ToMissing { a, which, copy } => {
+                let a = arg!(*a);
+                if *copy {
+                    a.copy_to(&missing(*which))?
+                } else {
+                    a.to(&missing(*which))?
+                }
+            }
+            Step::Unary { a, op } => arg!(*a).unary(*op)?,
+            Step::Binary { a, b, op } => arg!(*a).binary(&arg!(*b), *op)?,
+            Step::Reduce { a, op, dim, keepdim } => arg!(*a).reduce(*op, &[*dim], *keepdim)?,
+            Step::ReduceAll { a, which } => {
+                let a = arg!(*a);
+                match which {
+                    0 => a.sum_all()?,
+                    1 => a.max_all()?,
+                    2 => a.mean_all()?,
+                    3 => a.norm()?,
+                    _ => a.min_all()?,
+                }
+            }
+            Step::Matmul { a, b } => arg!(*a).matmul(&arg!(*b))?,
+            Step::CumSum { a, dim } => arg!(*a).cumsum(*dim)?,
+            Step::Composite { a, which, dim } => {
+                let a = arg!(*a);
+                match which {
+                    0 => a.gelu()?,
+                    1 => a.gelu_tanh()?,
+                    2 => a.silu()?,
+                    3 => a.logsumexp(&[*dim], rng_keep(*dim))?,
+                    4 => a.var_dims(&[*dim], 1.0, false)?,
+                    _ => a.std_dims(&[*dim], 0.0, true)?,
+                }
+            }
+            Step::Transpose { a, d0, d1 } => arg!(*a).transpose(*d0, *d1)?,
+            Step::Narrow { a, dim, start, len } => arg!(*a).narrow(*dim, *start, *len)?,
+            Step::Reshape { a, dims } => arg!(*a).reshape(dims.as_slice())?,
+            Step::Broadcast { a, dims } => arg!(*a).broadcast_to(dims.as_slice())?,
+            Step::Unsqueeze { a, dim } => arg!(*a).unsqueeze(*dim)?,
+            Step::Squeeze { a, dim } => arg!(*a).squeeze(*dim)?,
+            Step::FlattenFrom { a, from } => arg!(*a).flatten_from(*from)?,
+            Step::Permute { a, perm } => arg!(*a).permute(perm)?,
+            Step::Cat { a, b, dim } => Tensor::cat(&[&arg!(*a), &arg!(*b)], *dim)?,
+            Step::Stack { a, b, dim } => Tensor::stack(&[&arg!(*a), &arg!(*b)], *dim)?,
+            Step::IndexSelect { a, ids, ids_dtype, dim } => {
+                let a = arg!(*a);
+                a.index_select(&idx_tensor(&in_range(ids, &a, *dim), *ids_dtype, device)?, *dim)?
+            }
+            Step::IndexAdd { a, src, ids, ids_dtype, dim } => {
+                let a = arg!(*a);
+                a.index_add(&idx_tensor(&in_range(ids, &a, *dim), *ids_dtype, device)?, &arg!(*src), *dim)?
+            }
+            Step::Where { c, a, b } => arg!(*c).where_cond(&arg!(*a), &arg!(*b))?,
+            Step::Cast { a, dtype } => arg!(*a).to_dtype(*dtype)?,
+            Step::Contiguous { a } => arg!(*a).contiguous()?,
+            Step::Assign { dst, src } => {
+                arg!(*dst).assign(&arg!(*src))?;
+                return Ok(None);
+            }
+            Step::RoundTrip { a } => {
+                let a = arg!(*a);
+                let other = if a.device() == cpu() { sim } else { cpu() };
+                a.copy_to(&other)?.to(device)?
+            }
+            Step::Print { a } => {
+                let a = arg!(*a);
+                let text = format!("{a}");
+                assert!(text.starts_with("tensor("), "printing gave {text:?}");
+                return Ok(None);
+            }
+            Step::ToVec2 { a } => {
+                let a = arg!(*a);
+                let rows = match a.dtype() {
+                    DType::F32 => a.to_vec2::<f32>()?.len(),
+                    DType::I64 => a.to_vec2::<i64>()?.len(),
+                    DType::I32 => a.to_vec2::<i32>()?.len(),
+                    _ => a.to_dtype(DType::F64)?.to_vec2::<f64>()?.len(),
+                };
+                assert_eq!(rows, a.dims()[0]);
+                return Ok(None);
+            }
+        }))
+    })();
+    Some(r)
+}
+
+/// keepdim for a composite's reduction, from its dimension (so that the
+/// program stays a pure function of its steps).
+pub(crate) fn rng_keep(dim: i64) -> bool {
+    dim % 2 == 0
+}
+
+/// The error a step that names a device that does not exist may give
+/// instead of `NoSuchDevice`: the one the same call gives on `device`, where
+/// it has a bad argument besides (creation checks a shape's size or a
+/// dtype before the device: `rand` of an integer dtype, a shape whose
+/// element count does not fit). Anything else must be `NoSuchDevice`.
+pub(crate) fn argument_error(step: &Step, device: Device) -> Option<&'static str> {
+    match step {
+        Step::NoSuchDevice { dims, dtype, how, .. } => match on_device(device, dims, *dtype, *how) {
+            Err(e) if !matches!(e, Error::OutOfMemory { .. }) => Some(kind(&e)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Whether a step uses a device that does not exist (and must fail with
+/// `NoSuchDevice`, or the error of a bad argument besides).
+pub(crate) fn names_missing(step: &Step) -> bool {
+    matches!(step, Step::NoSuchDevice { .. } | Step::ToMissing { .. })
+}
+
+/// Reads a result for comparison; large results are compared by shape only.
+pub(crate) fn observe(t: &Tensor) -> kiln::Result<Outcome> {
+    let values = if t.elem_count() <= 4096 {
+        Some(t.to_vec_f64()?.iter().map(|v| if v.is_nan() { u64::MAX } else { v.to_bits() }).collect())
+    } else {
+        t.block_until_ready()?;
+        None
+    };
+    Ok(Outcome::Value(t.dims().to_vec(), t.dtype(), values))
+}
+
+/// Runs a program on `device`; Err describes a defect.
+pub(crate) fn execute(steps: &[Step], device: &Device, sim: Device, heartbeat: &AtomicU64) -> Result<Vec<Outcome>, String> {
+    let mut vals: Vec<Option<Tensor>> = Vec::new();
+    let mut outcomes = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        let outcome = match run_step(step, &vals, device, sim) {
+            Some(Ok(_)) if names_missing(step) => return Err(format!("step {i} {step:?}: a device that does not exist was accepted")),
+            Some(Err(e))
+                if names_missing(step) && !matches!(e, Error::NoSuchDevice { .. }) && Some(kind(&e)) != argument_error(step, *device) =>
+            {
+                return Err(format!("step {i} {step:?}: a device that does not exist gave {e}, not NoSuchDevice"));
+            }
+            None => {
+                vals.push(None);
+                Outcome::Skipped
+            }
+            Some(Ok(None)) => {
+                // Assign changed its destination in place: observe that.
+                if let Step::Assign { dst, .. } = step {
+                    let t = vals[*dst].clone().expect("assign ran, so its destination exists");
+                    vals.push(None);
+                    observe(&t).map_err(|e| format!("step {i}: reading after assign: {e}"))?
+                } else {
+                    vals.push(None);
+                    Outcome::Done
+                }
+            }
+            Some(Ok(Some(t))) => {
+                let o = match observe(&t) {
+                    Ok(o) => o,
+                    Err(e) if sensible(&e) => Outcome::Error(kind(&e)),
+                    Err(e) => return Err(format!("step {i} {step:?}: reading the result failed: {e}")),
+                };
+                vals.push(Some(t));
+                o
+            }
+            Some(Err(e)) => {
+                if !sensible(&e) {
+                    return Err(format!("step {i} {step:?}: an error of the wrong kind: {e}"));
+                }
+                vals.push(None);
+                Outcome::Error(kind(&e))
+            }
+        };
+        outcomes.push(outcome);
+        heartbeat.fetch_add(1, Ordering::Relaxed);
+    }
+    drop(vals);
+    kiln::synchronize(device).map_err(|e| format!("synchronize after the program: {e}"))?;
+    Ok(outcomes)
+}

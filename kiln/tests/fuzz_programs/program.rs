@@ -1,0 +1,383 @@
+//! Random programs: the seeded generator, the steps a program is made of,
+//! and the shapes, dtypes and ops it draws from.
+
+use super::*;
+
+/// SplitMix64: small, seedable, good enough to pick program steps.
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len())]
+    }
+}
+
+pub(crate) const DTYPES: [DType; 7] = [DType::F32, DType::F64, DType::I64, DType::I32, DType::U8, DType::F16, DType::BF16];
+/// The dtypes an index tensor may have.
+pub(crate) const INDEX_DTYPES: [DType; 3] = [DType::I64, DType::I32, DType::U8];
+pub(crate) const HUGE: [usize; 5] = [1 << 33, 1 << 40, 1 << 62, 1 << 63, usize::MAX];
+
+pub(crate) fn dim(rng: &mut Rng) -> usize {
+    if rng.chance(6) {
+        rng.pick(&HUGE)
+    } else {
+        rng.pick(&[0, 1, 1, 2, 2, 3, 3, 4, 5, 7])
+    }
+}
+
+/// Elements of a shape, saturating (the fuzzer's own arithmetic must not
+/// overflow on the huge dimensions it makes).
+pub(crate) fn count(dims: &[usize]) -> usize {
+    if dims.contains(&0) {
+        0
+    } else {
+        dims.iter().fold(1usize, |a, &d| a.saturating_mul(d))
+    }
+}
+
+pub(crate) fn shape(rng: &mut Rng) -> Vec<usize> {
+    let rank = rng.pick(&[0, 1, 1, 2, 2, 2, 3, 3, 4]);
+    let mut dims: Vec<usize> = (0..rank).map(|_| dim(rng)).collect();
+    // A huge dimension mostly comes with a zero one: a valid empty tensor
+    // whose strides would overflow. Otherwise the shape is made certainly too
+    // large for any host (a 16 GiB tensor would be allocated lazily and then
+    // really touched by later steps).
+    if let Some(i) = dims.iter().position(|&d| d > 1 << 20) {
+        if rng.chance(80) {
+            let z = rng.below(dims.len());
+            dims[z] = 0;
+        } else if count(&dims) < 1 << 42 {
+            dims[i] = 1 << 62;
+        }
+    }
+    dims
+}
+
+/// One step of a program; operands name earlier values by index.
+#[derive(Clone, Debug)]
+pub(crate) enum Step {
+    Create {
+        dims: Vec<usize>,
+        dtype: DType,
+        how: u8,
+        value: f64,
+    },
+    FromValues {
+        dims: Vec<usize>,
+        dtype: DType,
+        values: Vec<f64>,
+    },
+    /// A use of a device that does not exist, `which` of three: an index
+    /// far beyond the limit, `usize::MAX`, and the next unused index.
+    NoSuchDevice {
+        dims: Vec<usize>,
+        dtype: DType,
+        which: u8,
+        how: u8,
+    },
+    /// `to`/`copy_to` of an operand onto a device that does not exist.
+    ToMissing {
+        a: usize,
+        which: u8,
+        copy: bool,
+    },
+    Unary {
+        a: usize,
+        op: UnaryOp,
+    },
+    Binary {
+        a: usize,
+        b: usize,
+        op: BinaryOp,
+    },
+    Reduce {
+        a: usize,
+        op: ReduceOp,
+        dim: usize,
+        keepdim: bool,
+    },
+    ReduceAll {
+        a: usize,
+        which: u8,
+    },
+    Matmul {
+        a: usize,
+        b: usize,
+    },
+    /// `cumsum` along a dimension (signed, possibly out of range).
+    CumSum {
+        a: usize,
+        dim: i64,
+    },
+    /// A composite, `which` of gelu, gelu_tanh, silu, logsumexp, var, std
+    /// (the last three along `dim`).
+    Composite {
+        a: usize,
+        which: u8,
+        dim: i64,
+    },
+    Transpose {
+        a: usize,
+        d0: usize,
+        d1: usize,
+    },
+    Narrow {
+        a: usize,
+        dim: usize,
+        start: usize,
+        len: usize,
+    },
+    Reshape {
+        a: usize,
+        dims: Vec<usize>,
+    },
+    Broadcast {
+        a: usize,
+        dims: Vec<usize>,
+    },
+    Unsqueeze {
+        a: usize,
+        dim: usize,
+    },
+    Squeeze {
+        a: usize,
+        dim: usize,
+    },
+    FlattenFrom {
+        a: usize,
+        from: usize,
+    },
+    Permute {
+        a: usize,
+        perm: Vec<usize>,
+    },
+    Cat {
+        a: usize,
+        b: usize,
+        dim: usize,
+    },
+    Stack {
+        a: usize,
+        b: usize,
+        dim: usize,
+    },
+    IndexSelect {
+        a: usize,
+        ids: Vec<i64>,
+        ids_dtype: DType,
+        dim: usize,
+    },
+    IndexAdd {
+        a: usize,
+        src: usize,
+        ids: Vec<i64>,
+        ids_dtype: DType,
+        dim: usize,
+    },
+    Where {
+        c: usize,
+        a: usize,
+        b: usize,
+    },
+    Cast {
+        a: usize,
+        dtype: DType,
+    },
+    Contiguous {
+        a: usize,
+    },
+    Assign {
+        dst: usize,
+        src: usize,
+    },
+    RoundTrip {
+        a: usize,
+    },
+    Print {
+        a: usize,
+    },
+    ToVec2 {
+        a: usize,
+    },
+}
+
+pub(crate) const UNARY: [UnaryOp; 23] = [
+    UnaryOp::Erf,
+    UnaryOp::Neg,
+    UnaryOp::Abs,
+    UnaryOp::Exp,
+    UnaryOp::Log,
+    UnaryOp::Sqrt,
+    UnaryOp::Sqr,
+    UnaryOp::Recip,
+    UnaryOp::Sin,
+    UnaryOp::Tanh,
+    UnaryOp::Sigmoid,
+    UnaryOp::Relu,
+    UnaryOp::Powi(3),
+    UnaryOp::Powi(-2),
+    UnaryOp::Powf(0.5),
+    UnaryOp::AddScalar(-1.0),
+    UnaryOp::SubScalar(2.5),
+    UnaryOp::MulScalar(3.0),
+    UnaryOp::DivScalar(0.0),
+    UnaryOp::RDivScalar(1.0),
+    UnaryOp::MaxScalar(0.5),
+    UnaryOp::MinScalar(f64::NAN),
+    UnaryOp::Affine(2.0, -1.0),
+];
+pub(crate) const BINARY: [BinaryOp; 13] = [
+    BinaryOp::Add,
+    BinaryOp::Sub,
+    BinaryOp::Mul,
+    BinaryOp::Div,
+    BinaryOp::Pow,
+    BinaryOp::Maximum,
+    BinaryOp::Minimum,
+    BinaryOp::Eq,
+    BinaryOp::Ne,
+    BinaryOp::Lt,
+    BinaryOp::Le,
+    BinaryOp::Gt,
+    BinaryOp::Ge,
+];
+pub(crate) const REDUCE: [ReduceOp; 6] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod, ReduceOp::ArgMax, ReduceOp::ArgMin];
+
+pub(crate) fn value(rng: &mut Rng) -> f64 {
+    rng.pick(&[0.0, 1.0, -1.0, 2.5, -3.0, 0.1, 300.0, -7.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e30, 65504.0])
+}
+
+pub(crate) fn program(rng: &mut Rng) -> Vec<Step> {
+    let len = 2 + rng.below(8);
+    let mut steps = Vec::new();
+    for i in 0..len {
+        // Operands are earlier values; the first steps create some.
+        let any = |rng: &mut Rng| rng.below(i.max(1));
+        let step = if i < 2 || rng.chance(15) {
+            if rng.chance(40) {
+                let dims = shape(rng);
+                let n: usize = count(&dims).min(64);
+
+                let values = (0..n).map(|_| value(rng)).collect();
+                Step::FromValues { dims, dtype: rng.pick(&DTYPES), values }
+            } else if rng.chance(4) {
+                Step::NoSuchDevice { dims: shape(rng), dtype: rng.pick(&DTYPES), which: rng.below(3) as u8, how: rng.below(14) as u8 }
+            } else {
+                Step::Create { dims: shape(rng), dtype: rng.pick(&DTYPES), how: rng.below(6) as u8, value: value(rng) }
+            }
+        } else {
+            let a = any(rng);
+            match rng.below(29) {
+                0 | 1 => Step::Unary { a, op: rng.pick(&UNARY) },
+                2..=4 => Step::Binary { a, b: any(rng), op: rng.pick(&BINARY) },
+                5 => Step::Reduce { a, op: rng.pick(&REDUCE), dim: rng.below(5), keepdim: rng.chance(50) },
+                6 => Step::ReduceAll { a, which: rng.below(5) as u8 },
+                7 => Step::Matmul { a, b: any(rng) },
+                8 => Step::Transpose { a, d0: rng.below(4), d1: rng.below(4) },
+                9 => {
+                    let start = if rng.chance(10) { rng.pick(&HUGE) } else { rng.below(5) };
+                    Step::Narrow { a, dim: rng.below(4), start, len: rng.below(4) }
+                }
+                10 => Step::Reshape { a, dims: shape(rng) },
+                11 => {
+                    // A broadcast view of 2^62 elements is valid, but any
+                    // reduction over it would run for years (as in PyTorch):
+                    // views stay small unless empty.
+                    let mut dims = shape(rng);
+                    if count(&dims) > 1 << 20 {
+                        let z = rng.below(dims.len());
+                        dims[z] = 0;
+                    }
+                    Step::Broadcast { a, dims }
+                }
+                12 => Step::Unsqueeze { a, dim: rng.below(5) },
+                13 => Step::Squeeze { a, dim: rng.below(4) },
+                14 => Step::FlattenFrom { a, from: rng.below(4) },
+                15 => {
+                    let mut perm: Vec<usize> = (0..rng.below(5)).collect();
+                    for k in (1..perm.len()).rev() {
+                        let j = rng.below(k + 1);
+                        perm.swap(k, j);
+                    }
+                    Step::Permute { a, perm }
+                }
+                16 => Step::Cat { a, b: any(rng), dim: rng.below(4) },
+                17 => Step::Stack { a, b: any(rng), dim: rng.below(4) },
+                18 => Step::IndexSelect {
+                    a,
+                    ids: (0..rng.below(5)).map(|_| rng.below(6) as i64 - 1).collect(),
+                    ids_dtype: rng.pick(&INDEX_DTYPES),
+                    dim: rng.below(4),
+                },
+                19 => Step::IndexAdd {
+                    a,
+                    src: any(rng),
+                    ids: (0..rng.below(4)).map(|_| rng.below(5) as i64).collect(),
+                    ids_dtype: rng.pick(&INDEX_DTYPES),
+                    dim: rng.below(3),
+                },
+                20 => Step::Where { c: any(rng), a, b: any(rng) },
+                21 => Step::Cast { a, dtype: rng.pick(&DTYPES) },
+                22 => Step::Contiguous { a },
+                23 => Step::Assign { dst: a, src: any(rng) },
+                24 => Step::RoundTrip { a },
+                25 => Step::ToMissing { a, which: rng.below(3) as u8, copy: rng.chance(50) },
+                26 => Step::CumSum { a, dim: rng.below(7) as i64 - 3 },
+                27 => Step::Composite { a, which: rng.below(6) as u8, dim: rng.below(7) as i64 - 3 },
+                _ => {
+                    if rng.chance(50) {
+                        Step::Print { a }
+                    } else {
+                        Step::ToVec2 { a }
+                    }
+                }
+            }
+        };
+        steps.push(step);
+    }
+    steps
+}
+
+/// The earlier values a step reads.
+pub(crate) fn operands(step: &Step) -> Vec<usize> {
+    match step {
+        Step::Create { .. } | Step::FromValues { .. } | Step::NoSuchDevice { .. } => vec![],
+        Step::Binary { a, b, .. } | Step::Matmul { a, b } | Step::Cat { a, b, .. } | Step::Stack { a, b, .. } => vec![*a, *b],
+        Step::IndexAdd { a, src, .. } => vec![*a, *src],
+        Step::Where { c, a, b } => vec![*c, *a, *b],
+        Step::Assign { dst, src } => vec![*dst, *src],
+        Step::Unary { a, .. }
+        | Step::Reduce { a, .. }
+        | Step::ReduceAll { a, .. }
+        | Step::CumSum { a, .. }
+        | Step::Composite { a, .. }
+        | Step::Transpose { a, .. }
+        | Step::Narrow { a, .. }
+        | Step::Reshape { a, .. }
+        | Step::Broadcast { a, .. }
+        | Step::Unsqueeze { a, .. }
+        | Step::Squeeze { a, .. }
+        | Step::FlattenFrom { a, .. }
+        | Step::Permute { a, .. }
+        | Step::IndexSelect { a, .. }
+        | Step::Cast { a, .. }
+        | Step::Contiguous { a }
+        | Step::RoundTrip { a }
+        | Step::Print { a }
+        | Step::ToVec2 { a }
+        | Step::ToMissing { a, .. } => vec![*a],
+    }
+}
