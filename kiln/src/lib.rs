@@ -57,6 +57,8 @@ pub use base::error::{human_bytes, Direction, Error, Result};
 pub use base::shape::{Layout, Shape};
 pub use kernel::backend::QueueHold;
 pub use ops::binary::BinaryOp;
+pub use ops::conv::{Conv2dArgs, ConvPadding, Pair};
+pub use ops::pool::Pool2dArgs;
 pub use ops::reduce::ReduceOp;
 pub use ops::unary::UnaryOp;
 #[doc(hidden)]
