@@ -39,6 +39,7 @@ pub mod data;
 pub mod host_nn;
 pub mod io;
 mod kernel;
+pub mod models;
 pub mod nn;
 mod ops;
 pub mod optim;
