@@ -114,6 +114,16 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let mut trainer = Trainer::builder().max_epochs(args.epochs as usize).num_gpus(args.num_gpus).progress(Progress::Auto).build()?;
     let device = trainer.device();
     if let Some(ckpt) = &args.resume {
+        if model.net.has_lazy_parameters() {
+            // The lazy layers take their sizes from an input: make them
+            // (in evaluation mode, so no running statistic moves) before
+            // the checkpoint fills them.
+            let x = &data.train.tensors()[0];
+            let _g = kiln::no_grad();
+            model.net.eval();
+            model.net.forward(&x.narrow(0, 0, x.dims()[0].min(2))?)?;
+            model.net.train();
+        }
         if checkpoint::is_trainer_checkpoint(ckpt)? {
             trainer.load_checkpoint(&mut model, ckpt)?;
             println!("Resumed from {} (after epoch {})", ckpt.display(), model.epochs_trained());

@@ -17,9 +17,9 @@ use std::sync::OnceLock;
 ///
 /// ```
 /// use kiln::nn::{BatchNorm2d, Module};
-/// use kiln::{DType, Tensor, cpu};
+/// use kiln::{Tensor, cpu};
 /// let mut bn = BatchNorm2d::new(3, &cpu())?;
-/// let x = Tensor::randn(0.0, 1.0, (4, 3, 2, 2), DType::F32, &cpu())?;
+/// let x = Tensor::randn((4, 3, 2, 2), &cpu())?;
 /// let y = bn.forward(&x)?; // training: batch statistics
 /// assert_eq!(y.dims(), &[4, 3, 2, 2]);
 /// assert_eq!(bn.named_buffers().len(), 2);

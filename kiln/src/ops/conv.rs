@@ -530,7 +530,7 @@ impl Tensor {
     ///
     /// ```
     /// use kiln::{Conv2dArgs, Tensor, cpu};
-    /// let x = Tensor::new(&[[[[1f32, 2.], [3., 4.]]]], &cpu())?;
+    /// let x = Tensor::from_vec(vec![1f32, 2., 3., 4.], (1, 1, 2, 2), &cpu())?;
     /// let w = Tensor::ones((1, 1, 2, 2), kiln::DType::F32, &cpu())?;
     /// let y = x.conv_transpose2d(&w, None, Conv2dArgs::default())?;
     /// assert_eq!(y.to_vec::<f32>()?, vec![1., 3., 2., 4., 10., 6., 3., 7., 4.]);

@@ -439,9 +439,9 @@ impl Tensor {
     ///
     /// ```
     /// use kiln::{Tensor, cpu};
-    /// let x = Tensor::new(&[[1f32, 3.], [2., 2.]], &cpu())?;
+    /// let x = Tensor::new(&[[1f32, 3.], [0., 4.]], &cpu())?;
     /// let y = x.layer_norm(&[2], None, None, 0.0)?;
-    /// assert_eq!(y.to_vec::<f32>()?, vec![-1., 1., 0., 0.]);
+    /// assert_eq!(y.to_vec::<f32>()?, vec![-1., 1., -1., 1.]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn layer_norm(&self, normalized_shape: &[usize], weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
