@@ -55,3 +55,10 @@ wl = seq(12, 5, 13, 6, 5.0).reshape(3,4).requires_grad_(); bl = seq(12,3,7,3,2.0
 yl = F.layer_norm(xl, (3,4), wl, bl, eps=1e-5); gl = seq(24,3,17,8,8.0).reshape(2,3,4); (yl*gl).sum().backward()
 emit("LN_Y", yl); emit("LN_GX", xl.grad); emit("LN_GW", wl.grad); emit("LN_GB", bl.grad)
 open("/tmp/cnnref/refs.rs","w").write("\n".join(out)+"\n")
+# interpolate [1,2,3,5] -> (5,4)
+out2=[]
+for name, kw in [("NEAREST", dict(mode="nearest")), ("BILINEAR", dict(mode="bilinear", align_corners=False)), ("BILINEAR_AC", dict(mode="bilinear", align_corners=True))]:
+    xi = seq(30, 13, 29, 14, 7.0).reshape(1,2,3,5).requires_grad_()
+    yi = F.interpolate(xi, size=(5,4), **kw); gi = seq(yi.numel(),3,17,8,8.0).reshape(yi.shape); (yi*gi).sum().backward()
+    out2.append(f"const {name}_Y: &[f64] = {fmt(yi)};"); out2.append(f"const {name}_GX: &[f64] = {fmt(xi.grad)};")
+open("/tmp/cnnref/refs.rs","a").write("\n".join(out2)+"\n")

@@ -56,6 +56,7 @@ pub use base::dtype::{DType, WithDType};
 pub use base::env::{env_flag, parse_bytes};
 pub use base::error::{human_bytes, Direction, Error, Result};
 pub use base::shape::{Layout, Shape};
+pub use host_nn::InterpMode;
 pub use kernel::backend::QueueHold;
 pub use ops::binary::BinaryOp;
 pub use ops::conv::{Conv2dArgs, ConvPadding, Pair};

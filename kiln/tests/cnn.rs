@@ -267,3 +267,25 @@ fn bad_arguments_are_invalid_argument_naming_the_argument_and_shapes() {
         Ok(())
     });
 }
+
+#[test]
+fn interpolate_matches_pytorch() {
+    on_every_device(|d| {
+        for dtype in [DType::F64, DType::F32] {
+            for (mode, want_y, want_gx) in [
+                (kiln::InterpMode::Nearest, NEAREST_Y, NEAREST_GX),
+                (kiln::InterpMode::Bilinear { align_corners: false }, BILINEAR_Y, BILINEAR_GX),
+                (kiln::InterpMode::Bilinear { align_corners: true }, BILINEAR_AC_Y, BILINEAR_AC_GX),
+            ] {
+                let x = t(seq(30, 13, 29, 14.0, 7.0), &[1, 2, 3, 5], dtype, d)?.requires_grad_();
+                let y = x.interpolate([5, 4], mode)?;
+                assert_eq!(y.dims(), &[1, 2, 5, 4]);
+                close(&y, want_y, tol(dtype), &format!("{mode:?} y"));
+                backward(&y)?;
+                close(&x.grad().unwrap(), want_gx, tol(dtype), &format!("{mode:?} dx"));
+            }
+        }
+        finite_differences(d, &[&[1, 2, 3, 4]], |v| v[0].interpolate([5, 7], kiln::InterpMode::Bilinear { align_corners: false }))?;
+        Ok(())
+    });
+}

@@ -24,6 +24,7 @@ mod display;
 pub(crate) mod fill;
 mod index_add;
 mod index_select;
+mod interp;
 mod matmul;
 mod norm;
 mod operators;
