@@ -6,7 +6,9 @@
 //! - Ops with kernels of their own, one file each: `argreduce.rs`,
 //!   `matmul.rs`, `copy.rs` (casts and strided copies), `fill.rs`
 //!   (constants, ranges, random numbers), `index_select.rs`,
-//!   `index_add.rs`, `where_cond.rs`.
+//!   `index_add.rs`, `where_cond.rs`; the convolutional-network ops
+//!   `conv.rs` (conv2d, conv_transpose2d, and the helpers the next share),
+//!   `pool.rs`, `norm.rs` (batch and layer norm), `interp.rs`.
 //! - Ops that move no element (`views.rs`), or only through other ops:
 //!   `cat.rs`, `transfer.rs` (between devices), `read.rs` (to the host),
 //!   `create.rs` (the constructors), `composite.rs` (softmax, norms, means:
