@@ -38,9 +38,25 @@ pub struct TrainArgs {
     /// Resume from this checkpoint: a training checkpoint (checkpoint.safetensors: parameters, optimizer state, epoch count) or parameters only (model.safetensors).
     #[arg(long, value_name = "CKPT")]
     pub resume: Option<PathBuf>,
+    /// The network: an MLP, or one of the book's CNNs (LeNet, LeNet with batch normalisation, ResNet-18; synthetic images when --data is absent).
+    #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
+    pub model: ModelKind,
     /// Random seed (data shuffling, initial parameters, synthetic data).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+}
+
+/// The networks `kiln train` trains.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelKind {
+    /// Flatten, linear, ReLU, linear.
+    Mlp,
+    /// The book's LeNet (sigmoid, average pooling).
+    Lenet,
+    /// LeNet with batch normalisation.
+    BnLenet,
+    /// ResNet-18, 1-channel variant.
+    Resnet18,
 }
 
 /// The MLP `kiln train` trains: flatten, linear, ReLU, linear.
@@ -80,13 +96,34 @@ pub fn run(args: TrainArgs) -> Result<()> {
             let inputs: usize = data.train.tensors()[0].dims()[1..].iter().product();
             (data, format!("Fashion-MNIST from {}", dir.display()), inputs, FASHION_MNIST_CLASSES.len())
         }
+        None if args.model != ModelKind::Mlp => (
+            kiln::models::synthetic_image_task(4096, 1024, batch, args.seed)?,
+            "synthetic 28x28 images (4 shapes at random places)".into(),
+            28 * 28,
+            kiln::models::SYNTHETIC_CLASSES,
+        ),
         None => (synthetic_classification(8192, 2048, 4, 10, batch)?, "synthetic classification (10 classes, 4 features)".into(), 4, 10),
     };
-    let net = mlp(inputs, args.hidden as usize, classes)?;
+    let (net, net_name) = match args.model {
+        ModelKind::Mlp => (mlp(inputs, args.hidden as usize, classes)?, format!("an MLP {inputs}-{}-{classes}", args.hidden)),
+        ModelKind::Lenet => (kiln::models::lenet(classes), "LeNet".to_string()),
+        ModelKind::BnLenet => (kiln::models::bn_lenet(classes), "LeNet with batch normalisation".to_string()),
+        ModelKind::Resnet18 => (kiln::models::resnet18(classes), "ResNet-18".to_string()),
+    };
     let mut model = Learner::new(net, Loss::CrossEntropy, OptimizerConfig::sgd(args.lr));
     let mut trainer = Trainer::builder().max_epochs(args.epochs as usize).num_gpus(args.num_gpus).progress(Progress::Auto).build()?;
     let device = trainer.device();
     if let Some(ckpt) = &args.resume {
+        if model.net.has_lazy_parameters() {
+            // The lazy layers take their sizes from an input: make them
+            // (in evaluation mode, so no running statistic moves) before
+            // the checkpoint fills them.
+            let x = &data.train.tensors()[0];
+            let _g = kiln::no_grad();
+            model.net.eval();
+            model.net.forward(&x.narrow(0, 0, x.dims()[0].min(2))?)?;
+            model.net.train();
+        }
         if checkpoint::is_trainer_checkpoint(ckpt)? {
             trainer.load_checkpoint(&mut model, ckpt)?;
             println!("Resumed from {} (after epoch {})", ckpt.display(), model.epochs_trained());
@@ -96,10 +133,9 @@ pub fn run(args: TrainArgs) -> Result<()> {
         }
     }
     println!(
-        "Training an MLP {inputs}-{}-{classes} ({} parameters) on {what}: {} training and {} validation examples, on {device} \
+        "Training {net_name} ({} parameters) on {what}: {} training and {} validation examples, on {device} \
          (num_gpus {} asked, {} available), {} epochs, batch {batch}, SGD lr {}",
-        args.hidden,
-        model.net.num_parameters(),
+        if model.net.has_lazy_parameters() { "lazy".to_string() } else { model.net.num_parameters().to_string() },
         data.train.num_examples(),
         data.val.as_ref().map(|v| v.num_examples()).unwrap_or(0),
         args.num_gpus,

@@ -412,6 +412,27 @@ fn train_reads_fashion_mnist_idx_files() {
     assert!(text.contains("MLP 784-8-10") && text.contains("Fashion-MNIST") && text.contains("64 training and 16 validation"), "{text}");
     assert!(out.join("model.safetensors").is_file());
 
+    // The book's CNNs on the same files: BN-LeNet on a simulated GPU, its
+    // checkpoint (with the running statistics) resumed on the CPU.
+    let cnn = dir.join("cnn");
+    let args = |extra: &[&str]| {
+        let mut v = vec!["train", "--model", "bn-lenet", "--data", data.to_str().expect("utf-8"), "--epochs", "1", "--batch-size", "16"];
+        v.extend_from_slice(&["--out", cnn.to_str().expect("utf-8")]);
+        v.extend_from_slice(extra);
+        v.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let mut first = vec!["--sim-gpus".to_string(), "1".to_string()];
+    first.extend(args(&[]));
+    let o = kiln(&first.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("LeNet with batch normalisation") && stdout(&o).contains("on gpu(0)"), "{}", stdout(&o));
+    let params = cnn.join("model.safetensors");
+    assert!(safetensors_names(&params).contains(&"1.running_mean".to_string()), "{:?}", safetensors_names(&params));
+    let resumed = args(&["--num-gpus", "0", "--resume", params.to_str().expect("utf-8")]);
+    let o = kiln(&resumed.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("Resumed from") && stdout(&o).contains("on cpu"), "{}", stdout(&o));
+
     // A directory without the files: one line naming the missing file.
     let empty = dir.join("empty");
     std::fs::create_dir_all(&empty).expect("dir");

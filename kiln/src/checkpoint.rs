@@ -267,7 +267,15 @@ fn check_unique_names(path: &Path, bytes: &[u8]) -> Result<()> {
 /// Saves a model's parameters (by their [`Module::named_parameters`] names).
 #[track_caller]
 pub fn save(model: &dyn Module, path: impl AsRef<Path>) -> Result<()> {
-    save_tensors(&model.named_parameters(), path)
+    save_tensors(&state_tensors(model), path)
+}
+
+/// A model's parameters and then its buffers (running statistics), by name:
+/// what a checkpoint holds.
+pub(crate) fn state_tensors(model: &dyn Module) -> Vec<(String, Tensor)> {
+    let mut all = model.named_parameters();
+    all.extend(model.named_buffers());
+    all
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>> {
@@ -390,7 +398,7 @@ fn stage_parameters(
     prefix: &str,
     device: &Device,
 ) -> Result<HashMap<String, Tensor>> {
-    let params = model.named_parameters();
+    let params = state_tensors(model);
     for file_name in st.names() {
         let Some(name) = file_name.strip_prefix(prefix) else { continue };
         if !params.iter().any(|(n, _)| n == name) {
@@ -439,6 +447,15 @@ fn apply_parameters(model: &mut dyn Module, mut loaded: HashMap<String, Tensor>)
                 p.zero_grad();
             }
             *p = p.relocated(new, None);
+            Ok(())
+        }
+    })?;
+    model.visit_buffers_mut(&mut |name, b| {
+        let Some(new) = loaded.remove(name) else { return Ok(()) };
+        if b.device() == new.device() {
+            b.assign(&new)
+        } else {
+            *b = new;
             Ok(())
         }
     })

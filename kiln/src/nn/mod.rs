@@ -1,5 +1,6 @@
 //! Neural networks: the [`Module`] trait, layers ([`Linear`],
-//! [`LazyLinear`], [`Sequential`], activations, [`Flatten`], [`Dropout`]),
+//! [`LazyLinear`], [`Sequential`], activations, [`Flatten`], [`Dropout`],
+//! convolution, pooling and normalisation layers, [`Residual`]),
 //! initializers ([`init`]) and losses.
 //!
 //! Parameters live on one device; a forward whose input is elsewhere fails
@@ -19,16 +20,20 @@
 //! ```
 
 mod activation;
+mod conv;
 mod dropout;
 pub mod init;
 mod linear;
 mod loss;
 mod module;
+mod norm;
 mod sequential;
 
 pub use activation::{Flatten, ReLU, SiLU, Sigmoid, Tanh, GELU};
+pub use conv::{AdaptiveAvgPool2d, AvgPool2d, Conv2d, LazyConv2d, MaxPool2d};
 pub use dropout::Dropout;
 pub use linear::{LazyLinear, Linear};
 pub use loss::{accuracy, cross_entropy, log_softmax, mse_loss, one_hot, softmax, Loss};
 pub use module::{Module, ParamVisitor};
+pub use norm::{BatchNorm, BatchNorm1d, BatchNorm2d, LayerNorm, LazyBatchNorm, LazyBatchNorm1d, LazyBatchNorm2d, Residual};
 pub use sequential::Sequential;

@@ -61,6 +61,20 @@ pub trait Module {
         Ok(())
     }
 
+    /// Every buffer with its dotted name (`"1.running_mean"`): module state
+    /// that is not trained (batch normalisation's running statistics). Like
+    /// parameters, buffers move with [`Module::to`] and are saved in
+    /// checkpoints; optimizers never see them.
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+
+    /// Calls `f` on every buffer, by name, with the right to replace it.
+    fn visit_buffers_mut(&mut self, f: &mut ParamVisitor<'_>) -> Result<()> {
+        let _ = f;
+        Ok(())
+    }
+
     /// Switches training behaviour (dropout) on or off.
     fn set_training(&mut self, training: bool) {
         let _ = training;
@@ -123,11 +137,23 @@ pub trait Module {
             });
             Ok(())
         })?;
+        let mut buffers: Vec<Option<Tensor>> = Vec::new();
+        self.visit_buffers_mut(&mut |_, b| {
+            buffers.push(if b.device() == device { None } else { Some(b.to(&device)?.detach()) });
+            Ok(())
+        })?;
         let mut it = moved.into_iter();
         self.visit_parameters_mut(&mut |_, p| {
             if let Some(Some((data, grad))) = it.next() {
                 // A frozen parameter stays frozen on its new device.
                 *p = p.relocated(data, grad);
+            }
+            Ok(())
+        })?;
+        let mut it = buffers.into_iter();
+        self.visit_buffers_mut(&mut |_, b| {
+            if let Some(Some(new)) = it.next() {
+                *b = new;
             }
             Ok(())
         })?;
@@ -187,6 +213,12 @@ impl<M: Module + ?Sized> Module for Box<M> {
     }
     fn visit_parameters_mut(&mut self, f: &mut ParamVisitor<'_>) -> Result<()> {
         (**self).visit_parameters_mut(f)
+    }
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        (**self).named_buffers()
+    }
+    fn visit_buffers_mut(&mut self, f: &mut ParamVisitor<'_>) -> Result<()> {
+        (**self).visit_buffers_mut(f)
     }
     fn set_training(&mut self, training: bool) {
         (**self).set_training(training)

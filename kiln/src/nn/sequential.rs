@@ -109,6 +109,21 @@ impl Module for Sequential {
         }
         Ok(())
     }
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (name, t) in layer.named_buffers() {
+                out.push((format!("{i}.{name}"), t));
+            }
+        }
+        out
+    }
+    fn visit_buffers_mut(&mut self, f: &mut ParamVisitor<'_>) -> Result<()> {
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            layer.visit_buffers_mut(&mut |name, t| f(&format!("{i}.{name}"), t))?;
+        }
+        Ok(())
+    }
     fn place_lazy_parameters(&mut self, device: &crate::Device) {
         for layer in &mut self.layers {
             layer.place_lazy_parameters(device);

@@ -6,7 +6,9 @@
 //! - Ops with kernels of their own, one file each: `argreduce.rs`,
 //!   `matmul.rs`, `copy.rs` (casts and strided copies), `fill.rs`
 //!   (constants, ranges, random numbers), `index_select.rs`,
-//!   `index_add.rs`, `where_cond.rs`.
+//!   `index_add.rs`, `where_cond.rs`; the convolutional-network ops
+//!   `conv.rs` (conv2d, conv_transpose2d, and the helpers the next share),
+//!   `pool.rs`, `norm.rs` (batch and layer norm), `interp.rs`.
 //! - Ops that move no element (`views.rs`), or only through other ops:
 //!   `cat.rs`, `transfer.rs` (between devices), `read.rs` (to the host),
 //!   `create.rs` (the constructors), `composite.rs` (softmax, norms, means:
@@ -17,6 +19,7 @@ pub(crate) mod argreduce;
 pub(crate) mod binary;
 mod cat;
 mod composite;
+pub(crate) mod conv;
 pub(crate) mod copy;
 mod create;
 mod cumsum;
@@ -24,8 +27,11 @@ mod display;
 pub(crate) mod fill;
 mod index_add;
 mod index_select;
+mod interp;
 mod matmul;
+mod norm;
 mod operators;
+pub(crate) mod pool;
 mod read;
 pub(crate) mod reduce;
 mod transfer;

@@ -57,7 +57,8 @@ impl Trainer {
     }
 
     pub(super) fn save_checkpoint_at<N: Module>(&self, model: &Learner<N>, path: &Path, site: &'static Location<'static>) -> Result<()> {
-        let mut tensors: Vec<(String, Tensor)> = model.net.named_parameters().into_iter().map(|(n, t)| (format!("model.{n}"), t)).collect();
+        let mut tensors: Vec<(String, Tensor)> =
+            crate::checkpoint::state_tensors(&model.net).into_iter().map(|(n, t)| (format!("model.{n}"), t)).collect();
         let mut metadata = HashMap::new();
         metadata.insert("format".to_string(), checkpoint::TRAINER_FORMAT.to_string());
         metadata.insert("epochs_trained".to_string(), model.epochs_trained.to_string());
