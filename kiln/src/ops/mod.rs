@@ -6,8 +6,9 @@
 //! - Ops with kernels of their own, one file each: `argreduce.rs`,
 //!   `matmul.rs`, `copy.rs` (casts and strided copies), `fill.rs`
 //!   (constants, ranges, random numbers), `index_select.rs`,
-//!   `index_add.rs`, `where_cond.rs`; the convolutional-network ops
-//!   `conv.rs` (conv2d, conv_transpose2d, and the helpers the next share),
+//!   `index_add.rs`, `gather.rs`, `scatter.rs` (and scatter_add),
+//!   `where_cond.rs`; the convolutional-network ops `conv.rs` (conv2d,
+//!   conv_transpose2d, and the helpers the next share),
 //!   `pool.rs`, `norm.rs` (batch and layer norm), `interp.rs`.
 //! - Ops that move no element (`views.rs`), or only through other ops:
 //!   `cat.rs`, `transfer.rs` (between devices), `read.rs` (to the host),
@@ -25,6 +26,7 @@ mod create;
 mod cumsum;
 mod display;
 pub(crate) mod fill;
+mod gather;
 mod index_add;
 mod index_select;
 mod interp;
@@ -34,6 +36,7 @@ mod operators;
 pub(crate) mod pool;
 mod read;
 pub(crate) mod reduce;
+mod scatter;
 mod transfer;
 pub(crate) mod unary;
 mod views;
