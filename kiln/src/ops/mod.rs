@@ -7,6 +7,7 @@
 //!   `matmul.rs`, `copy.rs` (casts and strided copies), `fill.rs`
 //!   (constants, ranges, random numbers), `index_select.rs`,
 //!   `index_add.rs`, `gather.rs`, `scatter.rs` (and scatter_add),
+//!   `sort.rs` (argsort; sort and topk gather through it),
 //!   `where_cond.rs`; the convolutional-network ops `conv.rs` (conv2d,
 //!   conv_transpose2d, and the helpers the next share),
 //!   `pool.rs`, `norm.rs` (batch and layer norm), `interp.rs`.
@@ -37,6 +38,7 @@ pub(crate) mod pool;
 mod read;
 pub(crate) mod reduce;
 mod scatter;
+mod sort;
 mod transfer;
 pub(crate) mod unary;
 mod views;
