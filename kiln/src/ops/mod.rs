@@ -11,7 +11,8 @@
 //!   `where_cond.rs`; the convolutional-network ops `conv.rs` (conv2d,
 //!   conv_transpose2d, and the helpers the next share),
 //!   `pool.rs`, `norm.rs` (batch and layer norm), `interp.rs`.
-//! - Ops that move no element (`views.rs`), or only through other ops:
+//! - Ops that move no element (`views.rs`, `slicing.rs`: `x.i((.., 0..2))`),
+//!   or only through other ops:
 //!   `cat.rs`, `transfer.rs` (between devices), `read.rs` (to the host),
 //!   `create.rs` (the constructors), `composite.rs` (softmax, norms, means:
 //!   compositions, whose gradients come for free).
@@ -38,6 +39,7 @@ pub(crate) mod pool;
 mod read;
 pub(crate) mod reduce;
 mod scatter;
+pub(crate) mod slicing;
 mod sort;
 mod transfer;
 pub(crate) mod unary;
