@@ -34,8 +34,10 @@ pub fn embedding(ids: &Tensor, weight: &Tensor) -> Result<Tensor> {
             format!("ids must be integers (i64, i32 or u8), got {}; convert them with `.to_dtype(kiln::DType::I64)?`", ids.dtype()),
         ));
     }
+    // index_select's errors, named after this function.
     let rows = weight.index_select(&ids.flatten_all()?, 0).map_err(|e| match e {
         Error::InvalidArgument { msg, .. } => Error::InvalidArgument { op: "embedding".into(), msg },
+        Error::DeviceMismatch { lhs, rhs, .. } => Error::DeviceMismatch { op: "embedding".into(), lhs, rhs },
         other => other,
     })?;
     let mut dims = ids.dims().to_vec();

@@ -434,6 +434,8 @@ fn embedding_looks_up_rows_with_gradients() {
         } else {
             assert_f32(&emb.forward(&Tensor::new(&[3i64], &d)?)?, d, &[1, 2], &[0., 0.]);
             assert!(matches!(emb.forward(&Tensor::new(&[0i64], &cpu())?), Err(Error::DeviceMismatch { .. })));
+            let e = kiln::nn::embedding(&Tensor::new(&[0i64], &cpu())?, &weight).unwrap_err();
+            assert!(matches!(&e, Error::DeviceMismatch { op, .. } if op == "embedding"), "{e}");
         }
         Ok(())
     });
