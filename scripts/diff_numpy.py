@@ -5,7 +5,8 @@ Each case holds kiln's inputs (logical values, dtype, shape), the op and
 kiln's output. The expected output follows PyTorch's semantics where numpy's
 differ (documented in the README's table "Where kiln differs from PyTorch"):
 integer `/` and integer tensors with a fractional or out-of-range scalar
-compute in float32; integer sums keep their dtype (wrapping).
+compute in float32; integer sums keep their dtype (wrapping); scatter with
+repeated indices keeps the last write along the dimension.
 
 Usage: python diff_numpy.py CASES.jsonl   (exit status 1 on any difference)
 """
@@ -132,6 +133,12 @@ def expected(c):
         if op == "index_select":
             ids = arr(c["ids"]).astype(np.int64)
             return np.take(a, ids, axis=c["dim"])
+        if op in ("gather", "scatter", "scatter_add"):
+            return gather_scatter(a, c)
+        if op in ("sort", "argsort", "topk", "topk_indices"):
+            return sort_like(a, c)
+        if op == "index":
+            return a[tuple(selector(s, n) for s, n in zip(c["sels"], a.shape))]
         if op == "cat_narrow":
             b = arr(c["b"])
             cat = np.concatenate([a, b], axis=c["dim"])
@@ -139,6 +146,64 @@ def expected(c):
             idx[c["dim"]] = slice(c["start"], c["start"] + c["len"])
             return cat[tuple(idx)]
     raise ValueError(f"unknown op {op}")
+
+
+def gather_scatter(a, c):
+    """torch.gather / torch.scatter / torch.scatter_add: a row-major walk of
+    the index (for scatter, a later write along dim wins, as kiln documents)."""
+    idx = arr(c["index"]).astype(np.int64)
+    d = c["dim"] % a.ndim
+    if c["op"] == "gather":
+        sl = tuple(slice(0, idx.shape[e]) if e != d else slice(None) for e in range(a.ndim))
+        return np.take_along_axis(a[sl], idx, axis=d)
+    src = arr(c["src"])
+    out = a.copy()
+    with np.errstate(all="ignore"):
+        for pos in np.ndindex(*idx.shape):
+            t = list(pos)
+            t[d] = idx[pos]
+            t = tuple(t)
+            out[t] = out[t] + src[pos] if c["op"] == "scatter_add" else src[pos]
+    return out
+
+
+def sort_like(a, c):
+    """torch.sort(stable=True) / argsort / topk: NaN is the largest value,
+    ties keep their order (ascending and descending)."""
+    d, desc = c["dim"] % a.ndim, c["descending"]
+    moved = np.moveaxis(a, d, -1)
+    order = np.empty(moved.shape, dtype=np.int64)
+    for pos in np.ndindex(*moved.shape[:-1]):
+        line = moved[pos]
+        nan = np.isnan(line) if not is_int(line) else np.zeros(line.shape, bool)
+        if desc:
+            key = lambda k: (not nan[k], 0 if nan[k] else -line[k].item())
+        else:
+            key = lambda k: (bool(nan[k]), 0 if nan[k] else line[k].item())
+        order[pos] = sorted(range(line.shape[0]), key=key)
+    if c["op"] in ("topk", "topk_indices"):
+        order = order[..., : c["k"]]
+    values = np.take_along_axis(moved, order, axis=-1)
+    out = values if c["op"] in ("sort", "topk") else order
+    return np.moveaxis(out, -1, d)
+
+
+def selector(sel, n):
+    """kiln's Selector (kind, start, end) as a Python index."""
+    kind, s, e = sel
+    if kind == 0:
+        return slice(None)
+    if kind == 1:
+        return s
+    s = s + n if s < 0 else s
+    e = e + n if e < 0 else e
+    if kind == 2:
+        return slice(s, e)
+    if kind == 3:
+        return slice(s, None)
+    if kind == 4:
+        return slice(0, e)
+    return slice(s, e + 1)
 
 
 def tolerance(c, dtype):

@@ -62,6 +62,7 @@ pub use ops::binary::BinaryOp;
 pub use ops::conv::{Conv2dArgs, ConvPadding, Pair};
 pub use ops::pool::Pool2dArgs;
 pub use ops::reduce::ReduceOp;
+pub use ops::slicing::{Selector, TensorIndex};
 pub use ops::unary::UnaryOp;
 #[doc(hidden)]
 pub use registry::hold_queue;

@@ -1,6 +1,7 @@
 //! Differential test against numpy: seeded random cases over the op
 //! families (elementwise, scalar, broadcasting, reductions, matmul, casts,
-//! softmax, indexing), dtypes (f32, f64, i64, i32, u8), shapes (rank 0 to
+//! softmax, indexing: index_select, gather/scatter, sort/topk, range
+//! indexing), dtypes (f32, f64, i64, i32, u8), shapes (rank 0 to
 //! 3, zero-size), non-contiguous and broadcast views, on the CPU and a
 //! simulated GPU. kiln's inputs and results are written as JSON lines;
 //! `scripts/diff_numpy.py` recomputes every case with numpy and reports any
@@ -129,7 +130,7 @@ const ALL: [DType; 5] = [DType::F32, DType::F64, DType::I64, DType::I32, DType::
 
 /// One case: the op's JSON fields, or None when this draw is not a case.
 fn case(r: &mut Rng, dev: Device) -> Result<Option<String>> {
-    let family = r.below(9);
+    let family = r.below(10);
     let mut s = String::new();
     match family {
         0 => {
@@ -322,6 +323,7 @@ fn case(r: &mut Rng, dev: Device) -> Result<Option<String>> {
             let y = x.index_select(&ids, d as i64 - shape.len() as i64)?;
             write!(s, "\"op\":\"index_select\",\"a\":{},\"ids\":{},\"dim\":{d},\"out\":{}", json(&x)?, json(&ids)?, json(&y)?).unwrap();
         }
+        8 => return indexing_case(r, dev),
         _ => {
             // cat and narrow of views.
             let dtype = r.pick(&ALL);
@@ -347,6 +349,94 @@ fn case(r: &mut Rng, dev: Device) -> Result<Option<String>> {
                 json(&y)?
             )
             .unwrap();
+        }
+    }
+    Ok(Some(s))
+}
+
+/// gather, scatter, scatter_add (repeated indices: the last write wins,
+/// the adds accumulate), sort and argsort (stable, NaN largest), topk, and
+/// range indexing, on views, with i64/i32 indices.
+fn indexing_case(r: &mut Rng, dev: Device) -> Result<Option<String>> {
+    let dtype = r.pick(&ALL);
+    let shape = random_shape(r, 3);
+    if shape.is_empty() || shape.contains(&0) {
+        return Ok(None);
+    }
+    let x = random_tensor(r, &shape, dtype, dev)?;
+    let rank = shape.len();
+    let d = r.below(rank);
+    let signed = if r.below(2) == 0 { d as i64 } else { d as i64 - rank as i64 };
+    let op = r.pick(&["gather", "scatter", "scatter_add", "sort", "argsort", "topk", "topk_indices", "index"]);
+    let mut s = String::new();
+    match op {
+        "gather" | "scatter" | "scatter_add" => {
+            let idims: Vec<usize> = shape.iter().enumerate().map(|(e, &n)| if e == d { r.below(4) } else { 1 + r.below(n) }).collect();
+            let ids: Vec<i64> = (0..idims.iter().product()).map(|_| r.below(shape[d]) as i64).collect();
+            let index = Tensor::from_vec(ids, idims.clone(), &dev)?.to_dtype(r.pick(&[DType::I64, DType::I32]))?;
+            let (y, src) = if op == "gather" {
+                (x.gather(signed, &index)?, None)
+            } else {
+                // src may be larger than the index.
+                let sdims: Vec<usize> = idims.iter().map(|&n| n + r.below(2)).collect();
+                let src = random_tensor(r, &sdims, dtype, dev)?;
+                let y = if op == "scatter" { x.scatter(signed, &index, &src)? } else { x.scatter_add(signed, &index, &src)? };
+                (y, Some(src))
+            };
+            let src = match src {
+                Some(t) => format!(",\"src\":{}", json(&t)?),
+                None => String::new(),
+            };
+            write!(s, "\"op\":\"{op}\",\"a\":{},\"index\":{},\"dim\":{signed}{src},\"out\":{}", json(&x)?, json(&index)?, json(&y)?)
+                .unwrap();
+        }
+        "sort" | "argsort" | "topk" | "topk_indices" => {
+            let descending = r.below(2) == 0;
+            let k = r.below(shape[d] + 1);
+            let y = match op {
+                "sort" => x.sort(signed, descending)?.0,
+                "argsort" => x.argsort(signed, descending)?,
+                "topk" => x.topk(k, signed, descending, true)?.0,
+                _ => x.topk(k, signed, descending, true)?.1,
+            };
+            write!(s, "\"op\":\"{op}\",\"a\":{},\"dim\":{signed},\"descending\":{descending},\"k\":{k},\"out\":{}", json(&x)?, json(&y)?)
+                .unwrap();
+        }
+        _ => {
+            // One valid selector per leading dimension: (kind, start, end),
+            // bounds sometimes negative (from the end).
+            use kiln::Selector;
+            use std::ops::Bound::{Excluded, Included, Unbounded};
+            let mut sels = Vec::new();
+            let mut plain = Vec::new();
+            for &n in &shape[..r.below(rank + 1)] {
+                let n = n as i64;
+                let neg = |r: &mut Rng, v: i64| if v < n && r.below(2) == 0 { v - n } else { v };
+                let s0 = r.below(n as usize + 1) as i64;
+                let e0 = s0 + r.below((n - s0) as usize + 1) as i64;
+                let (kind, a, b) = match r.below(6) {
+                    0 => (0, 0, 0),
+                    1 => {
+                        let i = r.below(n as usize) as i64;
+                        (1, neg(r, i), 0)
+                    }
+                    2 => (2, neg(r, s0), neg(r, e0)),
+                    3 => (3, neg(r, s0), 0),
+                    4 => (4, 0, neg(r, e0)),
+                    _ => (5, neg(r, s0), neg(r, e0.max(1) - 1).max(-n)),
+                };
+                sels.push(match kind {
+                    0 => Selector::All,
+                    1 => Selector::Index(a),
+                    2 => Selector::Range(Included(a), Excluded(b)),
+                    3 => Selector::Range(Included(a), Unbounded),
+                    4 => Selector::Range(Unbounded, Excluded(b)),
+                    _ => Selector::Range(Included(a), Included(b)),
+                });
+                plain.push(format!("[{kind},{a},{b}]"));
+            }
+            let y = x.i(sels)?;
+            write!(s, "\"op\":\"index\",\"a\":{},\"sels\":[{}],\"out\":{}", json(&x)?, plain.join(","), json(&y)?).unwrap();
         }
     }
     Ok(Some(s))

@@ -208,6 +208,7 @@ fn hint(op: &str) -> &'static str {
         "matmul" => "; the inner dimensions must agree: (.., m, k) @ (.., k, n)",
         "reshape" => "; the element counts must be equal",
         "from_vec" => "; the data's length must equal the shape's element count (the product of its dimensions)",
+        "gather" | "scatter" | "scatter_add" => "; the index must have the input's rank (and src's)",
         _ => "; broadcasting needs each trailing dimension to be equal or 1",
     }
 }

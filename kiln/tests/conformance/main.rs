@@ -12,6 +12,7 @@ mod composites;
 mod creation;
 mod elementwise;
 mod errors;
+mod indexing;
 mod matmul;
 mod reductions;
 mod storage;

@@ -68,6 +68,35 @@ pub(crate) fn idx_tensor(ids: &[i64], dtype: DType, device: &Device) -> kiln::Re
     }
 }
 
+/// An index for gather/scatter on `a` along `dim`: `a`'s rank (0-d as
+/// 1-d), at most 2 along the other dimensions, `k` along `dim` (none when
+/// that dimension is empty), values from `ids` made valid (an out-of-range
+/// index is an error on the CPU and skipped on a GPU, see `in_range`). A
+/// dimension out of range gives some index: the op refuses it.
+pub(crate) fn gather_index(a: &Tensor, dim: i64, k: usize, ids: &[i64], dtype: DType, device: &Device) -> kiln::Result<Tensor> {
+    let dims = if a.rank() == 0 { vec![1] } else { a.dims().to_vec() };
+    let d = dim.rem_euclid(dims.len() as i64) as usize;
+    let size = dims[d].min(i64::MAX as usize) as i64;
+    let mut idims: Vec<usize> = dims.iter().map(|&s| s.min(2)).collect();
+    idims[d] = if size == 0 { 0 } else { k };
+    let n = count(&idims);
+    let vals: Vec<i64> = (0..n).map(|j| ids.get(j % ids.len().max(1)).copied().unwrap_or(0).rem_euclid(size.max(1))).collect();
+    idx_tensor(&vals, dtype, device)?.reshape(idims)
+}
+
+/// A selector of `Tensor::i` from a program's (kind, start, end).
+pub(crate) fn selector(kind: u8, s: i64, e: i64) -> kiln::Selector {
+    use std::ops::Bound::{Excluded, Included, Unbounded};
+    match kind {
+        0 => kiln::Selector::All,
+        1 => kiln::Selector::Index(s),
+        2 => kiln::Selector::Range(Included(s), Excluded(e)),
+        3 => kiln::Selector::Range(Included(s), Unbounded),
+        4 => kiln::Selector::Range(Unbounded, Excluded(e)),
+        _ => kiln::Selector::Range(Included(s), Included(e)),
+    }
+}
+
 /// A device that does not exist.
 pub(crate) fn missing(which: u8) -> Device {
     match which {
@@ -190,6 +219,25 @@ pub(crate) fn run_step(step: &Step, vals: &[Option<Tensor>], device: &Device, si
                 let a = arg!(*a);
                 a.index_add(&idx_tensor(&in_range(ids, &a, *dim), *ids_dtype, device)?, &arg!(*src), *dim)?
             }
+            Step::Gather { a, src, dim, ids, ids_dtype, mode, k } => {
+                let a = arg!(*a);
+                let index = gather_index(&a, *dim, *k, ids, *ids_dtype, device)?;
+                match mode {
+                    0 => a.gather(*dim, &index)?,
+                    1 => a.scatter(*dim, &index, &arg!(*src))?,
+                    _ => a.scatter_add(*dim, &index, &arg!(*src))?,
+                }
+            }
+            Step::Sort { a, dim, descending, which, k } => {
+                let a = arg!(*a);
+                match which {
+                    0 => a.sort(*dim, *descending)?.0,
+                    1 => a.argsort(*dim, *descending)?,
+                    2 => a.topk(*k, *dim, *descending, true)?.0,
+                    _ => a.topk(*k, *dim, *descending, false)?.1,
+                }
+            }
+            Step::Slice { a, sels } => arg!(*a).i(sels.iter().map(|&(kind, s, e)| selector(kind, s, e)).collect::<Vec<_>>())?,
             Step::Where { c, a, b } => arg!(*c).where_cond(&arg!(*a), &arg!(*b))?,
             Step::Cast { a, dtype } => arg!(*a).to_dtype(*dtype)?,
             Step::Contiguous { a } => arg!(*a).contiguous()?,

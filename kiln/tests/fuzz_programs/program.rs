@@ -187,6 +187,30 @@ pub(crate) enum Step {
         ids_dtype: DType,
         dim: usize,
     },
+    /// gather (mode 0), scatter (1) or scatter_add (2) along `dim` with an
+    /// index of `a`'s rank, `k` long along `dim`, made of `ids` (in range).
+    Gather {
+        a: usize,
+        src: usize,
+        dim: i64,
+        ids: Vec<i64>,
+        ids_dtype: DType,
+        mode: u8,
+        k: usize,
+    },
+    /// sort's values (which 0), argsort (1), topk's values (2) or indices (3).
+    Sort {
+        a: usize,
+        dim: i64,
+        descending: bool,
+        which: u8,
+        k: usize,
+    },
+    /// Range indexing `a.i(...)`: per selector (kind, start, end).
+    Slice {
+        a: usize,
+        sels: Vec<(u8, i64, i64)>,
+    },
     Where {
         c: usize,
         a: usize,
@@ -280,7 +304,7 @@ pub(crate) fn program(rng: &mut Rng) -> Vec<Step> {
             }
         } else {
             let a = any(rng);
-            match rng.below(29) {
+            match rng.below(32) {
                 0 | 1 => Step::Unary { a, op: rng.pick(&UNARY) },
                 2..=4 => Step::Binary { a, b: any(rng), op: rng.pick(&BINARY) },
                 5 => Step::Reduce { a, op: rng.pick(&REDUCE), dim: rng.below(5), keepdim: rng.chance(50) },
@@ -337,6 +361,22 @@ pub(crate) fn program(rng: &mut Rng) -> Vec<Step> {
                 25 => Step::ToMissing { a, which: rng.below(3) as u8, copy: rng.chance(50) },
                 26 => Step::CumSum { a, dim: rng.below(7) as i64 - 3 },
                 27 => Step::Composite { a, which: rng.below(6) as u8, dim: rng.below(7) as i64 - 3 },
+                28 => Step::Gather {
+                    a,
+                    src: if rng.chance(50) { a } else { any(rng) },
+                    dim: rng.below(7) as i64 - 3,
+                    ids: (0..1 + rng.below(4)).map(|_| rng.below(6) as i64).collect(),
+                    ids_dtype: rng.pick(&INDEX_DTYPES),
+                    mode: rng.below(3) as u8,
+                    k: rng.below(4),
+                },
+                29 => {
+                    Step::Sort { a, dim: rng.below(7) as i64 - 3, descending: rng.chance(50), which: rng.below(4) as u8, k: rng.below(4) }
+                }
+                30 => Step::Slice {
+                    a,
+                    sels: (0..rng.below(5)).map(|_| (rng.below(6) as u8, rng.below(9) as i64 - 4, rng.below(9) as i64 - 4)).collect(),
+                },
                 _ => {
                     if rng.chance(50) {
                         Step::Print { a }
@@ -356,7 +396,7 @@ pub(crate) fn operands(step: &Step) -> Vec<usize> {
     match step {
         Step::Create { .. } | Step::FromValues { .. } | Step::NoSuchDevice { .. } => vec![],
         Step::Binary { a, b, .. } | Step::Matmul { a, b } | Step::Cat { a, b, .. } | Step::Stack { a, b, .. } => vec![*a, *b],
-        Step::IndexAdd { a, src, .. } => vec![*a, *src],
+        Step::IndexAdd { a, src, .. } | Step::Gather { a, src, .. } => vec![*a, *src],
         Step::Where { c, a, b } => vec![*c, *a, *b],
         Step::Assign { dst, src } => vec![*dst, *src],
         Step::Unary { a, .. }
@@ -373,6 +413,8 @@ pub(crate) fn operands(step: &Step) -> Vec<usize> {
         | Step::FlattenFrom { a, .. }
         | Step::Permute { a, .. }
         | Step::IndexSelect { a, .. }
+        | Step::Sort { a, .. }
+        | Step::Slice { a, .. }
         | Step::Cast { a, .. }
         | Step::Contiguous { a }
         | Step::RoundTrip { a }
