@@ -318,7 +318,8 @@ fn out_of_range_indices_are_an_error_on_the_cpu_and_reported_by_a_gpus_next_sync
         // A simulated GPU of this test's own: a reported fault poisons the
         // device's queue for every thread until it is reported, and the
         // other tests of this binary run beside this one on gpu(0) and gpu(1).
-        for d in [kiln::ensure_simulated_gpus(3, 512 << 20)[2]] {
+        {
+            let d = kiln::ensure_simulated_gpus(3, 512 << 20)[2];
             let (ids, x) = (ids.to(&d).unwrap(), x(&d).unwrap());
             let (dst, ones) = (Tensor::zeros((3, 2), DType::F32, &d).unwrap(), Tensor::ones((4, 2), DType::F32, &d).unwrap());
             // Nothing is read back to check the indices (no transfer at all):

@@ -163,6 +163,15 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn index_add(&self, ids: &Tensor, src: &Tensor, dim: impl Dim) -> Result<Tensor> {
+        if self.rank() == 0 {
+            // As PyTorch: a 0-d tensor takes dimension 0 or -1, one index (0)
+            // and a 0-d source.
+            dim.index("index_add", 1)?;
+            if ids.elem_count() != 1 || src.rank() != 0 {
+                return Err(Error::shape("index_add", src.dims(), &[]));
+            }
+            return self.reshape(1)?.index_add(ids, &src.reshape(1)?, 0)?.reshape(());
+        }
         let dim = dim.index("index_add", self.rank())?;
         check_same_device("index_add", self, ids)?;
         check_same_device("index_add", self, src)?;

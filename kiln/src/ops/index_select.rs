@@ -181,9 +181,19 @@ impl Tensor {
     /// // On the CPU a bad index is an error.
     /// assert!(x.index_select(&Tensor::new(&[3i64], &cpu())?, 0).is_err());
     /// assert!(x.index_select(&Tensor::new(&[-1i64], &cpu())?, 0).is_err());
+    /// // A 0-d tensor is one element, as in PyTorch.
+    /// assert_eq!(Tensor::new(&7f32, &cpu())?.index_select(&Tensor::new(&[0i64], &cpu())?, 0)?.to_vec::<f32>()?, vec![7.]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn index_select(&self, ids: &Tensor, dim: impl Dim) -> Result<Tensor> {
+        if self.rank() == 0 {
+            // As PyTorch: a 0-d tensor takes dimension 0 or -1 and one index (0).
+            dim.index("index_select", 1)?;
+            if ids.elem_count() != 1 {
+                return Err(Error::invalid("index_select", format!("a 0-d tensor takes one index, got {}", ids.elem_count())));
+            }
+            return self.reshape(1)?.index_select(ids, 0)?.reshape(());
+        }
         let dim = dim.index("index_select", self.rank())?;
         check_same_device("index_select", self, ids)?;
         check_dim("index_select", dim, self.rank())?;

@@ -6,9 +6,9 @@
 //!
 //! PyTorch's rules (`maybe_wrap_dim`): most ops take `-r ..= r-1` and, on a
 //! 0-d tensor, 0 and −1 as if it had one dimension (reductions, softmax,
-//! cumsum, transpose, squeeze, flatten); ops that insert a dimension
-//! (`unsqueeze`, `stack`) take `-(r+1) ..= r`; `narrow`, `cat`,
-//! `index_select`, `index_add` and `size(dim)` need a dimension to exist.
+//! cumsum, transpose, squeeze, flatten, `index_select` and `index_add` with
+//! one index); ops that insert a dimension (`unsqueeze`, `stack`) take
+//! `-(r+1) ..= r`; `narrow`, `cat` and `size(dim)` need a dimension to exist.
 
 use crate::common::on_every_device;
 use kiln::{DType, Device, Error, Result, Tensor};
@@ -74,7 +74,11 @@ fn expected_shape(op: &str, dims: &[usize], w: usize) -> Vec<usize> {
         "stack" => out.insert(w, 2),
         "narrow" => out[w] = 1,
         "cat" => out[w] *= 2,
-        "index_select" => out[w] = 2,
+        "index_select" => {
+            if r > 0 {
+                out[w] = 2;
+            }
+        }
         other => panic!("no rule for {other}"),
     }
     out
@@ -105,8 +109,8 @@ const OPS: &[(&str, Rule)] = &[
     ("stack", Rule::Insert),
     ("narrow", Rule::Exists),
     ("cat", Rule::Exists),
-    ("index_select", Rule::Exists),
-    ("index_add", Rule::Exists),
+    ("index_select", Rule::WrapScalar),
+    ("index_add", Rule::WrapScalar),
 ];
 
 fn run(op: &str, x: &Tensor, d: i64) -> Result<Tensor> {
@@ -136,7 +140,10 @@ fn run(op: &str, x: &Tensor, d: i64) -> Result<Tensor> {
         "stack" => Tensor::stack(&[x, x], d),
         "narrow" => x.narrow(d, 0, 1),
         "cat" => Tensor::cat(&[x, x], d),
+        // Two indices, or the one a 0-d tensor takes.
+        "index_select" if x.rank() == 0 => x.index_select(&Tensor::new(&[0i64], &dev)?, d),
         "index_select" => x.index_select(&Tensor::new(&[0i64, 0], &dev)?, d),
+        "index_add" if x.rank() == 0 => x.index_add(&Tensor::new(&[0i64], &dev)?, &x.mul_scalar(2.0)?, d),
         "index_add" => x.index_add(&Tensor::new(&[0i64, 0], &dev)?, &Tensor::cat(&[x, x], d)?.narrow(d, 0, 2)?, d),
         other => panic!("no op {other}"),
     }
@@ -169,6 +176,7 @@ fn check(d: Device, rank: usize) -> Result<()> {
                             "softmax" => 1.0,
                             "log_softmax" => 0.0,
                             "var" | "std" => f64::NAN,
+                            "index_add" => -3.0,
                             _ => -1.0,
                         };
                         let v = t.to_vec_f64()?[0];

@@ -44,13 +44,20 @@ pub(crate) fn sensible(e: &Error) -> bool {
 /// index at the call while a GPU reports it at the next synchronising call,
 /// so out-of-range indices are drawn by their own step (`BadIndex`).
 pub(crate) fn in_range(ids: &[i64], a: &Tensor, dim: i64) -> Vec<i64> {
-    let rank = a.rank() as i64;
-    let dim = if dim < 0 { dim + rank } else { dim };
-    match usize::try_from(dim).ok().and_then(|d| a.dims().get(d)) {
+    match dim_size(a, dim) {
         Some(&0) => Vec::new(),
         Some(&size) => ids.iter().map(|&i| i.rem_euclid(size.min(i64::MAX as usize) as i64)).collect(),
         None => ids.to_vec(),
     }
+}
+
+/// The size of dimension `dim` of `a` as index ops see it (a 0-d tensor
+/// has one element along 0 and −1, as in PyTorch), None when out of range.
+pub(crate) fn dim_size(a: &Tensor, dim: i64) -> Option<&usize> {
+    let dims: &[usize] = if a.rank() == 0 { &[1] } else { a.dims() };
+    let rank = dims.len() as i64;
+    let dim = if dim < 0 { dim + rank } else { dim };
+    usize::try_from(dim).ok().and_then(|d| dims.get(d))
 }
 
 /// An index tensor of `dtype`, or of i64 when a value does not fit `dtype`
@@ -267,7 +274,7 @@ fn bad_index(a: &Tensor, which: u8, value: i64, dim: i64, device: &Device) -> ki
     let op = ["index_select", "index_add", "one_hot", "cross_entropy"][which as usize % 4];
     let ids = Tensor::from_vec(vec![value], 1, device)?;
     let bound = match which % 4 {
-        0 | 1 => a.dim(dim).unwrap_or(0),
+        0 | 1 => dim_size(a, dim).copied().unwrap_or(0),
         2 => 3,
         _ => a.elem_count(),
     };
