@@ -109,6 +109,9 @@ pub(crate) struct CudaBackend {
     /// The fault record of index checks (mapped pinned memory: host
     /// pointer, device pointer), made on first use.
     fault: Mutex<Option<(Raw<*mut FaultRecord>, u64)>>,
+    /// The record's host pointer once made (null before): read without a
+    /// lock on every launch.
+    fault_host: std::sync::atomic::AtomicPtr<FaultRecord>,
     blas_warned: std::sync::atomic::AtomicBool,
     /// Loaded module by name (or why it could not be built).
     modules: Mutex<HashMap<&'static str, std::result::Result<Raw<cu::CUmodule>, String>>>,
@@ -213,6 +216,7 @@ impl CudaBackend {
                 hold_flag: Mutex::new(None),
                 holds: std::sync::atomic::AtomicU32::new(0),
                 fault: Mutex::new(None),
+                fault_host: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
                 blas_warned: std::sync::atomic::AtomicBool::new(false),
                 modules: Mutex::new(HashMap::new()),
                 functions: Mutex::new(HashMap::new()),

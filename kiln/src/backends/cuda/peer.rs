@@ -69,17 +69,19 @@ impl CudaBackend {
             }
         }
         *fault = Some((Raw(host as *mut FaultRecord), dev));
+        self.fault_host.store(host as *mut FaultRecord, std::sync::atomic::Ordering::Release);
         Ok(dev)
     }
 
     /// The bad index a kernel recorded, if any, as the error to report;
     /// `take` clears the record (a synchronising call reports it once).
-    /// Reads pinned host memory: no transfer, no wait.
+    /// Reads pinned host memory: no transfer, no wait, no lock.
     pub(super) fn fault(&self, take: bool) -> Option<crate::Error> {
         use std::sync::atomic::{AtomicU32, Ordering};
-        let fault = self.fault.lock().unwrap_or_else(|e| e.into_inner());
-        let (host, _) = fault.as_ref()?;
-        let rec = host.0;
+        let rec = self.fault_host.load(Ordering::Acquire);
+        if rec.is_null() {
+            return None;
+        }
         // SAFETY: the record lives as long as the process; kernels write it
         // with atomics and publish it with state 2 after a system fence.
         unsafe {
@@ -88,8 +90,9 @@ impl CudaBackend {
                 return None;
             }
             let copy = std::ptr::read_volatile(rec);
-            if take {
-                state.store(0, Ordering::Release);
+            // Taken once: of two threads synchronising at once, one reports it.
+            if take && state.compare_exchange(2, 0, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                return None;
             }
             Some(copy.error(self.device))
         }
