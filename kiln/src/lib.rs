@@ -54,7 +54,7 @@ pub use base::buffer::CpuBuffer;
 pub use base::device::{cpu, gpu, Device, DeviceInfo, DeviceKind, FallbackReason};
 pub use base::dtype::{DType, WithDType};
 pub use base::env::{env_flag, parse_bytes};
-pub use base::error::{human_bytes, Direction, Error, Result};
+pub use base::error::{human_bytes, Direction, Error, HostLimit, Result};
 pub use base::shape::{Layout, Shape};
 pub use host_nn::InterpMode;
 pub use kernel::backend::QueueHold;

@@ -10,9 +10,9 @@ use crate::{DType, Device, Error, Result, Tensor};
 /// into the row of `weight` it came from (repeated ids accumulate).
 ///
 /// An id below 0 or at least num_embeddings is an `InvalidArgument` error on
-/// the CPU; on a GPU the ids are not read back and a bad one gives a row of
-/// zeros (as [`Tensor::index_select`]; see the README's table of
-/// differences).
+/// the CPU; on a GPU the ids are not read back: the kernel checks them and
+/// the next synchronising call reports a bad one (as
+/// [`Tensor::index_select`]; see the README's table of differences).
 ///
 /// ```
 /// use kiln::{Tensor, cpu};

@@ -8,7 +8,8 @@
 //! loop over the output serves every rank, and strided or broadcast inputs
 //! are read in place.
 
-use super::index_select::index_list;
+use super::index_select::{index_list, raw_indices};
+use crate::kernel::index_check::IndexCheck;
 use crate::base::buffer::CpuBuffer;
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
@@ -41,8 +42,9 @@ pub(crate) fn base_view(of: &Layout, dims: &[usize], dim: usize) -> Layout {
 /// as 1-d), index.size(d) ≤ input.size(d) for d ≠ dim and ≤ src.size(d) for
 /// every d. An empty index is not checked further (PyTorch). The values of
 /// an index on the CPU are checked against input.size(dim); a GPU index is
-/// not read back (a hidden transfer and a sync): the kernels skip an
-/// out-of-range index (see `index_select`).
+/// not read back (a hidden transfer and a sync): the kernels check each
+/// index they read (`kernel::index_check`) and the next synchronising call
+/// reports a bad one.
 pub(crate) fn check_index(op: &str, input: &Tensor, dim: usize, index: &Tensor, src: Option<&Tensor>) -> Result<()> {
     check_same_device(op, input, index)?;
     if !GATHER_INDEX_DTYPES.contains(&index.dtype()) {
@@ -95,11 +97,9 @@ pub(crate) fn check_index(op: &str, input: &Tensor, dim: usize, index: &Tensor, 
         let size = inp[dim];
         let list = {
             let r = index.storage.read();
-            index_list(r.host(), &index.layout)?
+            raw_indices(r.host(), &index.layout)?
         };
-        // Negative indices come back as usize::MAX, so one test covers both ends.
-        if let Some(pos) = list.iter().position(|&i| i >= size) {
-            let bad = index.to_vec_f64()?[pos];
+        if let Some(&bad) = list.iter().find(|&&i| usize::try_from(i).map_or(true, |i| i >= size)) {
             return Err(Error::invalid(op, format!("index {bad} is out of bounds for dimension {dim} with size {size}")));
         }
     }
@@ -117,8 +117,12 @@ fn padded(dims: &[usize]) -> Vec<usize> {
 
 crate::kernel_args! {
     /// gather: out (n, contiguous) = src at view `sl` + ids (view `li`) · dstride.
-    GatherArgs { src: u64, sl: Lay, ids: u64, li: Lay, out: u64, n: u64, size: u64, dstride: u64 }
+    /// `fault`, `site` and `dim` for the index check (`kiln_index_ok`).
+    GatherArgs { src: u64, sl: Lay, ids: u64, li: Lay, out: u64, n: u64, size: u64, dstride: u64, fault: u64, site: u64, dim: i64 }
 }
+
+/// The index check of `gather`.
+const CHECK: IndexCheck = IndexCheck::index("gather");
 
 /// out (the index's shape) = input 0 at the indices of input 1 along `dim`.
 #[derive(Clone, Copy, Debug)]
@@ -128,8 +132,9 @@ struct Gather {
 
 fn gather_host<T: Copy + Default>(s: &[T], view: &Layout, ids: &[usize], size: usize, dstride: usize, out: &mut [T]) {
     for ((o, base), &id) in out.iter_mut().zip(view.offsets()).zip(ids) {
-        // The one bound check: an out-of-range index (only possible on a
-        // GPU, whose indices are not checked by the front end) reads a zero.
+        // `index_list` checked every index against `size` (a bad one on a
+        // simulated GPU failed the kernel); the test only keeps the read in
+        // bounds whatever the caller.
         *o = if id < size { s[base + id * dstride] } else { T::default() };
     }
 }
@@ -142,7 +147,7 @@ impl CustomKernel for Gather {
         let (src, ids) = (&inputs[0], &inputs[1]);
         let view = base_view(src.layout, ids.layout.dims(), self.dim);
         let (size, dstride) = (src.layout.dims()[self.dim], src.layout.strides()[self.dim]);
-        let ids = index_list(ids.buf, ids.layout)?;
+        let ids = index_list(ids.buf, ids.layout, CHECK, size, self.dim)?;
         match (src.buf, out) {
             (CpuBuffer::F32(s), CpuBuffer::F32(o)) => gather_host(s, &view, &ids, size, dstride, o),
             (CpuBuffer::F64(s), CpuBuffer::F64(o)) => gather_host(s, &view, &ids, size, dstride, o),
@@ -160,6 +165,7 @@ impl CustomKernel for Gather {
         let view = base_view(&src.layout, ids.layout.dims(), self.dim);
         let l = lays(dev, &[&view, &ids.layout])?;
         let n = ids.layout.elem_count();
+        let (fault, site) = CHECK.cuda(dev)?;
         let args = GatherArgs {
             src: dev.ptr(&src.storage)?,
             sl: l[0],
@@ -169,6 +175,9 @@ impl CustomKernel for Gather {
             n: n as u64,
             size: src.layout.dims()[self.dim] as u64,
             dstride: src.layout.strides()[self.dim] as u64,
+            fault,
+            site,
+            dim: self.dim as i64,
         };
         let name = format!("gather_{}_{}", dtype_tag(src.storage.dtype), dtype_tag(ids.storage.dtype));
         dev.launch(&MODULE, &name, dev.grid_for(n), BLOCK, &args)
@@ -191,9 +200,10 @@ template <typename T, typename I> __device__ void gather_impl(const GatherArgs& 
     const I* ids = (const I*)p.ids;
     T* out = (T*)p.out;
     GRID_LOOP(t, p.n) {
-        u64 id = read_id(ids, p.li, t);
-        // The one bound check: an out-of-range index reads a zero.
-        out[t] = id < p.size ? src[lay_off(p.sl, t) + (i64)(id * p.dstride)] : Cv<T>::from(0.0);
+        i64 id = read_raw(ids, p.li, t);
+        // A bad index is recorded in the fault record (reported by the next
+        // synchronising call) and reads a zero.
+        out[t] = kiln_index_ok(p.fault, p.site, id, p.size, p.dim) ? src[lay_off(p.sl, t) + (i64)((u64)id * p.dstride)] : Cv<T>::from(0.0);
     }
 }
 "#,
@@ -218,10 +228,11 @@ impl Tensor {
     ///
     /// An index below 0 or at least `self.size(dim)` is an
     /// `InvalidArgument` error on the CPU, as in PyTorch; on a GPU (simulated
-    /// or CUDA) the indices are not read back to the host, and a bad index
-    /// gathers a zero (PyTorch raises a device-side assert; see the README's
-    /// table "Where kiln differs from PyTorch"). PyTorch takes i64 indices
-    /// only; kiln takes i32 too.
+    /// or CUDA) the indices are not read back to the host (a hidden transfer
+    /// and a sync): the kernel checks them, and the next synchronising call
+    /// (a read, `synchronize`) returns `KernelFailed` naming `gather`, the
+    /// index and the size (see the README's table "Where kiln differs from
+    /// PyTorch"). PyTorch takes i64 indices only; kiln takes i32 too.
     ///
     /// ```
     /// use kiln::{Tensor, cpu};

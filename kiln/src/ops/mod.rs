@@ -6,7 +6,7 @@
 //! - Ops with kernels of their own, one file each: `argreduce.rs`,
 //!   `matmul.rs`, `copy.rs` (casts and strided copies), `fill.rs`
 //!   (constants, ranges, random numbers), `index_select.rs`,
-//!   `index_add.rs`, `gather.rs`, `scatter.rs` (and scatter_add),
+//!   `index_add.rs`, `one_hot.rs`, `gather.rs`, `scatter.rs` (and scatter_add),
 //!   `sort.rs` (argsort; sort and topk gather through it),
 //!   `where_cond.rs`; the convolutional-network ops `conv.rs` (conv2d,
 //!   conv_transpose2d, and the helpers the next share),
@@ -34,6 +34,7 @@ mod index_select;
 mod interp;
 mod matmul;
 mod norm;
+mod one_hot;
 mod operators;
 pub(crate) mod pool;
 mod read;

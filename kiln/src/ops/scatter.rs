@@ -11,6 +11,7 @@
 
 use super::gather::{base_view, check_index, ALL_DTYPES, GATHER_INDEX_DTYPES};
 use super::index_select::index_list;
+use crate::kernel::index_check::IndexCheck;
 use crate::backends::host::num::Num;
 use crate::base::buffer::CpuBuffer;
 use crate::base::dtype::WithDType;
@@ -26,8 +27,12 @@ use std::sync::Arc;
 crate::kernel_args! {
     /// scatter: per line t of the index along dim, out at `ol`, src at `sl`
     /// and the ids at `il`; m ids per line, `*_ds` apart.
-    ScatterArgs { out: u64, ol: Lay, src: u64, sl: Lay, ids: u64, il: Lay, lines: u64, m: u64, size: u64, out_ds: u64, src_ds: u64, ids_ds: u64 }
+    ScatterArgs { out: u64, ol: Lay, src: u64, sl: Lay, ids: u64, il: Lay, lines: u64, m: u64, size: u64, out_ds: u64, src_ds: u64, ids_ds: u64, fault: u64, site: u64, dim: i64 }
 }
+
+/// The index checks of `scatter` and `scatter_add`.
+const CHECK: IndexCheck = IndexCheck::index("scatter");
+const CHECK_ADD: IndexCheck = IndexCheck::index("scatter_add");
 
 /// out (a copy of the input, of `dims`), in place: input 0 written (or
 /// added) at the indices of input 1 along `dim`.
@@ -56,6 +61,14 @@ struct Lines {
 }
 
 impl Scatter {
+    fn check(&self) -> IndexCheck {
+        if self.add {
+            CHECK_ADD
+        } else {
+            CHECK
+        }
+    }
+
     fn lines(&self, src: &Layout, ids: &Layout) -> Lines {
         let dim = self.dim;
         let mut line_dims = ids.dims().to_vec();
@@ -80,8 +93,8 @@ fn scatter_host<T: Copy>(out: &mut [T], src: &[T], g: &Lines, ids: &[usize], f: 
         let (outer, q) = (line / g.inner.max(1), line % g.inner.max(1));
         for j in 0..g.m {
             let id = ids[(outer * g.m + j) * g.inner + q];
-            // The one bound check: an out-of-range index (only possible on a
-            // GPU, whose indices are not checked by the front end) is skipped.
+            // `index_list` checked every index (a bad one on a simulated GPU
+            // failed the kernel); the test only keeps the write in bounds.
             if id >= g.size {
                 continue;
             }
@@ -111,7 +124,7 @@ impl CustomKernel for Scatter {
     fn host(&self, inputs: &[HostIn<'_>], out: &mut CpuBuffer, _threads: usize) -> Result<()> {
         let (src, ids) = (&inputs[0], &inputs[1]);
         let g = self.lines(src.layout, ids.layout);
-        let ids = index_list(ids.buf, ids.layout)?;
+        let ids = index_list(ids.buf, ids.layout, self.check(), g.size, self.dim)?;
         match (src.buf, out, self.add) {
             (CpuBuffer::F32(s), CpuBuffer::F32(o), false) => scatter_host(o, s, &g, &ids, replace),
             (CpuBuffer::F64(s), CpuBuffer::F64(o), false) => scatter_host(o, s, &g, &ids, replace),
@@ -136,6 +149,7 @@ impl CustomKernel for Scatter {
         let g = self.lines(&src.layout, &ids.layout);
         let l = lays(dev, &[&g.out, &g.src, &g.ids])?;
         let lines = g.out.elem_count();
+        let (fault, site) = self.check().cuda(dev)?;
         let args = ScatterArgs {
             out: dev.ptr(out)?,
             ol: l[0],
@@ -149,6 +163,9 @@ impl CustomKernel for Scatter {
             out_ds: g.out_ds as u64,
             src_ds: g.src_ds as u64,
             ids_ds: g.ids_ds as u64,
+            fault,
+            site,
+            dim: self.dim as i64,
         };
         let name = format!("{}_{}_{}", self.name(), dtype_tag(src.storage.dtype), dtype_tag(ids.storage.dtype));
         dev.launch(&MODULE, &name, dev.grid_for(lines), BLOCK, &args)
@@ -192,10 +209,11 @@ template <typename T, typename I, bool ADD> __device__ void scatter_impl(const S
         line.dims[0] = (i64)p.m;
         line.strides[0] = (i64)p.ids_ds;
         for (u64 j = 0; j < p.m; ++j) {
-            u64 id = read_id(ids, line, j);
-            // The one bound check: an out-of-range index is skipped.
-            if (id >= p.size) continue;
-            i64 o = ob + (i64)(id * p.out_ds);
+            i64 id = read_raw(ids, line, j);
+            // A bad index is recorded in the fault record (reported by the
+            // next synchronising call) and skipped.
+            if (!kiln_index_ok(p.fault, p.site, id, p.size, p.dim)) continue;
+            i64 o = ob + (i64)((u64)id * p.out_ds);
             T v = src[sb + (i64)(j * p.src_ds)];
             out[o] = ADD ? scatter_sum(out[o], v) : v;
         }
@@ -247,8 +265,9 @@ impl Tensor {
     /// the elements of a larger `src` that are not read, where PyTorch's
     /// backward raises). An index below 0 or at least `self.size(dim)` is an
     /// `InvalidArgument` error on the CPU; on a GPU the indices are not read
-    /// back and a bad one writes nothing (see the README's table of
-    /// differences). PyTorch takes i64 indices only; kiln takes i32 too.
+    /// back: the kernel checks them, skips a bad one, and the next
+    /// synchronising call returns `KernelFailed` naming the op, the index and
+    /// the size (see the README's table of differences). PyTorch takes i64 indices only; kiln takes i32 too.
     ///
     /// ```
     /// use kiln::{Tensor, cpu, DType};

@@ -161,8 +161,9 @@ fn gather_and_scatter_refuse_bad_arguments() {
         assert!(matches!(x.scatter(0, &i64s(&[0], &[1, 1], d)?, &src.to_dtype(DType::F64)?), Err(Error::DTypeMismatch { .. })));
         assert!(invalid(x.gather(2, &i64s(&[0], &[1, 1], d)?)).contains("dimension 2 is out of range"));
         assert!(invalid(x.scatter_add(-3, &i64s(&[0], &[1, 1], d)?, &src)).contains("dimension -3"));
-        // Index values: checked on the CPU; on a GPU they are not read
-        // back, a bad index gathers zero and scatters nothing.
+        // Index values: checked on the CPU at the call; on a GPU the kernel
+        // checks them and the next synchronising call reports a bad one
+        // (issue18.rs, in a child process: the report poisons the device).
         let bad = i64s(&[0, 3], &[1, 2], d)?;
         let neg = i64s(&[-1, 0], &[1, 2], d)?;
         if d == cpu() {
@@ -171,11 +172,6 @@ fn gather_and_scatter_refuse_bad_arguments() {
             assert!(invalid(x.gather(1, &neg)).contains("index -1"));
             assert!(invalid(x.scatter(1, &bad, &src)).contains("index 3"));
             assert!(invalid(x.scatter_add(1, &neg, &src)).contains("index -1"));
-        } else {
-            assert_f32(&x.gather(1, &bad)?, d, &[1, 2], &[1., 0.]);
-            assert_f32(&x.gather(1, &neg)?, d, &[1, 2], &[0., 1.]);
-            assert_f32(&x.scatter(1, &bad, &src.mul_scalar(9.0)?)?, d, &[2, 3], &[9., 2., 3., 4., 5., 6.]);
-            assert_f32(&x.scatter_add(1, &neg, &src)?, d, &[2, 3], &[2., 2., 3., 4., 5., 6.]);
         }
         Ok(())
     });
@@ -432,7 +428,6 @@ fn embedding_looks_up_rows_with_gradients() {
         if d == cpu() {
             assert!(invalid(emb.forward(&Tensor::new(&[3i64], &d)?)).contains("embedding: index 3 is out of range"));
         } else {
-            assert_f32(&emb.forward(&Tensor::new(&[3i64], &d)?)?, d, &[1, 2], &[0., 0.]);
             assert!(matches!(emb.forward(&Tensor::new(&[0i64], &cpu())?), Err(Error::DeviceMismatch { .. })));
             let e = kiln::nn::embedding(&Tensor::new(&[0i64], &cpu())?, &weight).unwrap_err();
             assert!(matches!(&e, Error::DeviceMismatch { op, .. } if op == "embedding"), "{e}");
