@@ -28,12 +28,13 @@
 
 // The layers, bottom up (ARCHITECTURE.md; `tests/layers.rs` checks that no
 // module imports one above it): base → runtime → kernel → backends →
-// registry → tensor → autograd → ops → nn, optim, data, trainer,
+// registry → tensor → autograd → ops → nn, data, comm → optim, trainer,
 // checkpoint, io.
 mod autograd;
 mod backends;
 mod base;
 pub mod checkpoint;
+pub mod comm;
 pub mod data;
 #[doc(hidden)]
 pub mod host_nn;

@@ -207,8 +207,23 @@ fn info(b: &dyn Backend) -> DeviceInfo {
         memory_total,
         memory_free: b.driver_free_memory(),
         memory_in_use: stats.in_use,
-        details: b.details(),
+        details: with_collectives(b),
     }
+}
+
+/// The backend's facts, and how collectives run on its device: through its
+/// communicator, or (GPUs without one) peer copies, with the reason.
+fn with_collectives(b: &dyn Backend) -> Vec<(String, String)> {
+    let mut details = b.details();
+    if b.kind() != DeviceKind::Cpu {
+        let how = match (b.communicator(), b.why_no_communicator()) {
+            (Some(c), _) => c.name(),
+            (None, Some(why)) => format!("peer copies and kernels ({why})"),
+            (None, None) => "peer copies and kernels".into(),
+        };
+        details.push(("collectives".into(), how));
+    }
+    details
 }
 
 /// Memory statistics of a device: in use, peak, live tensors, capacity.

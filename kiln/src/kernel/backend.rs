@@ -22,6 +22,19 @@ impl std::fmt::Debug for QueueHold {
     }
 }
 
+/// Time a device's queues spent, in nanoseconds, since the device started
+/// (simulated GPUs keep these; see [`Backend::queue_times`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct QueueTimes {
+    /// Running kernels on the compute queue.
+    pub compute_ns: u64,
+    /// The compute queue blocked waiting for other queues (collectives,
+    /// copies from other devices).
+    pub wait_ns: u64,
+    /// The collectives' queue busy (its kernels and its waits for peers).
+    pub comm_ns: u64,
+}
+
 /// A point in a device's queue: waiting on it waits for all work submitted
 /// before it was recorded.
 pub(crate) trait Event: Send + Sync {
@@ -94,6 +107,23 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// two devices cannot (the caller then goes through the host).
     fn copy_to_peer(&self, _src: &Src<'_>, _dst: &'static dyn Backend) -> Result<Option<Arc<Storage>>> {
         Ok(None)
+    }
+    /// The communicator that runs collectives natively across this
+    /// backend's devices (a ring over simulated GPUs, NCCL over CUDA
+    /// devices), or `None`: collectives then go through peer copies and
+    /// ordinary kernels (`comm/`). Every device of one backend returns the
+    /// same communicator.
+    fn communicator(&self) -> Option<&'static dyn crate::kernel::comm::Communicator> {
+        None
+    }
+    /// Where the device's queues spent their time, when it keeps count.
+    fn queue_times(&self) -> Option<QueueTimes> {
+        None
+    }
+    /// Why [`communicator`](Self::communicator) is `None` when the backend
+    /// could have one (NCCL did not load), for `kiln devices`.
+    fn why_no_communicator(&self) -> Option<String> {
+        None
     }
     /// Frees memory kept for reuse (the pool's host cache by default).
     fn empty_cache(&self) -> Result<()> {

@@ -18,6 +18,7 @@
 //! the same file as its kernels.
 
 pub(crate) mod backend;
+pub(crate) mod comm;
 pub(crate) mod cuda;
 pub(crate) mod index_check;
 pub(crate) mod storage;

@@ -4,7 +4,9 @@
 //! core). Operations validate and allocate on the caller's thread, enqueue
 //! and return at once; reads wait for the work that produces them.
 
-use super::host;
+mod queue;
+pub(crate) mod ring;
+
 use super::Found;
 use crate::base::buffer::CpuBuffer;
 use crate::base::device::{Device, DeviceKind};
@@ -13,105 +15,11 @@ use crate::base::env::{env_setting, parse_bytes};
 use crate::base::error::{human_bytes, Error, Result};
 use crate::kernel::backend::{Backend, Event, QueueHold};
 use crate::kernel::storage::{Buffer, Storage};
-use crate::kernel::{Kernel, Out, Src};
+use crate::kernel::{Kernel, Src};
 use crate::runtime::memory::MemoryPool;
-use crossbeam_channel::{Receiver, Sender};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-
-/// One entry of a simulated GPU's queue.
-enum Job {
-    /// A kernel: skipped while the queue is poisoned by an earlier failure.
-    Kernel(Box<(Kernel<'static>, Arc<Storage>)>),
-    /// A read to the host; answers with the elements, or with the failure
-    /// that poisoned the queue (a read synchronises, so it reports it).
-    Read(Src<'static>, Sender<Result<CpuBuffer>>),
-    /// Queue bookkeeping that always runs (event waits, holds).
-    Control(Box<dyn FnOnce() + Send>),
-}
-
-/// How far a queue has got: jobs submitted and jobs completed, and the
-/// first failure of a kernel since the last synchronising call.
-struct Progress {
-    submitted: AtomicU64,
-    /// Jobs completed; written by the worker only.
-    completed: AtomicU64,
-    /// Threads blocked in `wait_for`: the worker takes `lock` and wakes
-    /// them only when there are some (a futex wake on every job costs more
-    /// than a small kernel).
-    waiters: AtomicUsize,
-    lock: Mutex<()>,
-    done: Condvar,
-    /// Set by the worker when a kernel fails (CUDA's sticky error); taken,
-    /// and so cleared, by the next synchronising call.
-    failure: Mutex<Option<Error>>,
-    /// Fast check of `failure` on the launch path.
-    poisoned: AtomicBool,
-    /// Live `hold_queue` holds: an allocation does not wait for a held queue.
-    holds: AtomicUsize,
-}
-
-impl Progress {
-    fn wait_for(&self, seq: u64) {
-        // In a forked child the worker does not exist: nothing more will
-        // complete, and every later submission fails (`submit`).
-        if self.completed.load(Ordering::Acquire) >= seq || crate::runtime::fork::in_child() {
-            return;
-        }
-        let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        // SeqCst with `job_done`: either the worker sees this waiter, or
-        // this check sees the worker's new count (no lost wake-up).
-        self.waiters.fetch_add(1, Ordering::SeqCst);
-        while self.completed.load(Ordering::SeqCst) < seq {
-            guard = self.done.wait(guard).unwrap_or_else(|e| e.into_inner());
-        }
-        self.waiters.fetch_sub(1, Ordering::SeqCst);
-    }
-    /// Counts one job as done and wakes the threads waiting, if any.
-    fn job_done(&self) {
-        self.completed.fetch_add(1, Ordering::SeqCst);
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            // Taking the lock orders this wake-up after a waiter that saw
-            // the old count has gone to sleep.
-            let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-            self.done.notify_all();
-        }
-    }
-    fn fail(&self, err: Error) {
-        let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
-        if failure.is_none() {
-            *failure = Some(err);
-        }
-        self.poisoned.store(true, Ordering::Release);
-    }
-    /// The pending failure, cleared: the caller reports it.
-    fn take_failure(&self) -> Option<Error> {
-        if !self.poisoned.load(Ordering::Acquire) {
-            return None;
-        }
-        let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
-        self.poisoned.store(false, Ordering::Release);
-        failure.take()
-    }
-    /// The pending failure, left in place (launches fail fast until it is reported).
-    fn peek_failure(&self) -> Option<Error> {
-        if !self.poisoned.load(Ordering::Acquire) {
-            return None;
-        }
-        self.failure.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-}
-
-struct SimEvent {
-    progress: Arc<Progress>,
-    seq: u64,
-}
-
-impl Event for SimEvent {
-    fn wait(&self) {
-        self.progress.wait_for(self.seq);
-    }
-}
+use queue::{gone_after_fork, Job, Queue};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Kernels a simulated GPU's queue holds at most before the host blocks in
 /// `launch`, like a real GPU's launch queue (`KILN_SIM_QUEUE_DEPTH`).
@@ -122,40 +30,35 @@ pub(crate) struct SimBackend {
     device: Device,
     index: usize,
     pool: MemoryPool,
-    sender: Mutex<Sender<Job>>,
-    progress: Arc<Progress>,
+    /// The queue every kernel, copy and read goes through.
+    queue: Queue,
+    /// The queue of collectives (`ring.rs`), started by the first one.
+    comm: std::sync::OnceLock<Queue>,
     depth: usize,
 }
 
 impl SimBackend {
     pub(crate) fn new(device: Device, index: usize, capacity: usize) -> Self {
         let depth = queue_depth();
-        let (sender, receiver) = crossbeam_channel::bounded::<Job>(depth);
-        let progress = Arc::new(Progress {
-            submitted: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
-            waiters: AtomicUsize::new(0),
-            lock: Mutex::new(()),
-            done: Condvar::new(),
-            failure: Mutex::new(None),
-            poisoned: AtomicBool::new(false),
-            holds: AtomicUsize::new(0),
-        });
-        let worker_progress = progress.clone();
-        std::thread::Builder::new()
-            .name(format!("kiln-sim-gpu{index}"))
-            .spawn(move || worker(device, receiver, worker_progress))
-            .map(|_| ())
-            .unwrap_or_else(|e| eprintln!("kiln: cannot start the worker of simulated {device}: {e}"));
         SimBackend {
             latency: transfer_latency(),
             device,
             index,
             pool: MemoryPool::new(device, Some(capacity), 0),
-            sender: Mutex::new(sender),
-            progress,
+            queue: Queue::start(device, format!("kiln-sim-gpu{index}"), depth),
+            comm: std::sync::OnceLock::new(),
             depth,
         }
+    }
+
+    /// The queue of collectives, started on first use.
+    fn comm_queue(&self) -> &Queue {
+        self.comm.get_or_init(|| Queue::start(self.device, format!("kiln-sim-gpu{}-comm", self.index), self.depth))
+    }
+
+    /// The compute queue.
+    fn compute_queue(&self) -> &Queue {
+        &self.queue
     }
 
     /// A host<->device copy pays the bus's round-trip latency, as on a real
@@ -171,40 +74,20 @@ impl SimBackend {
         }
     }
 
-    /// Enqueues a job; blocks while the queue holds `depth` jobs.
     fn submit(&self, job: Job) -> Result<u64> {
-        if crate::runtime::fork::in_child() {
-            return Err(self.gone_after_fork());
-        }
-        // Numbering and sending under one lock keeps sequence numbers in
-        // queue order when several threads submit at once.
-        let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
-        let seq = self.progress.submitted.fetch_add(1, Ordering::AcqRel) + 1;
-        if sender.send(job).is_err() {
-            // Nothing was queued: take the number back, or synchronize would
-            // wait for it forever.
-            self.progress.submitted.fetch_sub(1, Ordering::AcqRel);
-            return Err(Error::Backend { device: self.device, msg: "the simulated GPU's worker thread has stopped".into() });
-        }
-        Ok(seq)
-    }
-
-    fn gone_after_fork(&self) -> Error {
-        Error::Backend {
-            device: self.device,
-            msg: "this process is a child made by fork(), and the simulated GPU's queue worker stayed in the parent; \
-                  use the CPU in the child, or create the child with std::process::Command instead of fork"
-                .into(),
-        }
+        self.queue.submit(job)
     }
 
     /// Waits for all submitted work unless the queue is held (then waiting
     /// could never end).
     fn drain(&self) -> bool {
-        if self.progress.holds.load(Ordering::Acquire) > 0 {
+        if self.queue.progress.holds.load(Ordering::Acquire) > 0 {
             return false;
         }
-        self.progress.wait_for(self.progress.submitted.load(Ordering::Acquire));
+        self.queue.wait_all();
+        if let Some(comm) = self.comm.get() {
+            comm.wait_all();
+        }
         true
     }
 
@@ -244,44 +127,6 @@ fn transfer_latency() -> std::time::Duration {
         .unwrap_or(DEFAULT_TRANSFER_LATENCY_US)
     });
     std::time::Duration::from_micros(us)
-}
-
-fn worker(device: Device, receiver: Receiver<Job>, progress: Arc<Progress>) {
-    while let Ok(job) = receiver.recv() {
-        match job {
-            Job::Kernel(kernel) => {
-                // After a failure the queue skips kernels until the failure
-                // is reported: their inputs may be unwritten.
-                if !progress.poisoned.load(Ordering::Acquire) {
-                    let (kernel, out) = &*kernel;
-                    if let Err(err) = host::run_caught(kernel, Out::Storage(out), 1, device) {
-                        progress.fail(err);
-                    }
-                }
-                // The kernel's storages are released here, before the job
-                // counts as done: a waiting allocation then finds them free.
-                drop(kernel);
-            }
-            Job::Read(src, reply) => {
-                let result = match progress.take_failure() {
-                    Some(err) => Err(err),
-                    None => host::gather_caught(&src, device),
-                };
-                drop(src);
-                let _ = reply.send(result);
-            }
-            Job::Control(f) => {
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
-                    progress.fail(Error::KernelFailed {
-                        device,
-                        op: "queue control".into(),
-                        msg: "an internal queue operation panicked (a kiln bug: please report it)".into(),
-                    });
-                }
-            }
-        }
-        progress.job_done();
-    }
 }
 
 impl Backend for SimBackend {
@@ -325,7 +170,7 @@ impl Backend for SimBackend {
     fn launch(&self, kernel: &Kernel<'_>, out: &Arc<Storage>) -> Result<()> {
         // A failed kernel poisons the queue until a synchronising call
         // reports it; launching meanwhile fails fast with that failure.
-        if let Some(err) = self.progress.peek_failure() {
+        if let Some(err) = self.queue.progress.peek_failure() {
             return Err(err);
         }
         self.submit(Job::Kernel(Box::new((kernel.to_owned(), out.clone()))))?;
@@ -346,16 +191,14 @@ impl Backend for SimBackend {
         Ok(data)
     }
     fn record_event(&self) -> Option<Arc<dyn Event>> {
-        let seq = self.progress.submitted.load(Ordering::Acquire);
-        Some(Arc::new(SimEvent { progress: self.progress.clone(), seq }))
+        Some(self.queue.record_event())
     }
     fn wait_event(&self, event: Arc<dyn Event>) -> Result<()> {
-        self.submit(Job::Control(Box::new(move || event.wait())))?;
-        Ok(())
+        self.queue.wait_event(event)
     }
     fn hold_queue(&self) -> Result<Option<QueueHold>> {
         let (tx, rx) = crossbeam_channel::bounded::<()>(0);
-        let progress = self.progress.clone();
+        let progress = self.queue.progress.clone();
         progress.holds.fetch_add(1, Ordering::AcqRel);
         // The worker blocks here until every sender is gone.
         let job = Job::Control(Box::new(move || {
@@ -363,7 +206,7 @@ impl Backend for SimBackend {
             progress.holds.fetch_sub(1, Ordering::AcqRel);
         }));
         if let Err(err) = self.submit(job) {
-            self.progress.holds.fetch_sub(1, Ordering::AcqRel);
+            self.queue.progress.holds.fetch_sub(1, Ordering::AcqRel);
             return Err(err);
         }
         Ok(Some(QueueHold { _release: tx }))
@@ -377,15 +220,35 @@ impl Backend for SimBackend {
     fn stream_ordered_release(&self) -> bool {
         true
     }
+    fn communicator(&self) -> Option<&'static dyn crate::kernel::comm::Communicator> {
+        Some(&ring::RING)
+    }
+    fn queue_times(&self) -> Option<crate::kernel::backend::QueueTimes> {
+        let t = &self.queue.progress.timers;
+        let comm = self
+            .comm
+            .get()
+            .map_or(0, |c| c.progress.timers.kernels_ns.load(Ordering::Relaxed) + c.progress.timers.waits_ns.load(Ordering::Relaxed));
+        Some(crate::kernel::backend::QueueTimes {
+            compute_ns: t.kernels_ns.load(Ordering::Relaxed),
+            wait_ns: t.waits_ns.load(Ordering::Relaxed),
+            comm_ns: comm,
+        })
+    }
     fn synchronize(&self) -> Result<()> {
         if crate::runtime::fork::in_child() {
-            return Err(self.gone_after_fork());
+            return Err(gone_after_fork(self.device));
         }
-        let seq = self.progress.submitted.load(Ordering::Acquire);
-        self.progress.wait_for(seq);
-        match self.progress.take_failure() {
-            Some(err) => Err(err),
-            None => Ok(()),
+        // The collectives' queue first: its last jobs may make the compute
+        // queue wait (a join), never the other way round after this point.
+        let comm_failure = self.comm.get().and_then(|comm| {
+            comm.wait_all();
+            comm.progress.take_failure()
+        });
+        self.queue.wait_all();
+        match (self.queue.progress.take_failure(), comm_failure) {
+            (Some(err), _) | (None, Some(err)) => Err(err),
+            (None, None) => Ok(()),
         }
     }
 }
