@@ -111,6 +111,8 @@ pub(crate) fn cuda_collectives_name_their_path_and_take_it() -> Ran {
 /// the devices (the other order is a communicator of its own), for floats
 /// that round differently in every order of summation.
 pub(crate) fn cuda_collective_results_are_bit_identical_on_every_device() -> Ran {
+    // Shared: the tests that count the simulator's collectives run alone.
+    let _shared = DEVICES.read().unwrap_or_else(|e| e.into_inner());
     let (a, b) = two_cuda()?;
     let bits = |t: &Tensor| -> Result<Vec<u64>> { Ok(t.to_dtype(DType::F64)?.to_vec::<f64>()?.iter().map(|v| v.to_bits()).collect()) };
     let run = || -> Result<()> {
