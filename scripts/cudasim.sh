@@ -5,22 +5,29 @@
 #   scripts/cudasim.sh target/release/kiln devices --json
 #
 # It builds the simulator (cargo build -p kiln-cudasim), installs NVRTC from
-# PyPI into a cached venv when none is there, and makes two folders of links
-# to the simulator: target/cudasim-lib (libcuda.so, libcublas.so) and
-# target/cudasim-nvrtc (libnvrtc.so, libnvrtc.so.12). Both go first on
-# LD_LIBRARY_PATH; the NVRTC one forwards every call to the real NVRTC
-# (KILN_CUDASIM_NVRTC, its path in the venv, so a compile error still fails)
-# and remembers each program's source, which the simulated driver compiles
-# for the host with g++ when kiln loads the module. It sets KILN_CUDASIM=1
+# PyPI into a cached venv when none is there, and makes three folders of
+# links to the simulator: target/cudasim-lib (libcuda.so, libcublas.so),
+# target/cudasim-nccl (libnccl.so.2, libnccl.so: NCCL's collectives over the
+# simulated devices, one process) and target/cudasim-nvrtc (libnvrtc.so,
+# libnvrtc.so.12). They go first on LD_LIBRARY_PATH; the NVRTC one
+# forwards every call to the real NVRTC (KILN_CUDASIM_NVRTC, its path in the
+# venv, so a compile error still fails) and remembers each program's source,
+# which the simulated driver compiles for the host with g++ when kiln loads
+# the module. It sets KILN_CUDASIM=1
 # (without it the simulator reports no device) and runs COMMAND. Nothing is
 # installed system-wide; outside this script kiln never loads the simulator.
 #
 # Environment (defaults): KILN_CUDASIM_DEVICES=2, KILN_CUDASIM_MEMORY=1GiB per
 # device, KILN_CUDASIM_RESERVED=0 (held by "another process"),
 # KILN_CUDASIM_SMS=2, KILN_CUDASIM_PINNED (no limit), KILN_CUDASIM_FAIL
-# (name:N: the first N calls of that driver or cuBLAS function fail),
+# (name:N[@S]: N calls of that driver, cuBLAS or NCCL function fail, after
+# S that succeed),
 # KILN_CUDASIM_QUIET=1 silences the simulator's diagnostics,
 # KILN_CUDASIM_NO_NVRTC=1 leaves NVRTC off the library path,
+# KILN_CUDASIM_NO_NCCL=1 leaves NCCL off it (KILN_DISABLE_NCCL=1 instead
+# keeps it there and tells kiln not to use it),
+# KILN_CUDASIM_NCCL_TIMEOUT (120 s a rank waits for the others of a
+# collective before its device faults; on a GPU that hangs),
 # KILN_CUDASIM_CACHE (~/.cache/kiln-cudasim: the host-compiled kernels and
 # which source each NVRTC image came from), KILN_CACHE_DIR (kiln's own kernel
 # cache; $KILN_CUDASIM_CACHE/kiln-1 unless set, so that the two are cleared
@@ -72,6 +79,15 @@ for name in libnvrtc.so libnvrtc.so.12; do
     ln -sfn "$lib" "$shimdir/$name"
 done
 
+# NCCL's names in a folder of their own too, left off the path for
+# KILN_CUDASIM_NO_NCCL=1 (kiln then reports NCCL missing and runs collectives
+# through peer copies). libnccl.so.2 is the name kiln tries first.
+nccldir="$target_dir/cudasim-nccl"
+mkdir -p "$nccldir"
+for name in libnccl.so.2 libnccl.so; do
+    ln -sfn "$lib" "$nccldir/$name"
+done
+
 command -v "${KILN_CUDASIM_CXX:-g++}" >/dev/null 2>&1 ||
     echo "cudasim: ${KILN_CUDASIM_CXX:-g++} not found: the simulator compiles kiln's kernels for the host with it when they are loaded (apt-get install g++)" >&2
 
@@ -81,9 +97,13 @@ export KILN_CUDASIM_CACHE="${KILN_CUDASIM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}
 # kiln-1 follows RECORDS (images-1) in cudasim/src/sources.rs: the simulator
 # knows an image kiln cached only by a record keyed the same way.
 export KILN_CACHE_DIR="${KILN_CACHE_DIR:-$KILN_CUDASIM_CACHE/kiln-1}"
+libpath="$libdir"
+if [ "${KILN_CUDASIM_NO_NCCL:-0}" != 1 ]; then
+    libpath="$libpath:$nccldir"
+fi
 if [ "${KILN_CUDASIM_NO_NVRTC:-0}" = 1 ]; then
     # For the check that a device without NVRTC is not listed.
-    export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export LD_LIBRARY_PATH="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
     # An NVRTC named by KILN_NVRTC_LIB is the one forwarded to; kiln then
     # opens the simulator's stand-in, which remembers what it compiles.
@@ -91,6 +111,6 @@ else
     if [ -n "${KILN_NVRTC_LIB:-}" ]; then
         export KILN_NVRTC_LIB="$shimdir/libnvrtc.so"
     fi
-    export LD_LIBRARY_PATH="$libdir:$shimdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export LD_LIBRARY_PATH="$libpath:$shimdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 exec "$@"

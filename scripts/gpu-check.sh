@@ -11,6 +11,13 @@
 #     bash scripts/gpu-check.sh --tests-only     # conformance + CUDA tests only
 #     bash scripts/gpu-check.sh --bench-only     # kiln bench on cuda and cpu only
 #
+# With two GPUs or more it also runs the collectives' suites (comm, cuda)
+# again with KILN_DISABLE_NCCL=1 (the peer-copy path; the first pass uses
+# NCCL when it is found: pip's nvidia-nccl-cu12 beside PyTorch, or apt's
+# libnccl2), and measures all-reduce bus bandwidth with the allreduce_bw
+# example (target/release/examples/allreduce_bw, built by `cargo test
+# --release --no-run`), to set beside nccl-tests' all_reduce_perf busbw.
+#
 # It prints the GPU (nvidia-smi), finds the CUDA user-space libraries the
 # machine has (NVRTC and cuBLAS: a CUDA toolkit's lib64, or the lib folders
 # of the nvidia-* Python packages that come with PyTorch), runs every test
@@ -20,7 +27,8 @@
 # stdout; the exit status is non-zero when a test binary failed.
 #
 # Environment: KILN_TARGET_DIR (default: target), KILN_BENCH_ARGS (extra
-# arguments for `kiln bench`, e.g. "--quick" or "W1 W3"), CUDA_HOME.
+# arguments for `kiln bench`, e.g. "--quick" or "W1 W3"), KILN_ALLREDUCE_MAX
+# (largest all-reduce measured, 256MiB), CUDA_HOME.
 set -u
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,7 +52,7 @@ fi
 # NVRTC (kernels) and cuBLAS (matmul) may live in a toolkit or in pip wheels.
 lib_dirs=()
 has_cuda_libs() {
-    compgen -G "$1/libnvrtc*.so*" >/dev/null || compgen -G "$1/libcublas*.so*" >/dev/null
+    compgen -G "$1/libnvrtc*.so*" >/dev/null || compgen -G "$1/libcublas*.so*" >/dev/null || compgen -G "$1/libnccl.so*" >/dev/null
 }
 add_dir() {
     local d="$1"
@@ -79,13 +87,17 @@ fi
 section "CUDA libraries"
 echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 for d in "${lib_dirs[@]:-}"; do
-    [ -n "$d" ] && ls "$d" 2>/dev/null | grep -E '^lib(nvrtc|cublas|cublasLt)[.-].*so' | sed "s|^|  $d/|"
+    [ -n "$d" ] && ls "$d" 2>/dev/null | grep -E '^lib(nvrtc|cublas|cublasLt|nccl)[.-].*so' | sed "s|^|  $d/|"
 done
 [ "${#lib_dirs[@]}" -gt 0 ] || echo "no NVRTC/cuBLAS found outside the default loader path; kernels need libnvrtc (pip install nvidia-cuda-nvrtc-cu12)"
 
 # The kernel cache lives next to the binaries, so repeated runs skip NVRTC.
 export KILN_CACHE_DIR="${KILN_CACHE_DIR:-$here/$target/kiln-cache}"
 status=0
+
+# GPUs the driver sees (0 without nvidia-smi).
+gpus="$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | grep -c . || true)"
+gpus="${gpus:-0}"
 
 # ---- tests -------------------------------------------------------------------
 find_tests() {
@@ -117,6 +129,18 @@ if [ "$mode" != "--bench-only" ]; then
             status=1
         fi
     done
+    # Collectives again through peer copies, when there are two GPUs.
+    if [ "$gpus" -ge 2 ]; then
+        for t in $tests; do
+            name="$(basename "$t")"
+            case "$name" in comm-* | cuda-*) ;; *) continue ;; esac
+            section "test $name with KILN_DISABLE_NCCL=1"
+            if ! KILN_DISABLE_NCCL=1 "$t" --test-threads=4 2>&1; then
+                echo "FAILED: $name with KILN_DISABLE_NCCL=1"
+                status=1
+            fi
+        done
+    fi
 fi
 
 # ---- kiln devices and bench ---------------------------------------------------
@@ -134,6 +158,17 @@ if [ "$mode" != "--tests-only" ]; then
         # shellcheck disable=SC2086
         section "kiln bench --device cpu ${KILN_BENCH_ARGS:-}"
         "$kiln" bench --device cpu ${KILN_BENCH_ARGS:-} 2>&1 || status=1
+        if [ "$gpus" -ge 2 ]; then
+            bw="$(dirname "$kiln")/examples/allreduce_bw"
+            if [ -x "$bw" ]; then
+                section "all-reduce bus bandwidth over $gpus GPUs (compare nccl-tests: all_reduce_perf -b 1K -e 256M -f 4 -g $gpus)"
+                "$bw" --max "${KILN_ALLREDUCE_MAX:-256MiB}" 2>&1 || status=1
+                section "all-reduce bus bandwidth with KILN_DISABLE_NCCL=1 (peer copies)"
+                KILN_DISABLE_NCCL=1 "$bw" --max 64MiB --iters 5 2>&1 || status=1
+            else
+                echo "no $bw: build it with 'cargo test --release --no-run' (or cargo build --release --examples)"
+            fi
+        fi
     else
         echo "no kiln binary under $target/{release,debug}: build it with 'cargo build --release'"
         status=1

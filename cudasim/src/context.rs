@@ -17,27 +17,38 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 // ---- fault injection and what tests may ask ------------------------------------
 
-/// `KILN_CUDASIM_FAIL=name:N[,name:N...]`: the first N calls of each named
-/// entry point fail (read once per process). Entry points that can be made
-/// to fail: `cuMemAlloc_v2`, `cuMemFree_v2`, `cuMemAllocHost_v2`,
-/// `cuEventCreate` and `cublasCreate_v2`.
+/// `KILN_CUDASIM_FAIL=name:N[@S][,name:N[@S]...]`: N calls of each named
+/// entry point fail, after S that succeed (0 unless given); read once per
+/// process. Entry points that can be made to fail: `cuMemAlloc_v2`,
+/// `cuMemFree_v2`, `cuMemAllocHost_v2`, `cuEventCreate`, `cublasCreate_v2`,
+/// `ncclCommInitAll` and the NCCL collectives (`ncclAllReduce`,
+/// `ncclBroadcast`, `ncclReduce`, `ncclAllGather`, `ncclReduceScatter`).
 pub(crate) fn injected_failure(name: &str) -> bool {
-    static FAILS: OnceLock<Mutex<HashMap<String, u64>>> = OnceLock::new();
+    /// Per name: (calls still to succeed, calls then to fail).
+    static FAILS: OnceLock<Mutex<HashMap<String, (u64, u64)>>> = OnceLock::new();
     let fails = FAILS.get_or_init(|| {
         let mut m = HashMap::new();
         for item in std::env::var("KILN_CUDASIM_FAIL").unwrap_or_default().split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            match item.split_once(':').and_then(|(n, c)| c.trim().parse::<u64>().ok().map(|c| (n.trim().to_string(), c))) {
+            let parsed = item.split_once(':').and_then(|(n, spec)| {
+                let (count, skip) = spec.split_once('@').unwrap_or((spec, "0"));
+                Some((n.trim().to_string(), (skip.trim().parse::<u64>().ok()?, count.trim().parse::<u64>().ok()?)))
+            });
+            match parsed {
                 Some((n, c)) => {
                     m.insert(n, c);
                 }
-                None => log(&format!("KILN_CUDASIM_FAIL: `{item}` is not name:count; ignored")),
+                None => log(&format!("KILN_CUDASIM_FAIL: `{item}` is not name:count or name:count@skip; ignored")),
             }
         }
         Mutex::new(m)
     });
     let mut fails = lock(fails);
     match fails.get_mut(name) {
-        Some(left) if *left > 0 => {
+        Some((skip, _)) if *skip > 0 => {
+            *skip -= 1;
+            false
+        }
+        Some((_, left)) if *left > 0 => {
             *left -= 1;
             log(&format!("{name}: failing as KILN_CUDASIM_FAIL asks"));
             true
@@ -67,9 +78,10 @@ pub(crate) fn record_launch(name: &str, grid: u32) {
 /// page-locked host memory), `events` (live events), `gemms` (cuBLAS gemms
 /// queued), `launches:NAME` and `grid:NAME` (launches of kernel NAME, and
 /// the grid of the last one), `device_bytes:N` (device N's memory in use),
-/// `host_compiles` (kernel modules this process compiled with g++) and
-/// `host_cache_hits` (kernel modules it found compiled in the disk cache).
-/// -1 for a question it does not know.
+/// `host_compiles` (kernel modules this process compiled with g++),
+/// `host_cache_hits` (kernel modules it found compiled in the disk cache),
+/// `nccl_collectives` (NCCL collectives completed, each once) and
+/// `nccl_comms` (live NCCL communicators). -1 for a question it does not know.
 #[no_mangle]
 pub unsafe extern "C" fn kiln_cudasim_stat(what: *const c_char) -> i64 {
     if what.is_null() {
@@ -86,6 +98,8 @@ pub unsafe extern "C" fn kiln_cudasim_stat(what: *const c_char) -> i64 {
             "gemms" => GEMMS.load(Ordering::SeqCst) as i64,
             "host_compiles" => crate::hostcc::COMPILES.load(Ordering::SeqCst) as i64,
             "host_cache_hits" => crate::hostcc::CACHE_HITS.load(Ordering::SeqCst) as i64,
+            "nccl_collectives" => crate::nccl::COLLECTIVES.load(Ordering::SeqCst) as i64,
+            "nccl_comms" => crate::nccl::live_comms() as i64,
             _ => -1,
         },
         Some(("launches", name)) => lock(launches()).get(name).map(|l| l.0 as i64).unwrap_or(0),

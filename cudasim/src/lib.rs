@@ -2,7 +2,8 @@
 //! kiln's tests.
 //!
 //! Built as a shared library that exports the subset of `libcuda.so`,
-//! `libcublas.so` and `libnvrtc.so` that kiln resolves at run time, so that
+//! `libcublas.so`, `libnvrtc.so` and `libnccl.so.2` that kiln resolves at
+//! run time, so that
 //! kiln's unchanged CUDA backend runs on the CPU when `scripts/cudasim.sh`
 //! puts this library first on `LD_LIBRARY_PATH` under those names and sets
 //! `KILN_CUDASIM=1`. See README.md for what it proves and what it cannot.
@@ -23,7 +24,8 @@
 //! checks, copies), `stream` (stream workers, events), `module` (images,
 //! modules, launches), `exec` (running a grid as fibers), `nvrtc` (the NVRTC
 //! pass-through that captures sources), `sources` (which source each image
-//! came from), `hostcc` (the host compiler and its cache), `blas` (cuBLAS).
+//! came from), `hostcc` (the host compiler and its cache), `blas` (cuBLAS),
+//! `nccl` (NCCL's collectives over the simulated devices, one process).
 #![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
 
 mod blas;
@@ -32,6 +34,7 @@ mod exec;
 mod hostcc;
 mod memory;
 mod module;
+mod nccl;
 mod nvrtc;
 mod sources;
 mod stream;

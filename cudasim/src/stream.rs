@@ -2,7 +2,7 @@
 //! order, asynchronously to the host: launches, copies (which read and write
 //! memory when the worker gets there, not when they are queued, so a buffer
 //! reused too early shows), waits on other streams' events, waits on values
-//! in mapped host memory, and cuBLAS gemms. A failed op makes the context's
+//! in mapped host memory, cuBLAS gemms and ranks of NCCL collectives. A failed op makes the context's
 //! fault sticky and the rest of the queue is skipped, as on a GPU.
 
 use crate::context::{current, initialized, injected_failure, registry, sim, Ctx};
@@ -60,6 +60,8 @@ pub(crate) enum Op {
         flags: u32,
     },
     Gemm(blas::Gemm),
+    /// This rank's part of an NCCL collective (`nccl.rs`).
+    Nccl(Box<crate::nccl::Task>),
 }
 
 #[derive(Default)]
@@ -129,6 +131,9 @@ impl Stream {
                 if let Err((code, msg)) = self.run(op) {
                     self.ctx.fault(code, msg);
                 }
+            } else if let (Op::Nccl(task), Some(sim)) = (op, sim()) {
+                // The other ranks learn that this one cannot take part.
+                task.abandon(sim);
             }
             let mut q = lock(&self.q);
             q.done += 1;
@@ -199,6 +204,7 @@ impl Stream {
                 }
             }
             Op::Gemm(g) => g.run(sim, dev).map_err(bad),
+            Op::Nccl(task) => task.run(sim),
         }
     }
 }

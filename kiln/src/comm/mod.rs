@@ -15,10 +15,18 @@
 //!
 //! How the data moves depends on the devices: simulated GPUs run a real
 //! chunked ring across their collective queues over a modelled link
-//! ([`SimLink`], [`set_simulated_link`]); any other group of devices (the
-//! CPU with GPUs, or CUDA devices without NCCL) goes through peer copies
-//! and ordinary kernels on the first device. Either way every device gets
-//! the same bits.
+//! ([`SimLink`], [`set_simulated_link`]); CUDA devices run NCCL, loaded at
+//! run time (`libnccl.so.2`: `pip install nvidia-nccl-cu12` and put its
+//! `nvidia/nccl/lib` folder on `LD_LIBRARY_PATH`, or name the library with
+//! `KILN_NCCL_LIB`), on a stream of its own per device that waits for the
+//! device's compute stream, and that the compute stream waits for, without
+//! blocking the host; any other group of devices (the CPU with GPUs, CUDA
+//! devices without NCCL or with `KILN_DISABLE_NCCL=1`) goes through peer
+//! copies and ordinary kernels on the first device. A max or min of floats
+//! on CUDA devices takes that path too, because NCCL's lets a NaN lose.
+//! Either way every device gets the same bits, and `kiln devices` (the
+//! "collectives" detail of [`crate::devices`]) says which path each GPU
+//! takes, and why when NCCL is missing.
 //!
 //! ```
 //! use kiln::comm::{self, ReduceOp};
@@ -145,6 +153,13 @@ fn native(tensors: &[Tensor]) -> Option<&'static dyn Communicator> {
         .then_some(first)
 }
 
+/// [`native`], for a reduction: when the communicator combines the
+/// tensors' dtype with `op` as kiln does (NCCL's float max and min let a
+/// NaN lose, so those go through peer copies and kernels).
+fn native_reducing(tensors: &[Tensor], op: ReduceOp) -> Option<&'static dyn Communicator> {
+    native(tensors).filter(|c| c.reduces(tensors[0].dtype(), op.combine()))
+}
+
 fn backends_of(tensors: &[Tensor]) -> Vec<&'static dyn Backend> {
     tensors.iter().map(|t| t.backend()).collect()
 }
@@ -232,7 +247,7 @@ pub fn all_reduce_(tensors: &[Tensor], op: ReduceOp) -> Result<()> {
     check_group("all_reduce_", tensors, true)?;
     refuse_integer_mean("all_reduce_", tensors, op)?;
     let _g = crate::no_grad();
-    if let Some(comm) = native(tensors).filter(|_| tensors.iter().all(writable_in_place)) {
+    if let Some(comm) = native_reducing(tensors, op).filter(|_| tensors.iter().all(writable_in_place)) {
         let (n, t0) = (tensors.len(), &tensors[0]);
         let tickets = tickets(tensors, &ring_traffic(n, t0.elem_count(), t0.dtype()), site)?;
         if t0.elem_count() > 0 {
@@ -275,7 +290,7 @@ pub fn all_reduce(tensors: &[Tensor], op: ReduceOp) -> Result<Vec<Tensor>> {
     check_group("all_reduce", tensors, true)?;
     refuse_integer_mean("all_reduce", tensors, op)?;
     let _g = crate::no_grad();
-    let out = match native(tensors) {
+    let out = match native_reducing(tensors, op) {
         Some(comm) => {
             let (n, t0) = (tensors.len(), &tensors[0]);
             let tickets = tickets(tensors, &ring_traffic(n, t0.elem_count(), t0.dtype()), site)?;
@@ -379,7 +394,7 @@ pub fn reduce(tensors: &[Tensor], root: usize, op: ReduceOp) -> Result<Tensor> {
     check_root("reduce", tensors, root)?;
     refuse_integer_mean("reduce", tensors, op)?;
     let _g = crate::no_grad();
-    let out = match native(tensors) {
+    let out = match native_reducing(tensors, op) {
         Some(comm) => {
             let (n, t0) = (tensors.len(), &tensors[0]);
             let tickets = tickets(tensors, &ring_traffic(n, t0.elem_count(), t0.dtype()), site)?;
@@ -481,7 +496,7 @@ pub fn reduce_scatter(tensors: &[Tensor], op: ReduceOp) -> Result<Vec<Tensor>> {
     let _g = crate::no_grad();
     let mut dims = t0.dims().to_vec();
     dims[0] /= n;
-    let out = match native(tensors) {
+    let out = match native_reducing(tensors, op) {
         Some(comm) => {
             let block = t0.elem_count() / n;
             let bytes = block * t0.dtype().size_in_bytes();

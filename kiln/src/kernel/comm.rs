@@ -11,6 +11,7 @@
 //! barrier waits for it; a failure poisons the queues it ran on and is
 //! reported by the next synchronising call.
 
+use crate::base::dtype::DType;
 use crate::base::error::Result;
 use crate::kernel::storage::Storage;
 use std::sync::Arc;
@@ -45,6 +46,13 @@ pub(crate) struct Part {
 pub(crate) trait Communicator: Send + Sync {
     /// What it is, for `kiln devices` and errors: "simulated ring", "NCCL 2.21.5".
     fn name(&self) -> String;
+    /// Whether it combines `dtype` with `op` as kiln does (integers wrap,
+    /// a NaN wins a max or min). The front end sends a reduction it does
+    /// not through peer copies and kernels instead: NCCL's float max and
+    /// min let a NaN lose.
+    fn reduces(&self, _dtype: DType, _op: Combine) -> bool {
+        true
+    }
     /// Every part becomes the elementwise combination of all parts; the
     /// results are bit-identical on every device.
     fn all_reduce(&self, parts: &[Part], op: Combine) -> Result<()>;

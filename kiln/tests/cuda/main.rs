@@ -5,7 +5,9 @@
 //!   the sources the backend runs (`KILN_REQUIRE_NVRTC=1` makes a missing
 //!   NVRTC or ptxas a failure instead of a skip);
 //! - with a CUDA device: real operations agree with the CPU, memory is
-//!   booked and returned, out-of-memory is an error, transfers are ledgered.
+//!   booked and returned, out-of-memory is an error, transfers are ledgered;
+//! - with two: collectives (NCCL or peer copies) name their path, agree
+//!   bit for bit across devices, are asynchronous and refused by a guard.
 //!
 //! This binary never creates simulated GPUs, so that the GPU count seen here
 //! is the machine's (plus any `KILN_SIM_GPUS`).
@@ -14,11 +16,13 @@
 #[macro_use]
 mod common;
 
+mod collectives;
 mod defects;
 mod faults;
 mod no_gpu;
 mod ops;
 
+use collectives::*;
 use defects::*;
 use faults::*;
 use no_gpu::*;
@@ -59,6 +63,12 @@ fn main() -> std::process::ExitCode {
         cuda_matmul_uses_cublas_again_after_a_failed_cublas_create,
         cuda_full_reductions_launch_many_blocks,
         cuda_empty_cache_reports_a_failed_cumemfree,
+        cuda_collectives_name_their_path_and_take_it,
+        cuda_collective_results_are_bit_identical_on_every_device,
+        cuda_a_transfer_guard_refuses_a_collective_before_anything_is_queued,
+        cuda_collectives_return_before_they_run,
+        cuda_nccl_failures_are_errors_that_queue_nothing,
+        cuda_without_libnccl_collectives_say_why_and_still_run,
     ])
 }
 

@@ -7,6 +7,8 @@
 //! allocator booked in the device's [`MemoryPool`], pinned staging buffers
 //! for host transfers, cuBLAS for float matmul, and NVRTC-compiled modules
 //! (`prelude.cu` before each op family's or op's own source) for every op.
+//! Collectives across CUDA devices run through NCCL when it loads
+//! (`nccl.rs`), else through peer copies and kernels (`comm/`).
 //!
 //! Any cudarc call may panic when a library or a symbol is missing; every
 //! entry point contains that with `catch_unwind` and turns it into an error
@@ -16,6 +18,7 @@ mod blas;
 mod launch;
 mod memory;
 pub(crate) mod modules;
+mod nccl;
 mod nvrtc;
 mod peer;
 
@@ -454,6 +457,12 @@ impl Backend for CudaBackend {
     }
     fn hold_queue(&self) -> Result<Option<QueueHold>> {
         self.guarded("holding the queue", || self.hold().map(Some))
+    }
+    fn communicator(&self) -> Option<&'static dyn crate::kernel::comm::Communicator> {
+        nccl::get().ok().map(|n| n as &'static dyn crate::kernel::comm::Communicator)
+    }
+    fn why_no_communicator(&self) -> Option<String> {
+        nccl::get().err().map(str::to_string)
     }
     fn synchronize(&self) -> Result<()> {
         self.guarded("cuStreamSynchronize", || {

@@ -57,24 +57,25 @@ struct Api {
 ///
 /// # Safety
 /// `p` must be the address of a function whose C signature `F` spells.
-unsafe fn fn_ptr<F: Copy>(p: *mut std::ffi::c_void) -> F {
+pub(super) unsafe fn fn_ptr<F: Copy>(p: *mut std::ffi::c_void) -> F {
     assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut std::ffi::c_void>());
     std::mem::transmute_copy(&p)
 }
 
 /// The dynamic loader: dlopen on Unix; elsewhere (Windows) libloading,
-/// which cudarc loads the driver with, so it adds no crate.
+/// which cudarc loads the driver with, so it adds no crate. NCCL is opened
+/// with it too (`nccl.rs`).
 #[cfg(unix)]
-mod dl {
+pub(super) mod dl {
     use std::ffi::{c_void, CStr};
     /// Opens a library; `global` makes its symbols visible to later loads.
-    pub(super) unsafe fn open(name: &CStr, global: bool) -> *mut c_void {
+    pub(in crate::backends::cuda) unsafe fn open(name: &CStr, global: bool) -> *mut c_void {
         libc::dlopen(name.as_ptr(), libc::RTLD_NOW | if global { libc::RTLD_GLOBAL } else { libc::RTLD_LOCAL })
     }
-    pub(super) unsafe fn sym(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    pub(in crate::backends::cuda) unsafe fn sym(handle: *mut c_void, name: &CStr) -> *mut c_void {
         libc::dlsym(handle, name.as_ptr())
     }
-    pub(super) fn error() -> String {
+    pub(in crate::backends::cuda) fn error() -> String {
         // SAFETY: dlerror returns null or a C string valid until the next dl call.
         let e = unsafe { libc::dlerror() };
         if e.is_null() {
@@ -86,11 +87,11 @@ mod dl {
 }
 
 #[cfg(not(unix))]
-mod dl {
+pub(super) mod dl {
     use std::ffi::{c_void, CStr};
     thread_local!(static LAST: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) });
     /// Opens a library, kept for the life of the process (as on Unix).
-    pub(super) unsafe fn open(name: &CStr, _global: bool) -> *mut c_void {
+    pub(in crate::backends::cuda) unsafe fn open(name: &CStr, _global: bool) -> *mut c_void {
         let Ok(name) = name.to_str() else { return std::ptr::null_mut() };
         match libloading::Library::new(name) {
             Ok(lib) => Box::into_raw(Box::new(lib)).cast(),
@@ -100,11 +101,11 @@ mod dl {
             }
         }
     }
-    pub(super) unsafe fn sym(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    pub(in crate::backends::cuda) unsafe fn sym(handle: *mut c_void, name: &CStr) -> *mut c_void {
         let lib = &*handle.cast::<libloading::Library>();
         lib.get::<*mut c_void>(name.to_bytes()).map(|s| *s).unwrap_or(std::ptr::null_mut())
     }
-    pub(super) fn error() -> String {
+    pub(in crate::backends::cuda) fn error() -> String {
         LAST.with(|l| l.borrow().clone())
     }
 }

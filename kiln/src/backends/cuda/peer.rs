@@ -127,8 +127,14 @@ impl CudaBackend {
     }
 
     /// Queues a copy of `src` into `dst` (device memory of `peer`) on this
-    /// stream, and makes `peer`'s stream wait for it with an event.
+    /// stream, after the work queued so far on `peer`'s stream, and makes
+    /// `peer`'s stream wait for it: a two-way barrier with events, as
+    /// PyTorch's cross-device copy has. `dst` is a block of `peer`'s cache,
+    /// which returns blocks in `peer`'s stream order: kernels queued there
+    /// may still use it, and a copy on this stream is not ordered after them
+    /// otherwise.
     pub(super) fn queue_peer_copy(&self, src: &Src, peer: &CudaBackend, dst: u64) -> Result<()> {
+        self.wait_for_stream_of(peer)?;
         let size = src.storage.dtype.size_in_bytes();
         let bytes = src.layout.elem_count() * size;
         let base = dev_ptr(self, &src.storage)?;
@@ -155,6 +161,26 @@ impl CudaBackend {
             }
             let _ = cu::cuEventDestroy_v2(ev);
             queued
+        }
+    }
+
+    /// Makes this device's stream wait (on the device) for the work queued
+    /// so far on `peer`'s stream; leaves this device's context bound.
+    fn wait_for_stream_of(&self, peer: &CudaBackend) -> Result<()> {
+        let mut ev: cu::CUevent = std::ptr::null_mut();
+        peer.bind()?;
+        // SAFETY: the event is made and recorded in `peer`'s context, waited
+        // on from this one, and destroyed once the wait is queued.
+        unsafe {
+            ck(cu::cuEventCreate(&mut ev, 2), "cuEventCreate").map_err(|e| peer.err(e))?;
+            let recorded = ck(cu::cuEventRecord(ev, peer.stream.0), "cuEventRecord").map_err(|e| peer.err(e));
+            let waited = recorded.and_then(|()| {
+                self.bind()?;
+                ck(cu::cuStreamWaitEvent(self.stream.0, ev, 0), "cuStreamWaitEvent").map_err(|e| self.err(e))
+            });
+            let _ = cu::cuEventDestroy_v2(ev);
+            self.bind()?;
+            waited
         }
     }
 }

@@ -1,0 +1,542 @@
+//! NCCL: a single-process stand-in for `libnccl.so.2` over the simulated
+//! devices, with the calls kiln makes (and their neighbours): versions and
+//! error strings, `ncclCommInitAll` (every communicator of a clique in one
+//! process), groups, and the five collectives kiln uses, on the streams
+//! they are given, in stream order.
+//!
+//! A collective call is checked when it is made (communicator, type, op,
+//! root, null buffers, a stream of the communicator's device) and queued on
+//! its stream, at once or at the outer `ncclGroupEnd`; a call refused inside
+//! a group makes `ncclGroupEnd` return that error and drop the whole group,
+//! so nothing of it runs. When a stream reaches its rank's part, the worker
+//! waits there until every rank's stream has reached the same collective
+//! (the k-th queued on each rank, as NCCL matches them), as NCCL's kernels
+//! wait for their peers; the last to arrive checks that the ranks called the
+//! same collective, checks every buffer against live device memory of its
+//! rank's device, and computes the result once for every rank, so the ranks
+//! get the same bits. Reductions combine in rank order; half types in f32
+//! with one rounding per step; max and min of floats are fmax and fmin (a
+//! NaN loses), as NCCL's kernels compute them; integers wrap.
+//!
+//! A failure there (mismatched calls, a bad buffer, a rank whose context
+//! faulted first, or ranks that do not all arrive within
+//! `KILN_CUDASIM_NCCL_TIMEOUT` seconds, 120; on a GPU that hangs) faults
+//! every waiting rank's context, as a failed kernel does, and is the
+//! communicator's asynchronous error.
+
+mod run;
+
+use crate::context::{cuInit, injected_failure, sim};
+use crate::stream::{stream_of, Op, Stream};
+use crate::{lock, log, SUCCESS};
+use run::Meeting;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+pub type NcclResult = c_uint;
+const OK: NcclResult = 0;
+const UNHANDLED_CUDA_ERROR: NcclResult = 1;
+const SYSTEM_ERROR: NcclResult = 2;
+const INVALID_ARGUMENT: NcclResult = 4;
+const INVALID_USAGE: NcclResult = 5;
+
+/// The NCCL version this stands in for: 2.21.5.
+const VERSION: c_int = 22105;
+
+/// Collectives completed (each once, however many ranks), for
+/// `kiln_cudasim_stat("nccl_collectives")`.
+pub(crate) static COLLECTIVES: AtomicU64 = AtomicU64::new(0);
+
+// ---- errors ---------------------------------------------------------------------
+
+thread_local! {
+    /// The last error message of this thread (`ncclGetLastError`).
+    static LAST: RefCell<CString> = RefCell::new(CString::default());
+    static GROUP: RefCell<Group> = RefCell::new(Group::default());
+}
+
+/// Records `msg` as this thread's last error, logs it, and returns `code`.
+fn fail(code: NcclResult, msg: String) -> NcclResult {
+    log(&format!("NCCL: {msg}"));
+    LAST.with(|l| *l.borrow_mut() = CString::new(msg.replace('\0', " ")).unwrap_or_default());
+    code
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetErrorString(r: NcclResult) -> *const c_char {
+    let s: &'static CStr = match r {
+        0 => c"no error",
+        1 => c"unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+        2 => c"unhandled system error (run with NCCL_DEBUG=INFO for details)",
+        3 => c"internal error - please report this issue to the NCCL developers",
+        4 => c"invalid argument (run with NCCL_DEBUG=WARN for details)",
+        5 => c"invalid usage (run with NCCL_DEBUG=WARN for details)",
+        6 => c"remote process exited or there was a network error",
+        7 => c"NCCL operation in progress",
+        _ => c"unknown result code",
+    };
+    s.as_ptr()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetLastError(_comm: *mut c_void) -> *const c_char {
+    LAST.with(|l| l.borrow().as_ptr())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetVersion(v: *mut c_int) -> NcclResult {
+    if v.is_null() {
+        return fail(INVALID_ARGUMENT, "ncclGetVersion: null pointer".into());
+    }
+    *v = VERSION;
+    OK
+}
+
+// ---- communicators --------------------------------------------------------------
+
+/// The communicators one `ncclCommInitAll` made, and the collectives their
+/// ranks are meeting at.
+struct Clique {
+    devs: Vec<usize>,
+    meetings: Mutex<HashMap<u64, Meeting>>,
+    cv: Condvar,
+}
+
+pub(crate) struct Comm {
+    clique: Arc<Clique>,
+    rank: usize,
+    dev: usize,
+    /// The sequence number of this rank's next collective.
+    next: AtomicU64,
+    /// The first asynchronous error (`ncclCommGetAsyncError`).
+    async_error: Mutex<NcclResult>,
+}
+
+/// Live communicators by handle.
+fn comms() -> &'static Mutex<HashMap<usize, Arc<Comm>>> {
+    static C: OnceLock<Mutex<HashMap<usize, Arc<Comm>>>> = OnceLock::new();
+    C.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Live communicators, for `kiln_cudasim_stat("nccl_comms")`.
+pub(crate) fn live_comms() -> usize {
+    lock(comms()).len()
+}
+
+fn comm(h: *mut c_void, what: &str) -> Result<Arc<Comm>, NcclResult> {
+    lock(comms()).get(&(h as usize)).cloned().ok_or_else(|| fail(INVALID_ARGUMENT, format!("{what}: invalid communicator {h:?}")))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitAll(out: *mut *mut c_void, ndev: c_int, devlist: *const c_int) -> NcclResult {
+    if out.is_null() || ndev < 1 {
+        return fail(INVALID_ARGUMENT, format!("ncclCommInitAll: comms {out:?}, ndev {ndev}"));
+    }
+    let Some(sim) = sim() else {
+        return fail(UNHANDLED_CUDA_ERROR, "ncclCommInitAll: no CUDA device (cudasim: KILN_CUDASIM=1 is not set)".into());
+    };
+    // NCCL's runtime initialises the driver itself.
+    let _ = cuInit(0);
+    let devs: Vec<usize> =
+        if devlist.is_null() { (0..ndev as usize).collect() } else { (0..ndev as usize).map(|i| *devlist.add(i) as usize).collect() };
+    for (i, &d) in devs.iter().enumerate() {
+        if d >= sim.devices.len() {
+            return fail(INVALID_ARGUMENT, format!("ncclCommInitAll: device {d} does not exist ({} simulated)", sim.devices.len()));
+        }
+        if devs[..i].contains(&d) {
+            return fail(INVALID_USAGE, format!("ncclCommInitAll: duplicate GPU detected: device {d} is listed twice"));
+        }
+        if sim.devices[d].ctx.sticky() != SUCCESS {
+            return fail(UNHANDLED_CUDA_ERROR, format!("ncclCommInitAll: device {d}'s context has faulted"));
+        }
+    }
+    if injected_failure("ncclCommInitAll") {
+        return fail(UNHANDLED_CUDA_ERROR, "ncclCommInitAll: out of memory (KILN_CUDASIM_FAIL)".into());
+    }
+    let clique = Arc::new(Clique { devs: devs.clone(), meetings: Mutex::new(HashMap::new()), cv: Condvar::new() });
+    let mut live = lock(comms());
+    for (rank, &dev) in devs.iter().enumerate() {
+        let c = Arc::new(Comm { clique: clique.clone(), rank, dev, next: AtomicU64::new(0), async_error: Mutex::new(OK) });
+        let h = Arc::as_ptr(&c) as *mut c_void;
+        live.insert(h as usize, c);
+        *out.add(rank) = h;
+    }
+    OK
+}
+
+/// Destroys a communicator: its handle is refused from now on; collectives
+/// already queued still run.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommDestroy(c: *mut c_void) -> NcclResult {
+    match lock(comms()).remove(&(c as usize)) {
+        Some(_) => OK,
+        None => fail(INVALID_ARGUMENT, format!("ncclCommDestroy: invalid communicator {c:?}")),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommAbort(c: *mut c_void) -> NcclResult {
+    ncclCommDestroy(c)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommCount(c: *mut c_void, count: *mut c_int) -> NcclResult {
+    let c = match comm(c, "ncclCommCount") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    if count.is_null() {
+        return fail(INVALID_ARGUMENT, "ncclCommCount: null pointer".into());
+    }
+    *count = c.clique.devs.len() as c_int;
+    OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommCuDevice(c: *mut c_void, dev: *mut c_int) -> NcclResult {
+    let c = match comm(c, "ncclCommCuDevice") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    if dev.is_null() {
+        return fail(INVALID_ARGUMENT, "ncclCommCuDevice: null pointer".into());
+    }
+    *dev = c.dev as c_int;
+    OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommUserRank(c: *mut c_void, rank: *mut c_int) -> NcclResult {
+    let c = match comm(c, "ncclCommUserRank") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    if rank.is_null() {
+        return fail(INVALID_ARGUMENT, "ncclCommUserRank: null pointer".into());
+    }
+    *rank = c.rank as c_int;
+    OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommGetAsyncError(c: *mut c_void, err: *mut NcclResult) -> NcclResult {
+    let c = match comm(c, "ncclCommGetAsyncError") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    if err.is_null() {
+        return fail(INVALID_ARGUMENT, "ncclCommGetAsyncError: null pointer".into());
+    }
+    *err = *lock(&c.async_error);
+    OK
+}
+
+// ---- groups -----------------------------------------------------------------------
+
+#[derive(Default)]
+struct Group {
+    depth: u32,
+    /// Calls queued at the outer `ncclGroupEnd`, in call order.
+    pending: Vec<(Arc<Stream>, Task)>,
+    /// The first call refused inside the group.
+    error: Option<(NcclResult, String)>,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclGroupStart() -> NcclResult {
+    GROUP.with(|g| g.borrow_mut().depth += 1);
+    OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclGroupEnd() -> NcclResult {
+    let done = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return Err(Some((INVALID_USAGE, "ncclGroupEnd without ncclGroupStart".to_string())));
+        }
+        g.depth -= 1;
+        if g.depth > 0 {
+            return Err(None);
+        }
+        let pending = std::mem::take(&mut g.pending);
+        match g.error.take() {
+            Some(e) => Err(Some(e)),
+            None => Ok(pending),
+        }
+    });
+    match done {
+        Ok(pending) => {
+            for (stream, task) in pending {
+                queue(&stream, task);
+            }
+            OK
+        }
+        Err(None) => OK,
+        Err(Some((code, msg))) => fail(code, format!("ncclGroupEnd: {msg}; nothing of the group was queued")),
+    }
+}
+
+// ---- collectives ------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    AllReduce,
+    Broadcast,
+    Reduce,
+    AllGather,
+    ReduceScatter,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::AllReduce => "ncclAllReduce",
+            Kind::Broadcast => "ncclBroadcast",
+            Kind::Reduce => "ncclReduce",
+            Kind::AllGather => "ncclAllGather",
+            Kind::ReduceScatter => "ncclReduceScatter",
+        }
+    }
+}
+
+/// NCCL's data types, by their `ncclDataType_t` numbers.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Ty {
+    I8,
+    U8,
+    I32,
+    U32,
+    I64,
+    U64,
+    F16,
+    F32,
+    F64,
+    BF16,
+}
+
+impl Ty {
+    fn from_code(code: c_uint) -> Option<Ty> {
+        Some(match code {
+            0 => Ty::I8,
+            1 => Ty::U8,
+            2 => Ty::I32,
+            3 => Ty::U32,
+            4 => Ty::I64,
+            5 => Ty::U64,
+            6 => Ty::F16,
+            7 => Ty::F32,
+            8 => Ty::F64,
+            9 => Ty::BF16,
+            _ => return None,
+        })
+    }
+    fn size(self) -> usize {
+        match self {
+            Ty::I8 | Ty::U8 => 1,
+            Ty::F16 | Ty::BF16 => 2,
+            Ty::I32 | Ty::U32 | Ty::F32 => 4,
+            Ty::I64 | Ty::U64 | Ty::F64 => 8,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum RedOp {
+    Sum,
+    Prod,
+    Max,
+    Min,
+    Avg,
+}
+
+impl RedOp {
+    fn from_code(code: c_uint) -> Option<RedOp> {
+        Some(match code {
+            0 => RedOp::Sum,
+            1 => RedOp::Prod,
+            2 => RedOp::Max,
+            3 => RedOp::Min,
+            4 => RedOp::Avg,
+            _ => return None,
+        })
+    }
+}
+
+/// What one rank called: ranks of one collective must agree on all but the
+/// buffers.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Call {
+    kind: Kind,
+    count: usize,
+    ty: Ty,
+    op: Option<RedOp>,
+    root: usize,
+}
+
+/// One rank's part of a collective, queued on its stream.
+pub(crate) struct Task {
+    comm: Arc<Comm>,
+    call: Call,
+    send: u64,
+    recv: u64,
+    seq: u64,
+}
+
+/// Queues `task` on `stream`: it is this rank's next collective.
+fn queue(stream: &Stream, mut task: Task) {
+    task.seq = task.comm.next.fetch_add(1, Ordering::SeqCst);
+    stream.push(Op::Nccl(Box::new(task)));
+}
+
+/// Checks a collective call and queues it (or keeps it for `ncclGroupEnd`).
+#[allow(clippy::too_many_arguments)]
+unsafe fn collective(
+    kind: Kind,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    ty: c_uint,
+    op: Option<c_uint>,
+    root: c_int,
+    c: *mut c_void,
+    stream: *mut c_void,
+) -> NcclResult {
+    let name = kind.name();
+    let checked = (|| -> Result<(Arc<Stream>, Task), (NcclResult, String)> {
+        let comm = lock(comms()).get(&(c as usize)).cloned().ok_or((INVALID_ARGUMENT, format!("{name}: invalid communicator {c:?}")))?;
+        let n = comm.clique.devs.len();
+        let ty = Ty::from_code(ty).ok_or((INVALID_ARGUMENT, format!("{name}: invalid data type {ty} (cudasim has no fp8)")))?;
+        let op = match op {
+            Some(code) => Some(RedOp::from_code(code).ok_or((INVALID_ARGUMENT, format!("{name}: invalid reduction operation {code}")))?),
+            None => None,
+        };
+        let rooted = matches!(kind, Kind::Broadcast | Kind::Reduce);
+        if rooted && !(0..n as c_int).contains(&root) {
+            return Err((INVALID_ARGUMENT, format!("{name}: root {root} is not a rank of {n}")));
+        }
+        let root = if rooted { root as usize } else { 0 };
+        // Broadcast reads the send buffer on the root only.
+        let reads = !(kind == Kind::Broadcast && comm.rank != root);
+        if count > 0 && ((reads && send.is_null()) || recv.is_null()) {
+            return Err((INVALID_ARGUMENT, format!("{name}: a null buffer (send {send:?}, recv {recv:?}) for {count} elements")));
+        }
+        let sim = sim().ok_or((UNHANDLED_CUDA_ERROR, format!("{name}: no simulator")))?;
+        let ctx = sim.devices[comm.dev].ctx;
+        if ctx.sticky() != SUCCESS {
+            return Err((UNHANDLED_CUDA_ERROR, format!("{name}: device {}'s context has faulted", comm.dev)));
+        }
+        let s = stream_of(stream, ctx).map_err(|_| (UNHANDLED_CUDA_ERROR, format!("{name}: invalid stream {stream:?}")))?;
+        if s.ctx.dev != comm.dev {
+            return Err((
+                UNHANDLED_CUDA_ERROR,
+                format!("{name}: a stream of device {} given to the communicator of device {} (rank {})", s.ctx.dev, comm.dev, comm.rank),
+            ));
+        }
+        if injected_failure(name) {
+            return Err((SYSTEM_ERROR, format!("{name}: failing as KILN_CUDASIM_FAIL asks")));
+        }
+        let call = Call { kind, count, ty, op, root };
+        Ok((s, Task { comm, call, send: send as u64, recv: recv as u64, seq: 0 }))
+    })();
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        match checked {
+            Ok((s, task)) if g.depth > 0 => {
+                g.pending.push((s, task));
+                OK
+            }
+            Ok((s, task)) => {
+                queue(&s, task);
+                OK
+            }
+            Err((code, msg)) => {
+                if g.depth > 0 && g.error.is_none() {
+                    g.error = Some((code, msg.clone()));
+                }
+                fail(code, msg)
+            }
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclAllReduce(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    ty: c_uint,
+    op: c_uint,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> NcclResult {
+    collective(Kind::AllReduce, send, recv, count, ty, Some(op), 0, comm, stream)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclBroadcast(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    ty: c_uint,
+    root: c_int,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> NcclResult {
+    collective(Kind::Broadcast, send, recv, count, ty, None, root, comm, stream)
+}
+
+/// The in-place broadcast of NCCL's first API.
+#[no_mangle]
+pub unsafe extern "C" fn ncclBcast(
+    buf: *mut c_void,
+    count: usize,
+    ty: c_uint,
+    root: c_int,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> NcclResult {
+    collective(Kind::Broadcast, buf, buf, count, ty, None, root, comm, stream)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclReduce(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    ty: c_uint,
+    op: c_uint,
+    root: c_int,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> NcclResult {
+    collective(Kind::Reduce, send, recv, count, ty, Some(op), root, comm, stream)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclAllGather(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    ty: c_uint,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> NcclResult {
+    collective(Kind::AllGather, send, recv, count, ty, None, 0, comm, stream)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclReduceScatter(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    ty: c_uint,
+    op: c_uint,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> NcclResult {
+    collective(Kind::ReduceScatter, send, recv, count, ty, Some(op), 0, comm, stream)
+}

@@ -1,0 +1,494 @@
+//! Collectives across CUDA devices through NCCL, found at run time like the
+//! driver and NVRTC, so one binary runs with and without it.
+//!
+//! kiln opens NCCL itself: `KILN_NCCL_LIB` when set (and no other library
+//! when that fails), else `libnccl.so.2` (the name NCCL's packages install:
+//! pip's `nvidia-nccl-cu12`, apt's `libnccl2`), else cudarc's candidate
+//! names. cudarc's `nccl` feature gives NCCL's types; its own loader is not
+//! used because its candidates lack `libnccl.so.2`. Without NCCL, or with
+//! `KILN_DISABLE_NCCL=1`, CUDA devices have no communicator and the front
+//! end (`comm/`) runs collectives through peer copies and kernels; `kiln
+//! devices` says which, and why.
+//!
+//! How a collective runs:
+//! - **Communicators**: one per ordered list of devices (rank i is the i-th
+//!   part's device), made with `ncclCommInitAll` on first use and kept for
+//!   the life of the process. All CUDA devices in order is the usual list; a
+//!   subset, or another order, gets a communicator of its own (the ranks of
+//!   an all-gather or a reduce-scatter follow the order).
+//! - **Streams**: each device gets an NCCL stream beside its compute stream,
+//!   so communication overlaps compute. Before a collective each NCCL stream
+//!   waits (on the device, through an event) for the work queued so far on
+//!   its compute stream, which produced the inputs; [`Communicator::join`]
+//!   makes each compute stream wait the same way for its NCCL stream.
+//! - **Calls**: every rank's call between one `ncclGroupStart` and
+//!   `ncclGroupEnd` (one thread drives every device), issued under one lock,
+//!   so that each communicator sees its collectives in the same order on
+//!   every rank, and concurrent callers cannot interleave a group.
+//! - **Memory**: the storages a collective uses are kept alive until the next
+//!   join of their device. kiln's caching allocator reuses a freed block in
+//!   compute-stream order, and the compute stream is ordered after the NCCL
+//!   stream only by a join.
+//! - **Max and min of floats** are not offered ([`Communicator::reduces`]):
+//!   NCCL's `fmax`/`fmin` let a NaN lose where kiln lets it win, so those
+//!   take the peer-copy path and give kiln's answer on every device kind.
+//! - **Errors**: whatever can fail before the group (communicator, streams,
+//!   events, pointers) is done first, so a refusal there queues nothing; a
+//!   call NCCL refuses is an [`Error::Backend`] naming the collective, the
+//!   device, NCCL's message and the way out (`KILN_DISABLE_NCCL=1`).
+
+use super::nvrtc::{dl, fn_ptr};
+use super::{ck, dev_ptr, CudaBackend, Raw};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::kernel::backend::Backend;
+use crate::kernel::comm::{Combine, Communicator, Part};
+use crate::kernel::storage::Storage;
+use cudarc::driver::sys as cu;
+use cudarc::nccl::sys as nc;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// An `ncclResult_t` as a plain number: a newer NCCL may return a code
+/// cudarc's enum does not list.
+type Res = c_uint;
+type Comm = nc::ncclComm_t;
+type NcclStream = nc::cudaStream_t;
+const OK: Res = nc::ncclResult_t::ncclSuccess as Res;
+
+/// The oldest NCCL kiln uses: 2.10 added bfloat16.
+const MIN_VERSION: (i32, i32, i32) = (2, 10, 0);
+
+/// The NCCL functions kiln calls, looked up in kiln's own handle.
+struct Api {
+    get_version: unsafe extern "C" fn(*mut c_int) -> Res,
+    comm_init_all: unsafe extern "C" fn(*mut Comm, c_int, *const c_int) -> Res,
+    group_start: unsafe extern "C" fn() -> Res,
+    group_end: unsafe extern "C" fn() -> Res,
+    all_reduce: unsafe extern "C" fn(*const c_void, *mut c_void, usize, nc::ncclDataType_t, nc::ncclRedOp_t, Comm, NcclStream) -> Res,
+    broadcast: unsafe extern "C" fn(*const c_void, *mut c_void, usize, nc::ncclDataType_t, c_int, Comm, NcclStream) -> Res,
+    reduce: unsafe extern "C" fn(*const c_void, *mut c_void, usize, nc::ncclDataType_t, nc::ncclRedOp_t, c_int, Comm, NcclStream) -> Res,
+    all_gather: unsafe extern "C" fn(*const c_void, *mut c_void, usize, nc::ncclDataType_t, Comm, NcclStream) -> Res,
+    reduce_scatter: unsafe extern "C" fn(*const c_void, *mut c_void, usize, nc::ncclDataType_t, nc::ncclRedOp_t, Comm, NcclStream) -> Res,
+    error_string: unsafe extern "C" fn(Res) -> *const c_char,
+    /// `ncclGetLastError` (NCCL 2.13 and later).
+    last_error: Option<unsafe extern "C" fn(Comm) -> *const c_char>,
+}
+
+impl Api {
+    /// Looks the functions up in `handle` (from dlopen of `lib`).
+    ///
+    /// # Safety
+    /// `handle` must be a live dlopen handle of an NCCL library.
+    unsafe fn from_handle(handle: *mut c_void, lib: &str) -> std::result::Result<Api, String> {
+        let sym = |name: &str| -> Option<*mut c_void> {
+            let c = CString::new(name).ok()?;
+            let p = dl::sym(handle, &c);
+            (!p.is_null()).then_some(p)
+        };
+        let need = |name: &str| sym(name).ok_or_else(|| format!("the NCCL library {lib} lacks {name} (too old?)"));
+        // SAFETY (every fn_ptr): each symbol is the NCCL function of that
+        // name, whose C signature the pointer type spells (enums are C ints).
+        Ok(Api {
+            get_version: fn_ptr(need("ncclGetVersion")?),
+            comm_init_all: fn_ptr(need("ncclCommInitAll")?),
+            group_start: fn_ptr(need("ncclGroupStart")?),
+            group_end: fn_ptr(need("ncclGroupEnd")?),
+            all_reduce: fn_ptr(need("ncclAllReduce")?),
+            broadcast: fn_ptr(need("ncclBroadcast")?),
+            reduce: fn_ptr(need("ncclReduce")?),
+            all_gather: fn_ptr(need("ncclAllGather")?),
+            reduce_scatter: fn_ptr(need("ncclReduceScatter")?),
+            error_string: fn_ptr(need("ncclGetErrorString")?),
+            last_error: sym("ncclGetLastError").map(|p| fn_ptr(p)),
+        })
+    }
+
+    /// NCCL's text for a result code, and its last error for `comm`.
+    fn describe(&self, r: Res, comm: Comm) -> String {
+        // SAFETY: both return null or a C string owned by NCCL, copied at once.
+        unsafe {
+            let text = (self.error_string)(r);
+            let mut s = if text.is_null() { format!("error {r}") } else { CStr::from_ptr(text).to_string_lossy().into_owned() };
+            if let Some(last) = self.last_error {
+                let detail = last(comm);
+                if !detail.is_null() {
+                    let detail = CStr::from_ptr(detail).to_string_lossy();
+                    if !detail.trim().is_empty() {
+                        s.push_str(&format!(": {}", detail.trim()));
+                    }
+                }
+            }
+            s
+        }
+    }
+}
+
+/// How a missing NCCL is described.
+const MISSING: &str = "libnccl.so.2 not found; `pip install nvidia-nccl-cu12` and add its lib folder \
+(site-packages/nvidia/nccl/lib) to LD_LIBRARY_PATH, or set KILN_NCCL_LIB to the library's path";
+
+/// Opens NCCL: exactly `KILN_NCCL_LIB` when set, else the first name the
+/// loader finds. The handle is kept for the life of the process.
+fn open() -> std::result::Result<(Api, String), String> {
+    if let Some(path) = std::env::var_os("KILN_NCCL_LIB").filter(|p| !p.is_empty()) {
+        let shown = path.to_string_lossy().into_owned();
+        let c = CString::new(path.into_encoded_bytes()).map_err(|_| format!("KILN_NCCL_LIB={shown} contains a NUL byte"))?;
+        // SAFETY: dlopen with a valid C string.
+        let handle = unsafe { dl::open(&c, false) };
+        if handle.is_null() {
+            return Err(format!(
+                "KILN_NCCL_LIB={shown} could not be loaded ({}); fix the path or unset KILN_NCCL_LIB to use the NCCL on the library path",
+                dl::error()
+            ));
+        }
+        // SAFETY: a live handle of the library the user named as NCCL.
+        return unsafe { Api::from_handle(handle, &shown) }.map(|a| (a, shown.clone())).map_err(|e| format!("KILN_NCCL_LIB={shown}: {e}"));
+    }
+    let mut names = vec!["libnccl.so.2".to_string()];
+    names.extend(cudarc::get_lib_name_candidates("nccl").into_iter().filter(|n| n != "libnccl.so.2"));
+    for name in names {
+        let Ok(c) = CString::new(name.as_str()) else { continue };
+        // SAFETY: dlopen with a valid C string.
+        let handle = unsafe { dl::open(&c, false) };
+        if !handle.is_null() {
+            // SAFETY: a live handle of a library named like NCCL.
+            return unsafe { Api::from_handle(handle, &name) }.map(|a| (a, name));
+        }
+    }
+    Err(MISSING.into())
+}
+
+/// NCCL's version code as (major, minor, patch): 22105 for 2.21.5 (2.9 and
+/// later), 2708 for 2.7.8 (before).
+fn split_version(code: c_int) -> (i32, i32, i32) {
+    if code >= 10000 {
+        (code / 10000, (code % 10000) / 100, code % 100)
+    } else {
+        (code / 1000, (code % 1000) / 100, code % 100)
+    }
+}
+
+fn load() -> std::result::Result<Nccl, String> {
+    if crate::base::env::env_flag("KILN_DISABLE_NCCL").unwrap_or(false) {
+        return Err("NCCL disabled by KILN_DISABLE_NCCL=1".into());
+    }
+    let (api, lib) = open()?;
+    let mut code: c_int = 0;
+    // SAFETY: out-pointer to a local.
+    let r = unsafe { (api.get_version)(&mut code) };
+    if r != OK {
+        return Err(format!("{lib}: ncclGetVersion failed: {}", api.describe(r, std::ptr::null_mut())));
+    }
+    let version = split_version(code);
+    if version < MIN_VERSION {
+        return Err(format!(
+            "{lib} is NCCL {}.{}.{}, older than {}.{} (the first with bfloat16), which kiln needs; upgrade it (`pip install -U nvidia-nccl-cu12`)",
+            version.0, version.1, version.2, MIN_VERSION.0, MIN_VERSION.1
+        ));
+    }
+    Ok(Nccl { api, version, state: Mutex::new(State::default()) })
+}
+
+/// The loaded NCCL, or why there is none (loaded on first ask). Never panics.
+pub(super) fn get() -> std::result::Result<&'static Nccl, &'static str> {
+    static NCCL: OnceLock<std::result::Result<Nccl, String>> = OnceLock::new();
+    NCCL.get_or_init(|| catch_unwind(load).unwrap_or_else(|_| Err("loading NCCL panicked".into()))).as_ref().map_err(|e| e.as_str())
+}
+
+/// NCCL over the CUDA devices of this process (every CUDA device returns it).
+pub(crate) struct Nccl {
+    api: Api,
+    version: (i32, i32, i32),
+    state: Mutex<State>,
+}
+
+/// What collectives share, behind one lock that is also held while a group
+/// is issued.
+#[derive(Default)]
+struct State {
+    /// Communicators by ordered list of device ordinals (rank order).
+    comms: HashMap<Vec<usize>, Vec<Raw<Comm>>>,
+    /// Each device's NCCL stream, by ordinal.
+    streams: HashMap<usize, Raw<cu::CUstream>>,
+    /// The storages of the collectives queued on a device since its last
+    /// join, by ordinal.
+    in_use: HashMap<usize, Vec<Arc<Storage>>>,
+}
+
+/// A part's device as a CUDA backend.
+fn cuda_of(backend: &'static dyn Backend) -> Result<&'static CudaBackend> {
+    backend.as_any().downcast_ref::<CudaBackend>().ok_or_else(|| Error::Backend {
+        device: backend.device(),
+        msg: "NCCL was given a device of another backend (a kiln bug: please report it)".into(),
+    })
+}
+
+/// NCCL's name for a kiln dtype.
+fn datatype(dtype: DType) -> nc::ncclDataType_t {
+    use nc::ncclDataType_t as T;
+    match dtype {
+        DType::F32 => T::ncclFloat32,
+        DType::F64 => T::ncclFloat64,
+        DType::F16 => T::ncclFloat16,
+        DType::BF16 => T::ncclBfloat16,
+        DType::I64 => T::ncclInt64,
+        DType::I32 => T::ncclInt32,
+        DType::U8 => T::ncclUint8,
+    }
+}
+
+fn red_op(op: Combine) -> nc::ncclRedOp_t {
+    match op {
+        Combine::Sum => nc::ncclRedOp_t::ncclSum,
+        Combine::Max => nc::ncclRedOp_t::ncclMax,
+        Combine::Min => nc::ncclRedOp_t::ncclMin,
+    }
+}
+
+/// Makes `waiter` wait, on the device and without blocking the host, for
+/// the work queued so far on `signaller` (two streams of `dev`).
+fn order_after(dev: &CudaBackend, waiter: cu::CUstream, signaller: cu::CUstream) -> Result<()> {
+    dev.bind()?;
+    let mut ev: cu::CUevent = std::ptr::null_mut();
+    // SAFETY: both streams are alive for the life of the process; the event
+    // is destroyed once the wait on it is queued (the driver defers that).
+    unsafe {
+        ck(cu::cuEventCreate(&mut ev, 2), "cuEventCreate").map_err(|e| dev.err(e))?;
+        let queued = ck(cu::cuEventRecord(ev, signaller), "cuEventRecord")
+            .and_then(|()| ck(cu::cuStreamWaitEvent(waiter, ev, 0), "cuStreamWaitEvent"))
+            .map_err(|e| dev.err(e));
+        let _ = cu::cuEventDestroy_v2(ev);
+        queued
+    }
+}
+
+/// One rank's call: its device and the device addresses it reads and writes.
+struct Rank {
+    dev: &'static CudaBackend,
+    send: *const c_void,
+    recv: *mut c_void,
+}
+
+impl Nccl {
+    /// The communicators of `devs` in this order, made on first use.
+    fn comms(&self, state: &mut State, devs: &[&'static CudaBackend], what: &str) -> Result<Vec<Raw<Comm>>> {
+        let key: Vec<usize> = devs.iter().map(|d| d.ordinal).collect();
+        if let Some(c) = state.comms.get(&key) {
+            return Ok(c.clone());
+        }
+        let list: Vec<c_int> = key.iter().map(|&o| o as c_int).collect();
+        let mut comms: Vec<Comm> = vec![std::ptr::null_mut(); list.len()];
+        // SAFETY: room for one communicator per listed device.
+        let r = unsafe { (self.api.comm_init_all)(comms.as_mut_ptr(), list.len() as c_int, list.as_ptr()) };
+        if r != OK {
+            return Err(devs[0].err(format!(
+                "{what} through NCCL: ncclCommInitAll over CUDA devices {key:?} failed: {}; nothing was queued \
+                 (set KILN_DISABLE_NCCL=1 to use peer copies instead, NCCL_DEBUG=WARN for NCCL's report)",
+                self.api.describe(r, std::ptr::null_mut())
+            )));
+        }
+        let comms: Vec<Raw<Comm>> = comms.into_iter().map(Raw).collect();
+        state.comms.insert(key, comms.clone());
+        Ok(comms)
+    }
+
+    /// The NCCL stream of `dev`, made on first use.
+    fn stream(&self, state: &mut State, dev: &CudaBackend) -> Result<Raw<cu::CUstream>> {
+        if let Some(s) = state.streams.get(&dev.ordinal) {
+            return Ok(*s);
+        }
+        dev.bind()?;
+        let mut s: cu::CUstream = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; 1 = CU_STREAM_NON_BLOCKING. The
+        // stream lives as long as the process.
+        ck(unsafe { cu::cuStreamCreate(&mut s, 1) }, "cuStreamCreate (the NCCL stream)").map_err(|e| dev.err(e))?;
+        state.streams.insert(dev.ordinal, Raw(s));
+        Ok(Raw(s))
+    }
+
+    /// Runs one collective: `inputs[i]` and `outputs[i]` are rank i's, `call`
+    /// issues rank i's NCCL call inside the group.
+    fn collective(
+        &self,
+        what: &str,
+        call_name: &str,
+        inputs: &[Part],
+        outputs: &[Part],
+        call: impl Fn(&Api, &Rank, Comm, NcclStream) -> Res,
+    ) -> Result<()> {
+        catch_unwind(AssertUnwindSafe(|| self.collective_inner(what, call_name, inputs, outputs, call))).unwrap_or_else(|_| {
+            Err(Error::Backend {
+                device: inputs[0].storage.device,
+                msg: format!("{what} through NCCL: a CUDA library call panicked (missing library or symbol)"),
+            })
+        })
+    }
+
+    fn collective_inner(
+        &self,
+        what: &str,
+        call_name: &str,
+        inputs: &[Part],
+        outputs: &[Part],
+        call: impl Fn(&Api, &Rank, Comm, NcclStream) -> Res,
+    ) -> Result<()> {
+        let devs = inputs.iter().map(|p| cuda_of(p.storage.backend)).collect::<Result<Vec<_>>>()?;
+        let size = inputs[0].storage.dtype.size_in_bytes();
+        let mut ranks = Vec::with_capacity(devs.len());
+        for ((dev, i), o) in devs.iter().zip(inputs).zip(outputs) {
+            let send = dev_ptr(dev, &i.storage)? + (i.offset * size) as u64;
+            let recv = dev_ptr(dev, &o.storage)? + (o.offset * size) as u64;
+            ranks.push(Rank { dev, send: send as *const c_void, recv: recv as *mut c_void });
+        }
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let comms = self.comms(&mut state, &devs, what)?;
+        let streams = devs.iter().map(|d| self.stream(&mut state, d)).collect::<Result<Vec<_>>>()?;
+        // The inputs are produced by the work queued on the compute streams.
+        for (d, s) in devs.iter().zip(&streams) {
+            order_after(d, s.0, d.stream.0)?;
+        }
+        for ((d, i), o) in devs.iter().zip(inputs).zip(outputs) {
+            state.in_use.entry(d.ordinal).or_default().extend([i.storage.clone(), o.storage.clone()]);
+        }
+        let api = &self.api;
+        // SAFETY: NCCL calls with live communicators and streams of the
+        // ranks' devices, and device addresses of storages kept alive (in
+        // `in_use`) until the work is ordered before any reuse.
+        unsafe {
+            let r = (api.group_start)();
+            if r != OK {
+                return Err(devs[0].err(format!("{what} through NCCL: ncclGroupStart failed: {}", api.describe(r, std::ptr::null_mut()))));
+            }
+            let mut refused = None;
+            for (r, rank) in ranks.iter().enumerate() {
+                let res = call(api, rank, comms[r].0, streams[r].0 as NcclStream);
+                if res != OK {
+                    refused = Some((r, res));
+                    break;
+                }
+            }
+            let end = (api.group_end)();
+            if let Some((r, res)) = refused {
+                return Err(ranks[r].dev.err(format!(
+                    "{what} through NCCL: {call_name} for rank {r} refused: {}; the group was abandoned, so nothing was queued \
+                     (set KILN_DISABLE_NCCL=1 to use peer copies instead, NCCL_DEBUG=WARN for NCCL's report)",
+                    api.describe(res, comms[r].0)
+                )));
+            }
+            if end != OK {
+                return Err(devs[0].err(format!(
+                    "{what} through NCCL: ncclGroupEnd failed: {}; part of the collective may have been queued, so the \
+                     values of its tensors are unspecified (set KILN_DISABLE_NCCL=1 to use peer copies instead)",
+                    api.describe(end, comms[0].0)
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether NCCL combines `dtype` with `op` as kiln does: not a max or min
+/// of floats, which NCCL computes with fmax and fmin (a NaN loses).
+fn reduces_like_kiln(dtype: DType, op: Combine) -> bool {
+    !(dtype.is_float() && matches!(op, Combine::Max | Combine::Min))
+}
+
+/// `parts` as the inputs of a collective and its dtype and length.
+fn shape_of(parts: &[Part]) -> (nc::ncclDataType_t, usize) {
+    (datatype(parts[0].storage.dtype), parts[0].len)
+}
+
+impl Communicator for Nccl {
+    fn name(&self) -> String {
+        format!("NCCL {}.{}.{}", self.version.0, self.version.1, self.version.2)
+    }
+
+    fn reduces(&self, dtype: DType, op: Combine) -> bool {
+        reduces_like_kiln(dtype, op)
+    }
+
+    fn all_reduce(&self, parts: &[Part], op: Combine) -> Result<()> {
+        let ((dt, len), op) = (shape_of(parts), red_op(op));
+        // SAFETY (every call): the ranks' buffers hold `len` elements.
+        self.collective("all_reduce", "ncclAllReduce", parts, parts, |api, r, comm, s| unsafe {
+            (api.all_reduce)(r.send, r.recv, len, dt, op, comm, s)
+        })
+    }
+
+    fn broadcast(&self, parts: &[Part], root: usize) -> Result<()> {
+        let (dt, len) = shape_of(parts);
+        self.collective("broadcast", "ncclBroadcast", parts, parts, |api, r, comm, s| unsafe {
+            (api.broadcast)(r.send, r.recv, len, dt, root as c_int, comm, s)
+        })
+    }
+
+    fn reduce(&self, parts: &[Part], root: usize, op: Combine) -> Result<()> {
+        let ((dt, len), op) = (shape_of(parts), red_op(op));
+        self.collective("reduce", "ncclReduce", parts, parts, |api, r, comm, s| unsafe {
+            (api.reduce)(r.send, r.recv, len, dt, op, root as c_int, comm, s)
+        })
+    }
+
+    fn all_gather(&self, inputs: &[Part], outputs: &[Part]) -> Result<()> {
+        let (dt, len) = shape_of(inputs);
+        // SAFETY: each output holds n·len elements.
+        self.collective("all_gather", "ncclAllGather", inputs, outputs, |api, r, comm, s| unsafe {
+            (api.all_gather)(r.send, r.recv, len, dt, comm, s)
+        })
+    }
+
+    fn reduce_scatter(&self, inputs: &[Part], outputs: &[Part], op: Combine) -> Result<()> {
+        let ((dt, len), op) = (shape_of(outputs), red_op(op));
+        // SAFETY: each input holds n·len elements.
+        self.collective("reduce_scatter", "ncclReduceScatter", inputs, outputs, |api, r, comm, s| unsafe {
+            (api.reduce_scatter)(r.send, r.recv, len, dt, op, comm, s)
+        })
+    }
+
+    fn join(&self, backends: &[&'static dyn Backend]) -> Result<()> {
+        for b in backends {
+            let dev = cuda_of(*b)?;
+            let released = {
+                // Under the lock: every storage taken here belongs to a
+                // collective queued before the event the compute stream waits on.
+                let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(stream) = state.streams.get(&dev.ordinal).copied() else { continue };
+                catch_unwind(AssertUnwindSafe(|| order_after(dev, dev.stream.0, stream.0)))
+                    .unwrap_or_else(|_| Err(dev.err("joining NCCL's stream: a CUDA library call panicked (missing library or symbol)")))?;
+                state.in_use.remove(&dev.ordinal)
+            };
+            drop(released);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_codes_split_in_both_formats() {
+        assert_eq!(split_version(22105), (2, 21, 5));
+        assert_eq!(split_version(21003), (2, 10, 3));
+        assert_eq!(split_version(2708), (2, 7, 8));
+        assert!(split_version(2708) < MIN_VERSION && split_version(21000) >= MIN_VERSION);
+    }
+
+    #[test]
+    fn every_dtype_has_an_nccl_type_and_float_extrema_are_declined() {
+        use nc::ncclDataType_t as T;
+        let all = [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::I32, DType::U8];
+        let types: Vec<T> = all.iter().map(|&d| datatype(d)).collect();
+        assert_eq!(types, [T::ncclFloat32, T::ncclFloat64, T::ncclFloat16, T::ncclBfloat16, T::ncclInt64, T::ncclInt32, T::ncclUint8]);
+        for d in all {
+            assert!(reduces_like_kiln(d, Combine::Sum));
+            for op in [Combine::Max, Combine::Min] {
+                assert_eq!(reduces_like_kiln(d, op), !d.is_float(), "{d} {op:?}");
+            }
+        }
+    }
+}
