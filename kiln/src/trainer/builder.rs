@@ -12,6 +12,8 @@ pub struct TrainerBuilder {
     num_gpus: usize,
     device: Option<Device>,
     gradient_clip_val: f64,
+    bucket_bytes: Option<usize>,
+    check_replicas: bool,
     progress: Progress,
     callbacks: Vec<Box<dyn Callback>>,
     #[cfg(feature = "plot")]
@@ -48,6 +50,25 @@ impl TrainerBuilder {
         self
     }
 
+    /// With several GPUs, the size of a gradient bucket: gradients are
+    /// summed across the devices a bucket at a time, each started as soon
+    /// as backward has produced it ([`DEFAULT_BUCKET_BYTES`], 25 MiB, as
+    /// PyTorch's DDP; at least 1 byte: then each parameter is a bucket).
+    ///
+    /// [`DEFAULT_BUCKET_BYTES`]: super::DEFAULT_BUCKET_BYTES
+    pub fn bucket_size(mut self, bytes: usize) -> TrainerBuilder {
+        self.bucket_bytes = Some(bytes);
+        self
+    }
+
+    /// With several GPUs, check after every step that every replica's
+    /// parameters equal the first's in every bit, failing the fit if not (a
+    /// debugging aid: it reads every parameter to the host each step).
+    pub fn check_replicas(mut self, check: bool) -> TrainerBuilder {
+        self.check_replicas = check;
+        self
+    }
+
     /// Show a progress bar or not ([`Progress::Auto`] by default).
     pub fn progress(mut self, progress: Progress) -> TrainerBuilder {
         self.progress = progress;
@@ -76,6 +97,9 @@ impl TrainerBuilder {
         let max_epochs = self.max_epochs.ok_or_else(|| {
             Error::invalid(op, "max_epochs is not set; say how long each fit trains, e.g. `Trainer::builder().max_epochs(10)`")
         })?;
+        if self.bucket_bytes == Some(0) {
+            return Err(Error::invalid(op, "bucket_size must be at least 1 byte"));
+        }
         if !(self.gradient_clip_val.is_finite() && self.gradient_clip_val >= 0.0) {
             return Err(Error::invalid(
                 op,
@@ -102,6 +126,8 @@ impl TrainerBuilder {
             num_gpus,
             gradient_clip_val: self.gradient_clip_val,
             gpus,
+            bucket_bytes: self.bucket_bytes.unwrap_or(super::DEFAULT_BUCKET_BYTES),
+            check_replicas: self.check_replicas,
             progress: self.progress,
             callbacks: self.callbacks,
             #[cfg(feature = "plot")]
