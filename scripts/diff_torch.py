@@ -54,9 +54,11 @@ def forward(c, T, dtype):
             "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "erf": torch.erf,
             "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu,
         }[op](a)
-    if c["family"] == "binary":
+    if c["family"] == "binary" or (c["family"] == "mixed" and op not in ("where", "cat")):
         return {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
                 "minimum": torch.minimum, "pow": torch.pow}[op](a, b)
+    if c["family"] == "mixed" and op == "cat":
+        return torch.cat([a, b], c["dim"])
     if c["family"] == "scalar":
         s, hi = c["s"], c["hi"]
         return {
@@ -132,8 +134,11 @@ def forward(c, T, dtype):
 
 
 def run(c, dtype):
-    """(output, {leaf: grad or None}) from PyTorch, computing in dtype."""
-    T = {k: tensor(v, dtype).requires_grad_() for k, v in c["inputs"].items()}
+    """(output, {leaf: grad or None}) from PyTorch, computing in dtype (a
+    case of two dtypes, family "mixed", keeps each leaf's own dtype and lets
+    PyTorch promote, unless dtype is the f64 of the exact rerun)."""
+    own = c["family"] == "mixed" and dtype == DT[c["out"]["dtype"]]
+    T = {k: (tensor(v) if own else tensor(v, dtype)).requires_grad_() for k, v in c["inputs"].items()}
     y = forward(c, T, dtype)
     w = tensor(c["w"], dtype)
     loss = (y * w).sum()

@@ -37,6 +37,7 @@ static void (*kiln_sim_syncthreads)(void);
 // Every block runs on one OS thread, but two streams may run kernels at once
 // on shared (peer) memory, so atomics are real ones.
 #define __threadfence() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+#define __threadfence_system() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 template <typename T>
 static inline T atomicAdd(T* p, T v) {
     return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);

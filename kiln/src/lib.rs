@@ -55,7 +55,7 @@ pub use base::buffer::CpuBuffer;
 pub use base::device::{cpu, gpu, Device, DeviceInfo, DeviceKind, FallbackReason};
 pub use base::dtype::{DType, WithDType};
 pub use base::env::{env_flag, parse_bytes};
-pub use base::error::{human_bytes, Direction, Error, Result};
+pub use base::error::{human_bytes, Direction, Error, HostLimit, Result};
 pub use base::shape::{Layout, Shape};
 pub use host_nn::InterpMode;
 pub use kernel::backend::QueueHold;
@@ -63,6 +63,7 @@ pub use ops::binary::BinaryOp;
 pub use ops::conv::{Conv2dArgs, ConvPadding, Pair};
 pub use ops::pool::Pool2dArgs;
 pub use ops::reduce::ReduceOp;
+pub use ops::slicing::{Selector, TensorIndex};
 pub use ops::unary::UnaryOp;
 #[doc(hidden)]
 pub use registry::hold_queue;

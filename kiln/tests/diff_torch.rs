@@ -7,7 +7,9 @@
 //! mean / max / min reductions, matmul, softmax / log_softmax, `mse_loss`,
 //! `cross_entropy`, `index_select`, `index_add`, `cat`, `stack`, views
 //! (narrow, transpose, permute, broadcast, reshape, squeeze), casts and
-//! `where_cond`), f32 and f64, shapes of rank 0 to 3 with zero-size ones,
+//! `where_cond`, and operands of two dtypes: f32 with f64, a 0-d one among
+//! them, through the binary family, `where_cond` and `cat`, each gradient in
+//! its leaf's dtype), f32 and f64, shapes of rank 0 to 3 with zero-size ones,
 //! non-contiguous leaves, on the CPU and a simulated GPU. Each case builds
 //! `loss = sum(op(inputs) · w)` for a random weight `w`, runs `backward`, and
 //! writes inputs, `w`, the output and every leaf's gradient as one JSON
@@ -164,7 +166,7 @@ struct Case {
 fn case(r: &mut Rng, dev: Device) -> Result<Option<Case>> {
     let dtype = r.pick(&[DType::F32, DType::F64]);
     let mut extra = String::new();
-    let family_no = r.below(14);
+    let family_no = r.below(15);
     let (family, op, leaves, out): (&'static str, String, Vec<(&'static str, Tensor)>, Tensor) = match family_no {
         0 => {
             let op = r.pick(&[
@@ -487,6 +489,36 @@ fn case(r: &mut Rng, dev: Device) -> Result<Option<Case>> {
             let to = if dtype == DType::F32 { DType::F64 } else { DType::F32 };
             let y = x.to_dtype(to)?.sqr()?.to_dtype(dtype)?;
             ("cast", "cast_sqr".into(), vec![("a", x)], y)
+        }
+        13 => {
+            // Operands of two dtypes (PyTorch's promotion; issue 18): f32 and
+            // f64 in either order, the second sometimes 0-d (a scalar for
+            // dtype purposes: f32 with a 0-d f64 stays f32).
+            let other_dtype = if dtype == DType::F32 { DType::F64 } else { DType::F32 };
+            let op = r.pick(&["add", "sub", "mul", "div", "maximum", "minimum", "where", "cat"]);
+            let shape = random_shape(r, if op == "cat" { 1 } else { 0 }, 3);
+            let a = leaf(r, &shape, dtype, dev, Vals::Edgy)?;
+            let sb: Vec<usize> = if op != "cat" && r.below(3) == 0 { vec![] } else { shape.clone() };
+            let b = leaf(r, &sb, other_dtype, dev, Vals::Edgy)?;
+            let y = match op {
+                "add" => a.add(&b)?,
+                "sub" => a.sub(&b)?,
+                "mul" => a.mul(&b)?,
+                "div" => a.div(&b)?,
+                "maximum" => a.maximum(&b)?,
+                "minimum" => a.minimum(&b)?,
+                "where" => {
+                    let cond = random_tensor(r, &shape, DType::F32, dev, Vals::Plain)?.gt(&Tensor::zeros((), DType::F32, &dev)?)?;
+                    write!(extra, ",\"cond\":{}", json(&cond)?).unwrap();
+                    cond.where_cond(&a, &b)?
+                }
+                _ => {
+                    let d = r.below(shape.len()) as i64 - if r.below(2) == 0 { shape.len() as i64 } else { 0 };
+                    write!(extra, ",\"dim\":{d}").unwrap();
+                    Tensor::cat(&[&a, &b], d)?
+                }
+            };
+            ("mixed", op.into(), vec![("a", a), ("b", b)], y)
         }
         12 => {
             let shape = random_shape(r, 0, 3);

@@ -59,7 +59,7 @@ fn expect_oom<T: std::fmt::Debug>(r: Result<T>, d: Device, requested: usize, use
     let cap = capacity(d);
     match r {
         Err(e @ Error::OutOfMemory { .. }) => {
-            let Error::OutOfMemory { device, requested: req, in_use, capacity } = &e else { unreachable!() };
+            let Error::OutOfMemory { device, requested: req, in_use, capacity, .. } = &e else { unreachable!() };
             assert_eq!((*device, *req, *in_use, *capacity), (d, requested, used, cap), "{e}");
             let msg = e.to_string();
             assert!(msg.contains(&format!("out of memory on {d}")) && msg.contains(&kiln::human_bytes(cap)), "{msg}");

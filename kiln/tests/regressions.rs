@@ -130,9 +130,10 @@ fn out_of_memory_and_dtype_hints_compile() {
     assert!(err.to_string().contains("random values are floats: ask for `kiln::DType::F32`"), "{err}");
     let two = Tensor::new(&[2i64], &cpu()).unwrap();
     let err = two.pow(&two).unwrap_err();
-    assert!(matches!(err, Error::UnsupportedDType { .. }) && err.to_string().contains("`.to_dtype(kiln::DType::F32)?`"), "{err}");
-    let hint = || -> kiln::Result<Tensor> { two.to_dtype(kiln::DType::F32)?.pow(&two.to_dtype(kiln::DType::F32)?) };
-    assert_eq!(hint().unwrap().to_vec::<f32>().unwrap(), vec![4.0]);
+    // The hint widens: f64 holds the i64 values f32 would round (issue 18).
+    assert!(matches!(err, Error::UnsupportedDType { .. }) && err.to_string().contains("`.to_dtype(kiln::DType::F64)?`"), "{err}");
+    let hint = || -> kiln::Result<Tensor> { two.to_dtype(kiln::DType::F64)?.pow(&two.to_dtype(kiln::DType::F64)?) };
+    assert_eq!(hint().unwrap().to_vec::<f64>().unwrap(), vec![4.0]);
 }
 
 /// A refused `rand` leaves the thread's random stream as it was (found by

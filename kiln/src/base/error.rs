@@ -44,6 +44,78 @@ pub fn human_bytes(bytes: usize) -> String {
     }
 }
 
+/// Which limit refused a host allocation, with its figures (bytes).
+///
+/// ```
+/// use kiln::HostLimit;
+/// let l = HostLimit::AddressSpace { limit: 1 << 30, mapped: 900 << 20 };
+/// assert!(l.to_string().contains("RLIMIT_AS"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HostLimit {
+    /// The process's address-space limit (`ulimit -v`, `RLIMIT_AS`), and
+    /// the address space the process had mapped.
+    AddressSpace {
+        /// The limit.
+        limit: usize,
+        /// Mapped when the allocation was refused (`VmSize`).
+        mapped: usize,
+    },
+    /// The process's data-segment limit (`ulimit -d`, `RLIMIT_DATA`), and
+    /// its data segment (`VmData`: heap and private writable mappings).
+    Data {
+        /// The limit.
+        limit: usize,
+        /// In use when the allocation was refused.
+        used: usize,
+    },
+    /// The memory limit of the process's control group (`memory.max`, or
+    /// `memory.limit_in_bytes` under cgroup v1) and the group's usage.
+    Cgroup {
+        /// The file the limit was read from.
+        path: String,
+        /// The limit.
+        limit: usize,
+        /// The group's usage (`memory.current` / `memory.usage_in_bytes`).
+        used: usize,
+    },
+    /// None of the process's limits: the machine's memory, all of it and
+    /// what the OS could still give.
+    Machine {
+        /// The host's RAM.
+        total: usize,
+        /// Available without swapping.
+        available: usize,
+    },
+}
+
+impl std::fmt::Display for HostLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let h = human_bytes;
+        match self {
+            HostLimit::AddressSpace { limit, mapped } => write!(
+                f,
+                "the process's address-space limit (ulimit -v, RLIMIT_AS) of {}, with {} mapped; raise it (`ulimit -v`) or use less",
+                h(*limit),
+                h(*mapped)
+            ),
+            HostLimit::Data { limit, used } => write!(
+                f,
+                "the process's data limit (ulimit -d, RLIMIT_DATA) of {}, with {} in its data segment; raise it (`ulimit -d`) or use less",
+                h(*limit),
+                h(*used)
+            ),
+            HostLimit::Cgroup { path, limit, used } => {
+                write!(f, "the control group's memory limit of {} ({path}), with {} in use by the group", h(*limit), h(*used))
+            }
+            HostLimit::Machine { total, available } => {
+                write!(f, "the machine's memory: {} in all, {} available", h(*total), h(*available))
+            }
+        }
+    }
+}
+
 /// Everything that can go wrong in kiln.
 ///
 /// ```
@@ -85,7 +157,7 @@ pub enum Error {
         rhs: Vec<usize>,
     },
     /// Operands whose element types differ, or a dtype an op does not support.
-    #[error("{op}: dtypes {lhs} and {rhs} differ; convert one with `.to_dtype(DType::{lhs:?})?`")]
+    #[error("{}", dtype_mismatch(op, *lhs, *rhs))]
     DTypeMismatch {
         /// The operation that was refused.
         op: String,
@@ -103,7 +175,7 @@ pub enum Error {
         dtype: DType,
     },
     /// A device's memory is full.
-    #[error("out of memory on {device}: asked for {}, {} in use of {}; drop tensors you no longer need (their memory is reusable by later work on the device at once, even while kernels queued on them still run), call `kiln::empty_cache(&{})?`, or use a smaller batch", human_bytes(*.requested), human_bytes(*.in_use), human_bytes(*.capacity), device_expr(*.device))]
+    #[error("{}", out_of_memory(*.device, *.requested, *.in_use, *.capacity, .limit.as_ref()))]
     OutOfMemory {
         /// The device whose memory is full.
         device: Device,
@@ -113,6 +185,11 @@ pub enum Error {
         in_use: usize,
         /// Capacity of the device.
         capacity: usize,
+        /// For host memory that the OS refused: the limit that refused it
+        /// (the process's address-space or data limit, its control group's,
+        /// or the machine's), with its figures. None for a device's own
+        /// capacity (a GPU's, a simulated GPU's).
+        limit: Option<HostLimit>,
     },
     /// A transfer forbidden by a [`crate::TransferGuard`].
     #[error("{direction} transfer from {src} to {dst} at {location} is disallowed by a transfer guard; keep the data where it is, or allow it with `kiln::transfer_guard(...)`")]
@@ -179,8 +256,45 @@ fn unsupported_dtype(op: &str, dtype: DType) -> String {
     if op == "rand" {
         format!("{op}: not supported for dtype {dtype}; random values are floats: ask for `kiln::DType::F32` (or F64, F16, BF16)")
     } else {
-        format!("{op}: not supported for dtype {dtype}; convert first with `.to_dtype(kiln::DType::F32)?`")
+        // The float that holds every value of the dtype (as near as there is
+        // one): never a narrowing hint.
+        let to = match dtype {
+            DType::I32 | DType::I64 | DType::F64 => DType::F64,
+            DType::U8 | DType::F16 | DType::BF16 | DType::F32 => DType::F32,
+        };
+        format!("{op}: not supported for dtype {dtype}; convert first with `.to_dtype(kiln::DType::{to:?})?`")
     }
+}
+
+/// The message of `OutOfMemory`: the device's own capacity, or for host
+/// memory the OS refused, the limit that refused it.
+fn out_of_memory(device: Device, requested: usize, in_use: usize, capacity: usize, limit: Option<&HostLimit>) -> String {
+    let what = match limit {
+        Some(limit) => format!("asked for {}, refused by {limit}; kiln holds {} there", human_bytes(requested), human_bytes(in_use)),
+        None => format!("asked for {}, {} in use of {}", human_bytes(requested), human_bytes(in_use), human_bytes(capacity)),
+    };
+    format!(
+        "out of memory on {device}: {what}; drop tensors you no longer need (their memory is reusable by later work on the device at once, even while kernels queued on them still run), call `kiln::empty_cache(&{})?`, or use a smaller batch",
+        device_expr(device)
+    )
+}
+
+/// The message of `DTypeMismatch`. A read of the wrong type (`to_vec::<T>`)
+/// converts to the type asked for; two operands convert to the wider dtype
+/// ([`DType::promote`]), never the narrower: that would lose values.
+fn dtype_mismatch(op: &str, lhs: DType, rhs: DType) -> String {
+    if op.contains("::<") {
+        return format!("{op}: dtypes {lhs} and {rhs} differ; convert with `.to_dtype(DType::{lhs:?})?`");
+    }
+    let wide = lhs.promote(rhs);
+    let which = if wide == lhs {
+        format!("the {rhs} operand")
+    } else if wide == rhs {
+        format!("the {lhs} operand")
+    } else {
+        "both operands".to_string()
+    };
+    format!("{op}: dtypes {lhs} and {rhs} differ; convert {which} to the wider dtype with `.to_dtype(DType::{wide:?})?`")
 }
 
 /// The Rust expression that names a device: `kiln::cpu()`, `kiln::gpu(0)`.
@@ -206,8 +320,12 @@ fn device_mismatch(op: &str, lhs: Device, rhs: Device) -> String {
 fn hint(op: &str) -> &'static str {
     match op {
         "matmul" => "; the inner dimensions must agree: (.., m, k) @ (.., k, n)",
+        "matmul (batch dimensions)" => {
+            "; the inner dimensions agree, but the batch dimensions (all but the last two) must broadcast: each equal or 1"
+        }
         "reshape" => "; the element counts must be equal",
         "from_vec" => "; the data's length must equal the shape's element count (the product of its dimensions)",
+        "gather" | "scatter" | "scatter_add" => "; the index must have the input's rank (and src's)",
         _ => "; broadcasting needs each trailing dimension to be equal or 1",
     }
 }

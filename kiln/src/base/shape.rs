@@ -315,6 +315,15 @@ impl Layout {
     }
     /// Broadcasts to `target` with stride 0 on the new or stretched dims.
     pub(crate) fn broadcast_as(&self, target: &Shape) -> Result<Layout> {
+        let l = self.broadcast_view(target)?;
+        target.checked_elem_count("broadcast_to")?;
+        Ok(l)
+    }
+    /// [`broadcast_as`](Self::broadcast_as) without the check that the
+    /// target's element count fits a `usize`: for a kernel operand whose
+    /// output is checked instead (a matmul of an empty output never walks
+    /// its operands, however large their broadcast batch).
+    pub(crate) fn broadcast_view(&self, target: &Shape) -> Result<Layout> {
         let src = self.dims();
         let dst = target.dims();
         if dst.len() < src.len() {
@@ -335,7 +344,6 @@ impl Layout {
                 return Err(Error::shape("broadcast_to", src, dst));
             }
         }
-        target.checked_elem_count("broadcast_to")?;
         Ok(Layout { shape: target.clone(), strides, offset: self.offset })
     }
     /// Iterates the storage offsets of all elements in row-major order.
@@ -417,7 +425,14 @@ fn too_large(op: &str, dims: &[usize]) -> Error {
 
 /// The numpy broadcast of two shapes.
 pub(crate) fn broadcast_shapes(op: &str, a: &Shape, b: &Shape) -> Result<Shape> {
-    let (a, b) = (a.dims(), b.dims());
+    let out = broadcast_dims(a.dims(), b.dims()).ok_or_else(|| Error::shape(op, a.dims(), b.dims()))?;
+    checked_product(op, &out)?;
+    Ok(Shape(out))
+}
+
+/// The numpy broadcast of two lists of dimensions, or None when they do
+/// not broadcast; its product is not checked (see [`broadcast_shapes`]).
+pub(crate) fn broadcast_dims(a: &[usize], b: &[usize]) -> Option<Dims> {
     let rank = a.len().max(b.len());
     let mut out = Dims::from_elem(0, rank);
     for i in 0..rank {
@@ -428,11 +443,10 @@ pub(crate) fn broadcast_shapes(op: &str, a: &Shape, b: &Shape) -> Result<Shape> 
         } else if da == 1 {
             db
         } else {
-            return Err(Error::shape(op, a, b));
+            return None;
         };
     }
-    checked_product(op, &out)?;
-    Ok(Shape(out))
+    Some(out)
 }
 
 #[cfg(test)]

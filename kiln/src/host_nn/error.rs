@@ -46,13 +46,8 @@ impl From<NnError> for crate::Error {
         match e {
             NnError::InvalidArgument { op, msg } => crate::Error::InvalidArgument { op: op.to_string(), msg },
             NnError::OutOfMemory { bytes, .. } => {
-                let stats = crate::memory_stats(&crate::Device::Cpu).ok();
-                crate::Error::OutOfMemory {
-                    device: crate::Device::Cpu,
-                    requested: bytes,
-                    in_use: stats.as_ref().map(|s| s.in_use).unwrap_or(0),
-                    capacity: stats.as_ref().and_then(|s| s.capacity).unwrap_or(0),
-                }
+                let in_use = crate::memory_stats(&crate::Device::Cpu).map(|s| s.in_use).unwrap_or(0);
+                crate::runtime::host::host_out_of_memory(crate::Device::Cpu, bytes, in_use)
             }
         }
     }

@@ -108,12 +108,7 @@ impl Origin {
 /// Host memory refused for `bytes` of elements being read.
 fn host_oom(bytes: usize) -> Error {
     let in_use = crate::memory_stats(&crate::Device::Cpu).map(|s| s.in_use).unwrap_or(0);
-    Error::OutOfMemory {
-        device: crate::Device::Cpu,
-        requested: bytes,
-        in_use,
-        capacity: crate::runtime::host::host_memory_total().unwrap_or(0),
-    }
+    crate::runtime::host::host_out_of_memory(crate::Device::Cpu, bytes, in_use)
 }
 
 /// Which end of an element comes first in a file.

@@ -234,6 +234,10 @@ pub(crate) trait CudaDevice {
     fn gemm(&self, call: &GemmCall) -> Result<bool>;
     /// An error of this device (`Error::Backend` naming it).
     fn err(&self, msg: String) -> Error;
+    /// The device address of this device's fault record (`struct
+    /// KilnFault` of the prelude), where a kernel that reads indices
+    /// records the first bad one (see `kernel::index_check`).
+    fn fault_record(&self) -> Result<u64>;
 }
 
 /// Threads per block of elementwise kernels.

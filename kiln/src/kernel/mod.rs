@@ -20,6 +20,7 @@
 pub(crate) mod backend;
 pub(crate) mod comm;
 pub(crate) mod cuda;
+pub(crate) mod index_check;
 pub(crate) mod storage;
 
 use crate::base::buffer::CpuBuffer;

@@ -1,6 +1,7 @@
 //! Losses and metrics, computed on the operands' device and returned as 0-d
 //! tensors there (reading them is the caller's choice, and a transfer).
 
+use crate::kernel::index_check::IndexCheck;
 use crate::tensor::Dim;
 use crate::{DType, Error, Result, Tensor};
 
@@ -81,21 +82,31 @@ fn check_labels(op: &str, logits: &Tensor, labels: &Tensor) -> Result<usize> {
     if labels.device() != logits.device() {
         return Err(Error::DeviceMismatch { op: op.into(), lhs: logits.device(), rhs: labels.device() });
     }
-    let classes = logits.dims()[1];
-    // Labels on the host are checked (a GPU's are not read back: that would
-    // be a hidden transfer; there an out-of-range label matches no class).
+    Ok(logits.dims()[1])
+}
+
+/// Checks label values on the host, last of a loss's checks (so that every
+/// other error is the same on every device). A GPU's labels are not read
+/// back (that would be a hidden transfer and a wait): the kernel that reads
+/// them checks them, and a bad one is reported by the next synchronising call.
+fn check_label_values(op: &str, labels: &Tensor, classes: usize) -> Result<()> {
     if labels.device().is_cpu() {
-        if let Some(bad) = labels.to_vec::<i64>()?.into_iter().find(|&l| l < 0 || l as usize >= classes) {
+        if let Some(bad) =
+            labels.to_dtype(DType::I64)?.to_vec::<i64>()?.into_iter().find(|&l| usize::try_from(l).map_or(true, |l| l >= classes))
+        {
             return Err(Error::invalid(op, format!("label {bad} is out of range for {classes} classes")));
         }
     }
-    Ok(classes)
+    Ok(())
 }
 
 /// One-hot rows (n, classes) of integer `labels`, as `dtype`, on the labels'
-/// device. A label outside `0..classes` is an error for labels on the CPU,
-/// as in PyTorch; labels on a GPU are not read back to check (that would be
-/// a hidden transfer), and there a bad label gives a row of zeros.
+/// device. A label outside `0..classes` is an error, as in PyTorch: for
+/// labels on the CPU `InvalidArgument` at the call; labels on a GPU are not
+/// read back to check (that would be a hidden transfer and a wait): the
+/// kernel checks them, and a bad one makes the next synchronising call
+/// (`synchronize`, `block_until_ready`, a read) return `KernelFailed`
+/// naming `one_hot` and the label (PyTorch's device-side assert).
 ///
 /// ```
 /// use kiln::{Tensor, DType, cpu};
@@ -105,21 +116,24 @@ fn check_labels(op: &str, logits: &Tensor, labels: &Tensor) -> Result<usize> {
 /// # Ok::<(), kiln::Error>(())
 /// ```
 pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> {
+    one_hot_for(IndexCheck::label("one_hot"), labels, classes, dtype)
+}
+
+/// [`one_hot`] whose label checks name `check`'s op.
+fn one_hot_for(check: IndexCheck, labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> {
+    let op = check.op;
     if !matches!(labels.dtype(), DType::I64 | DType::I32 | DType::U8) {
-        return Err(Error::invalid("one_hot", format!("labels must be integers (i64, i32 or u8), got {}", labels.dtype())));
+        return Err(Error::invalid(op, format!("labels must be integers (i64, i32 or u8), got {}", labels.dtype())));
     }
-    if labels.device().is_cpu() {
-        if let Some(bad) = labels.to_vec_f64()?.into_iter().find(|&l| l < 0.0 || l >= classes as f64) {
-            return Err(Error::invalid("one_hot", format!("label {bad} is out of range for {classes} classes")));
-        }
-    }
-    let labels = labels.to_dtype(DType::I64)?;
-    let ids = Tensor::arange_dtype(0.0, classes as f64, 1.0, DType::I64, &labels.device())?;
-    labels.flatten_all()?.unsqueeze(1)?.eq(&ids.unsqueeze(0)?)?.to_dtype(dtype)
+    check_label_values(op, labels, classes)?;
+    labels.one_hot_rows(classes, dtype, check)
 }
 
 /// Cross-entropy of logits (n, classes) against i64 labels (n), averaged
-/// over the batch, through a stable log-softmax.
+/// over the batch, through a stable log-softmax. A label outside
+/// `0..classes` is an error: on the CPU at the call; on a GPU (where the
+/// labels are not read back) the next synchronising call returns
+/// `KernelFailed` naming `cross_entropy` and the label.
 ///
 /// ```
 /// use kiln::{Tensor, cpu};
@@ -133,7 +147,11 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
     let classes = check_labels("cross_entropy", logits, labels)?;
     // An empty batch: 0 · (−1/0) = NaN, as PyTorch.
     let n = logits.dims()[0] as f64;
-    let picked = logits.log_softmax(-1)?.mul(&one_hot(labels, classes, logits.dtype())?)?;
+    // The log-softmax first: a dtype it refuses is refused before the labels
+    // are looked at, on every device.
+    let log_p = logits.log_softmax(-1)?;
+    let targets = one_hot_for(IndexCheck::label("cross_entropy"), labels, classes, logits.dtype())?;
+    let picked = log_p.mul(&targets)?;
     picked.sum_all()?.mul_scalar(-1.0 / n)
 }
 
@@ -149,7 +167,8 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
 /// # Ok::<(), kiln::Error>(())
 /// ```
 pub fn accuracy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
-    check_labels("accuracy", logits, labels)?;
+    let classes = check_labels("accuracy", logits, labels)?;
+    check_label_values("accuracy", labels, classes)?;
     let n = logits.dims()[0].max(1) as f64;
     let hits = logits.detach().argmax(1)?.eq(&labels.flatten_all()?)?.to_dtype(DType::F32)?;
     hits.sum_all()?.div_scalar(n)

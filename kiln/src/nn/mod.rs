@@ -1,5 +1,5 @@
 //! Neural networks: the [`Module`] trait, layers ([`Linear`],
-//! [`LazyLinear`], [`Sequential`], activations, [`Flatten`], [`Dropout`],
+//! [`LazyLinear`], [`Embedding`], [`Sequential`], activations, [`Flatten`], [`Dropout`],
 //! convolution, pooling and normalisation layers, [`Residual`]),
 //! initializers ([`init`]) and losses.
 //!
@@ -22,6 +22,7 @@
 mod activation;
 mod conv;
 mod dropout;
+mod embedding;
 pub mod init;
 mod linear;
 mod loss;
@@ -33,6 +34,7 @@ mod sequential;
 pub use activation::{Flatten, ReLU, SiLU, Sigmoid, Tanh, GELU};
 pub use conv::{AdaptiveAvgPool2d, AvgPool2d, Conv2d, LazyConv2d, MaxPool2d};
 pub use dropout::Dropout;
+pub use embedding::{embedding, Embedding};
 pub use linear::{LazyLinear, Linear};
 pub use loss::{accuracy, cross_entropy, log_softmax, mse_loss, one_hot, softmax, Loss};
 pub use module::{Module, ParamVisitor};

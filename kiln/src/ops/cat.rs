@@ -5,11 +5,14 @@ use super::copy::CopyOp;
 use crate::base::error::{Error, Result};
 use crate::base::shape::{Layout, Shape};
 use crate::kernel::{Kernel, OpRef};
-use crate::tensor::{check_dim, check_same_device, check_same_dtype, Dim};
+use crate::tensor::{check_dim, check_same_device, Dim};
 use crate::Tensor;
 
 impl Tensor {
-    /// Joins tensors along an existing dimension.
+    /// Joins tensors along an existing dimension. Tensors of several dtypes
+    /// are promoted as PyTorch does ([`Tensor::result_type`]), each piece
+    /// converted as it is copied in; each gradient comes back in its
+    /// piece's dtype.
     ///
     /// ```
     /// use kiln::{Tensor, cpu};
@@ -17,6 +20,8 @@ impl Tensor {
     /// let b = Tensor::new(&[[3f32, 4.]], &cpu())?;
     /// assert_eq!(Tensor::cat(&[&a, &b], 0)?.dims(), &[2, 2]);
     /// assert_eq!(Tensor::cat(&[&a, &b], 1)?.to_vec::<f32>()?, vec![1., 2., 3., 4.]);
+    /// let i = Tensor::new(&[[5u8, 6]], &cpu())?;
+    /// assert_eq!(Tensor::cat(&[&i, &a], 0)?.to_vec::<f32>()?, vec![5., 6., 1., 2.]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn cat(tensors: &[&Tensor], dim: impl Dim) -> Result<Tensor> {
@@ -26,7 +31,6 @@ impl Tensor {
         let mut total = 0;
         for t in tensors {
             check_same_device("cat", first, t)?;
-            check_same_dtype("cat", first, t)?;
             let same_rest = t.rank() == first.rank() && (0..t.rank()).all(|d| d == dim || t.dims()[d] == first.dims()[d]);
             if !same_rest {
                 return Err(Error::shape("cat", first.dims(), t.dims()));
@@ -37,7 +41,9 @@ impl Tensor {
         dims[dim] = total;
         let shape = Shape::from(dims);
         shape.checked_elem_count("cat")?;
-        let out = first.alloc_like(first.dtype(), &shape)?;
+        // PyTorch's promotion: each piece is converted on its copy.
+        let dtype = Tensor::result_type(tensors);
+        let out = first.alloc_like(dtype, &shape)?;
         let full = Layout::contiguous(shape.clone());
         let mut start = 0;
         for t in tensors {
@@ -53,7 +59,8 @@ impl Tensor {
                 let mut grads = smallvec::SmallVec::new();
                 for x in c.inputs {
                     let n = x.dims()[dim];
-                    grads.push(Some(c.g.narrow(dim, start, n)?));
+                    // Back to the piece's own dtype.
+                    grads.push(Some(c.g.narrow(dim, start, n)?.to_dtype(x.dtype())?));
                     start += n;
                 }
                 Ok(grads)

@@ -7,7 +7,7 @@
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::ops::binary::BinaryOp;
-use crate::ops::reduce::{resolve_dims, ReduceOp};
+use crate::ops::reduce::{resolve_reduce_dims, ReduceOp};
 use crate::tensor::Dim;
 use crate::Tensor;
 
@@ -41,7 +41,7 @@ impl Tensor {
         if !self.dtype().is_float() {
             return Err(Error::UnsupportedDType { op: "mean".into(), dtype: self.dtype() });
         }
-        let dims = crate::ops::reduce::resolve_dims("mean", dims, self.rank())?;
+        let dims = crate::ops::reduce::resolve_reduce_dims("mean", dims, self.rank())?;
         let dims = dims.as_slice();
         let picked: Vec<usize> = dims.iter().filter_map(|&d| self.dims().get(d).copied()).collect();
         let n = crate::base::shape::checked_product("mean", &picked)?;
@@ -54,12 +54,10 @@ impl Tensor {
     }
     /// Mean over one dimension.
     pub fn mean(&self, dim: impl Dim) -> Result<Tensor> {
-        let dim = dim.index("mean", self.rank())?;
         self.mean_dims(&[dim], false)
     }
     /// Mean over one dimension, keeping it.
     pub fn mean_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
-        let dim = dim.index("mean", self.rank())?;
         self.mean_dims(&[dim], true)
     }
     /// log(softmax(x)) along `dim` (−1 is the last), computed stably as
@@ -75,7 +73,9 @@ impl Tensor {
     /// ```
     pub fn log_softmax(&self, dim: impl Dim) -> Result<Tensor> {
         if self.rank() == 0 {
-            return Err(Error::invalid("log_softmax", "needs a tensor of rank 1 or more"));
+            // As PyTorch: a scalar's dims are 0 and −1 (its log-softmax is 0).
+            dim.index("log_softmax", 1)?;
+            return self.reshape(1)?.log_softmax(0)?.reshape(());
         }
         let dim = dim.index("log_softmax", self.rank())?;
         if !self.dtype().is_float() {
@@ -92,23 +92,31 @@ impl Tensor {
 
     /// softmax(x) along `dim` (−1 is the last); see [`log_softmax`](Self::log_softmax).
     pub fn softmax(&self, dim: impl Dim) -> Result<Tensor> {
-        if self.rank() == 0 {
-            return Err(Error::invalid("softmax", "needs a tensor of rank 1 or more"));
-        }
-        // Resolved here so that an error names softmax, not log_softmax.
-        let dim = dim.index("softmax", self.rank())?;
+        // Resolved here so that an error names softmax, not log_softmax (a
+        // 0-d tensor's dims are 0 and −1, as in PyTorch).
+        let dim = dim.index("softmax", self.rank().max(1))?;
         self.log_softmax(dim)?.exp()
     }
 
     /// The Frobenius norm: √(Σ x²), a 0-d tensor on the same device.
+    /// Floats only, as PyTorch's `linalg.vector_norm` ("Expected a floating
+    /// point or complex tensor"): an integer tensor is `UnsupportedDType`
+    /// (squaring and summing in its own dtype would wrap); convert it first.
     ///
     /// ```
-    /// use kiln::{Tensor, cpu};
+    /// use kiln::{Tensor, DType, Error, cpu};
     /// let x = Tensor::new(&[[3f32, 0.], [0., 4.]], &cpu())?;
     /// assert_eq!(x.norm()?.to_scalar::<f32>()?, 5.0);
+    /// let b = Tensor::new(&[16u8], &cpu())?;
+    /// assert!(matches!(b.norm(), Err(Error::UnsupportedDType { dtype: DType::U8, .. })));
+    /// assert_eq!(b.to_dtype(DType::F32)?.norm()?.to_scalar::<f32>()?, 16.0);
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn norm(&self) -> Result<Tensor> {
+        if !self.dtype().is_float() {
+            return Err(Error::UnsupportedDType { op: "norm".into(), dtype: self.dtype() });
+        }
+        crate::tensor::check_compute("norm", self.dtype())?;
         self.sqr()?.sum_all()?.sqrt()
     }
 }
@@ -133,7 +141,7 @@ impl Tensor {
         if !self.dtype().is_float() {
             return Err(Error::UnsupportedDType { op: "var".into(), dtype: self.dtype() });
         }
-        let dims = resolve_dims("var", dims, self.rank())?;
+        let dims = resolve_reduce_dims("var", dims, self.rank())?;
         let picked: Vec<usize> = dims.iter().filter_map(|&d| self.dims().get(d).copied()).collect();
         let n = crate::base::shape::checked_product("var", &picked)? as f64;
         // The mean's own gradient is Σ(x − mean)·(…) = 0: detached, the
@@ -148,7 +156,6 @@ impl Tensor {
     }
     /// Variance over one dimension, with Bessel's correction (N − 1).
     pub fn var(&self, dim: impl Dim) -> Result<Tensor> {
-        let dim = dim.index("var", self.rank())?;
         self.var_dims(&[dim], 1.0, false)
     }
     /// Standard deviation: √[`var_dims`](Self::var_dims). Where the
@@ -167,8 +174,9 @@ impl Tensor {
     }
     /// Standard deviation over one dimension, with Bessel's correction.
     pub fn std(&self, dim: impl Dim) -> Result<Tensor> {
-        let dim = dim.index("std", self.rank())?;
-        self.std_dims(&[dim], 1.0, false)
+        // Resolved here so that an error names std, not var.
+        let dims = resolve_reduce_dims("std", &[dim], self.rank())?;
+        self.std_dims(dims.as_slice(), 1.0, false)
     }
 
     /// log Σ exp(x) over `dims`, computed around the maximum so that it
@@ -187,7 +195,7 @@ impl Tensor {
         if !self.dtype().is_float() {
             return self.to_dtype(DType::F32)?.logsumexp(dims, keepdim);
         }
-        let dims = resolve_dims("logsumexp", dims, self.rank())?;
+        let dims = resolve_reduce_dims("logsumexp", dims, self.rank())?;
         let empty = dims.iter().any(|&d| self.dims().get(d) == Some(&0));
         // The shift is a constant for the gradient; an infinite maximum
         // shifts by 0 (∞ − ∞ would be NaN), and an empty slice has none.

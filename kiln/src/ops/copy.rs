@@ -13,7 +13,7 @@ use crate::base::shape::Layout;
 use crate::kernel::cuda::{c_type, dtype_tag, lays, CudaDevice, CudaModule, BLOCK};
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
-use crate::tensor::{check_same_device, check_same_dtype};
+use crate::tensor::check_same_device;
 use crate::Tensor;
 use std::sync::Arc;
 
@@ -235,7 +235,10 @@ impl Tensor {
 
     /// Overwrites this tensor's elements in place with `src` (broadcast to
     /// this shape), on this tensor's device. Every view of the storage sees
-    /// the new values; this is how optimizers update parameters.
+    /// the new values; this is how optimizers update parameters. A source
+    /// of another dtype is converted on the way, as PyTorch's `copy_`
+    /// (floats to integers saturate, NaN gives 0; see [`to_dtype`](Self::to_dtype)).
+    /// Assigning a view to itself does nothing, even a broadcast one.
     ///
     /// ```
     /// use kiln::{Tensor, DType, cpu};
@@ -243,11 +246,20 @@ impl Tensor {
     /// let alias = w.clone();
     /// w.assign(&Tensor::new(&[1f32, 2.], &cpu())?)?;
     /// assert_eq!(alias.to_vec::<f32>()?, vec![1., 2.]);
+    /// w.assign(&Tensor::new(&[3i64, 4], &cpu())?)?; // converted, as `copy_`
+    /// assert_eq!(w.to_vec::<f32>()?, vec![3., 4.]);
+    /// let b = w.broadcast_to((3, 2))?;
+    /// b.assign(&b)?; // a no-op
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn assign(&self, src: &Tensor) -> Result<()> {
         check_same_device("assign", self, src)?;
-        check_same_dtype("assign", self, src)?;
+        if self.same_storage(src) && self.layout == src.layout {
+            // The same elements in the same places: nothing to do, whatever
+            // the view (PyTorch's `copy_` returns early here too, before it
+            // looks for overlap).
+            return Ok(());
+        }
         if self.layout.has_internal_overlap() {
             // Several elements of a broadcast view are one memory location:
             // which written value wins would be arbitrary (PyTorch refuses too).

@@ -122,11 +122,16 @@ impl Tensor {
         Tensor::ones(self.shape(), self.dtype(), &self.device())
     }
 
-    /// `start, start + step, ...` up to `end` (excluded), as f32.
+    /// `start, start + step, ...` up to `end` (excluded), as f32. A step
+    /// whose sign leads away from `end` is an error, as in PyTorch (equal
+    /// bounds give an empty tensor).
     ///
     /// ```
     /// use kiln::{Tensor, cpu};
     /// assert_eq!(Tensor::arange(0.0, 3.0, 1.0, &cpu())?.to_vec::<f32>()?, vec![0., 1., 2.]);
+    /// assert_eq!(Tensor::arange(1.0, 0.0, -0.25, &cpu())?.to_vec::<f32>()?, vec![1., 0.75, 0.5, 0.25]);
+    /// assert!(Tensor::arange(1.0, 20.0, -0.25, &cpu()).is_err());
+    /// assert_eq!(Tensor::arange(2.0, 2.0, -1.0, &cpu())?.dims(), &[0]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn arange(start: f64, end: f64, step: f64, device: &Device) -> Result<Tensor> {
@@ -137,6 +142,14 @@ impl Tensor {
     pub fn arange_dtype(start: f64, end: f64, step: f64, dtype: DType, device: &Device) -> Result<Tensor> {
         if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
             return Err(Error::invalid("arange", format!("start {start}, end {end} and step {step} must be finite with a non-zero step")));
+        }
+        if (step > 0.0 && end < start) || (step < 0.0 && end > start) {
+            // PyTorch: "upper bound and larger bound inconsistent with step sign".
+            let fix = if step > 0.0 { "a negative step to count down" } else { "a positive step to count up" };
+            return Err(Error::invalid(
+                "arange",
+                format!("the bounds {start} to {end} are inconsistent with the sign of the step {step}; use {fix}, or swap the bounds"),
+            ));
         }
         let n = ((end - start) / step).ceil().max(0.0) as usize;
         Tensor::filled(FillOp::Arange { start, step }, Shape::from(n), dtype, device)

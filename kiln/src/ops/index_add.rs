@@ -9,6 +9,7 @@ use crate::base::buffer::CpuBuffer;
 use crate::base::dtype::{DType, WithDType};
 use crate::base::error::{Error, Result};
 use crate::kernel::cuda::{c_type, dtype_tag, lay, CudaDevice, CudaModule, BLOCK};
+use crate::kernel::index_check::IndexCheck;
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
 use crate::tensor::{check_dim, check_same_device, check_same_dtype, Dim};
@@ -22,12 +23,15 @@ struct IndexAdd {
     dim: usize,
 }
 
+/// The index check of `index_add`.
+const CHECK: IndexCheck = IndexCheck::index("index_add");
+
 fn add_rows<T: Copy>(s: &[T], dims: &[usize], ids: &[usize], dim: usize, out: &mut [T], add: impl Fn(T, T) -> T) {
     let (outer, n, inner) = split_at_dim(dims, dim);
     let d = out.len() / (outer * inner).max(1);
     for i in 0..outer {
         for (j, &id) in ids.iter().enumerate().take(n) {
-            // Out-of-range indices (only possible on a GPU) add nothing.
+            // Checked by `index_list`; an empty destination has no rows.
             if id >= d {
                 continue;
             }
@@ -50,9 +54,11 @@ impl CustomKernel for IndexAdd {
     }
     fn host(&self, inputs: &[HostIn<'_>], out: &mut CpuBuffer, _threads: usize) -> Result<()> {
         let (src, ids) = (&inputs[0], &inputs[1]);
-        let ids = index_list(ids.buf, ids.layout)?;
-        let data = gather_view(src.buf, src.layout)?;
         let (dims, dim) = (src.layout.dims(), self.dim);
+        let (outer, _, inner) = split_at_dim(dims, dim);
+        let bound = out.len() / (outer * inner).max(1);
+        let ids = index_list(ids.buf, ids.layout, CHECK, bound, dim)?;
+        let data = gather_view(src.buf, src.layout)?;
         match (&data, out) {
             (CpuBuffer::F32(s), CpuBuffer::F32(o)) => add_rows(s, dims, &ids, dim, o, Num::add),
             (CpuBuffer::F64(s), CpuBuffer::F64(o)) => add_rows(s, dims, &ids, dim, o, Num::add),
@@ -70,6 +76,7 @@ impl CustomKernel for IndexAdd {
         let (outer, n, inner) = split_at_dim(src.layout.dims(), self.dim);
         let n = n.min(ids.layout.elem_count());
         let d = out.len / (outer * inner).max(1);
+        let (fault, site) = CHECK.cuda(dev)?;
         let args = IndexArgs {
             src: dev.ptr(&src.storage)?,
             sl: lay(dev, &src.layout)?,
@@ -80,6 +87,9 @@ impl CustomKernel for IndexAdd {
             d: d as u64,
             n: n as u64,
             inner: inner as u64,
+            fault,
+            site,
+            dim: self.dim as i64,
         };
         let name = format!("index_add_{}_{}", dtype_tag(src.storage.dtype), dtype_tag(ids.storage.dtype));
         dev.launch(&MODULE, &name, dev.grid_for(outer * inner), BLOCK, &args)
@@ -110,9 +120,11 @@ template <typename T, typename I> __device__ void index_add_impl(const IndexArgs
         u64 q = t % p.inner;
         u64 i = t / p.inner;
         for (u64 j = 0; j < p.n; ++j) {
-            u64 id = read_id(ids, p.li, j);
-            if (id >= p.d) continue;
-            u64 o = (i * p.d + id) * p.inner + q;
+            i64 v = read_raw(ids, p.li, j);
+            // A bad index is recorded (reported by the next synchronising
+            // call) and its row skipped.
+            if (!kiln_index_ok(p.fault, p.site, v, p.d, p.dim)) continue;
+            u64 o = (i * p.d + (u64)v) * p.inner + q;
             dst[o] = Ar<T>::add(dst[o], src[lay_off(p.sl, (i * p.n + j) * p.inner + q)]);
         }
     }
@@ -133,12 +145,13 @@ impl Tensor {
     /// (a 1-D i64, i32 or u8 tensor on `self`'s device; repeated indices
     /// accumulate). The adjoint of `index_select`.
     ///
-    /// **Out-of-range indices differ from PyTorch** (see the README's table
-    /// "Where kiln differs from PyTorch"): an index below 0 or at least the
-    /// size of `dim` is an `InvalidArgument` error on the CPU, as in PyTorch,
-    /// but on a GPU (simulated or CUDA) the indices are not read back to the
-    /// host: the rows of `src` at bad indices are ignored (PyTorch raises a
-    /// device-side assert).
+    /// An index below 0 or at least the size of `dim` is an error: on the
+    /// CPU `InvalidArgument` at the call, as in PyTorch; on a GPU (simulated
+    /// or CUDA) the kernel checks the indices (they are not read back to the
+    /// host) and a bad one poisons the device's queue, so that the next
+    /// synchronising call returns `KernelFailed` naming `index_add`, the
+    /// index and the size (PyTorch's device-side assert). `src` must have
+    /// `self`'s dtype, as in PyTorch.
     ///
     /// ```
     /// use kiln::{Tensor, cpu};
@@ -150,6 +163,15 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn index_add(&self, ids: &Tensor, src: &Tensor, dim: impl Dim) -> Result<Tensor> {
+        if self.rank() == 0 {
+            // As PyTorch: a 0-d tensor takes dimension 0 or -1, one index (0)
+            // and a 0-d source.
+            dim.index("index_add", 1)?;
+            if ids.elem_count() != 1 || src.rank() != 0 {
+                return Err(Error::shape("index_add", src.dims(), &[]));
+            }
+            return self.reshape(1)?.index_add(ids, &src.reshape(1)?, 0)?.reshape(());
+        }
         let dim = dim.index("index_add", self.rank())?;
         check_same_device("index_add", self, ids)?;
         check_same_device("index_add", self, src)?;
@@ -161,6 +183,7 @@ impl Tensor {
         if src.dims() != expect.as_slice() {
             return Err(Error::shape("index_add", src.dims(), &expect));
         }
+        self.check_index_values(ids, dim, "index_add")?;
         let out = self.force_copy()?;
         let op = IndexAdd { dim };
         crate::backends::launch_into(

@@ -7,25 +7,34 @@ use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::{Layout, Shape};
 use crate::kernel::cuda::{c_type, dtype_tag, lay, CudaDevice, CudaModule, BLOCK};
+use crate::kernel::index_check::IndexCheck;
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
 use crate::tensor::{check_dim, check_same_device, Dim};
 use crate::Tensor;
 use std::sync::Arc;
 
-/// The indices of an index view as positions. A negative index (only
-/// possible on a GPU, where the front end does not read them back) becomes
-/// usize::MAX: it selects nothing, like one past the end.
-pub(crate) fn index_list(buf: &CpuBuffer, l: &Layout) -> Result<Vec<usize>> {
+/// The values of an index view (i64, i32 or u8), as they are.
+pub(crate) fn raw_indices(buf: &CpuBuffer, l: &Layout) -> Result<Vec<i64>> {
     let mut out = try_vec(l.elem_count())?;
     match buf {
-        CpuBuffer::I64(v) => out.extend(l.offsets().map(|o| usize::try_from(v[o]).unwrap_or(usize::MAX))),
-        CpuBuffer::I32(v) => out.extend(l.offsets().map(|o| usize::try_from(v[o]).unwrap_or(usize::MAX))),
-        CpuBuffer::U8(v) => out.extend(l.offsets().map(|o| v[o] as usize)),
+        CpuBuffer::I64(v) => out.extend(l.offsets().map(|o| v[o])),
+        CpuBuffer::I32(v) => out.extend(l.offsets().map(|o| v[o] as i64)),
+        CpuBuffer::U8(v) => out.extend(l.offsets().map(|o| v[o] as i64)),
         other => return Err(Error::invalid("index", format!("indices of dtype {} reached a kernel (a kiln bug)", other.dtype()))),
     }
     Ok(out)
 }
+
+/// The indices of an index view as positions below `bound`, checked: the
+/// first bad one is `check`'s error (see `kernel::index_check`: the CPU's
+/// front end has raised it already; on a simulated GPU it poisons the queue).
+pub(crate) fn index_list(buf: &CpuBuffer, l: &Layout, check: IndexCheck, bound: usize, dim: usize) -> Result<Vec<usize>> {
+    raw_indices(buf, l)?.into_iter().map(|v| check.check(v, bound, dim)).collect()
+}
+
+/// The index check of `index_select`.
+const CHECK: IndexCheck = IndexCheck::index("index_select");
 
 /// (outer, size, inner) of `dims` around `dim`.
 pub(crate) fn split_at_dim(dims: &[usize], dim: usize) -> (usize, usize, usize) {
@@ -33,8 +42,9 @@ pub(crate) fn split_at_dim(dims: &[usize], dim: usize) -> (usize, usize, usize) 
 }
 
 crate::kernel_args! {
-    /// An indexing kernel's argument: src (outer, d, inner), ids (n), out.
-    IndexArgs { src: u64, sl: Lay, ids: u64, li: Lay, out: u64, outer: u64, d: u64, n: u64, inner: u64 }
+    /// An indexing kernel's argument: src (outer, d, inner), ids (n), out;
+    /// `fault`, `site` and `dim` for the index check (`kiln_index_ok`).
+    IndexArgs { src: u64, sl: Lay, ids: u64, li: Lay, out: u64, outer: u64, d: u64, n: u64, inner: u64, fault: u64, site: u64, dim: i64 }
 }
 
 /// The index dtypes kernels take, with their C types.
@@ -46,18 +56,15 @@ struct IndexSelect {
     dim: usize,
 }
 
-fn select<T: Copy + Default>(s: &[T], dims: &[usize], ids: &[usize], dim: usize, out: &mut [T]) {
+fn select<T: Copy>(s: &[T], dims: &[usize], ids: &[usize], dim: usize, out: &mut [T]) {
     let (outer, d, inner) = split_at_dim(dims, dim);
     let mut o = 0;
     for i in 0..outer {
         for &id in ids {
-            // Out-of-range indices (only possible on a GPU) select zeros.
-            if id < d {
-                let start = (i * d + id) * inner;
-                out[o..o + inner].copy_from_slice(&s[start..start + inner]);
-            } else {
-                out[o..o + inner].fill(T::default());
-            }
+            // Checked by `index_list`.
+            debug_assert!(id < d);
+            let start = (i * d + id) * inner;
+            out[o..o + inner].copy_from_slice(&s[start..start + inner]);
             o += inner;
         }
     }
@@ -69,7 +76,7 @@ impl CustomKernel for IndexSelect {
     }
     fn host(&self, inputs: &[HostIn<'_>], out: &mut CpuBuffer, _threads: usize) -> Result<()> {
         let (src, ids) = (&inputs[0], &inputs[1]);
-        let ids = index_list(ids.buf, ids.layout)?;
+        let ids = index_list(ids.buf, ids.layout, CHECK, src.layout.dims()[self.dim], self.dim)?;
         // A dense source is read in place; a strided one is gathered first.
         let gathered = if src.layout.is_contiguous() { None } else { Some(gather_view(src.buf, src.layout)?) };
         let (data, start) = match &gathered {
@@ -94,6 +101,7 @@ impl CustomKernel for IndexSelect {
         let (src, ids) = (&inputs[0], &inputs[1]);
         let (outer, d, inner) = split_at_dim(src.layout.dims(), self.dim);
         let n = ids.layout.elem_count();
+        let (fault, site) = CHECK.cuda(dev)?;
         let args = IndexArgs {
             src: dev.ptr(&src.storage)?,
             sl: lay(dev, &src.layout)?,
@@ -104,6 +112,9 @@ impl CustomKernel for IndexSelect {
             d: d as u64,
             n: n as u64,
             inner: inner as u64,
+            fault,
+            site,
+            dim: self.dim as i64,
         };
         let name = format!("index_select_{}_{}", dtype_tag(src.storage.dtype), dtype_tag(ids.storage.dtype));
         dev.launch(&MODULE, &name, dev.grid_for(outer * n * inner), BLOCK, &args)
@@ -120,8 +131,9 @@ fn cuda_source() -> String {
     let mut s = String::from(IndexArgs::C_DECL);
     s.push_str(
         r#"
-// out (outer, n, inner) = src (outer, d, inner) at the ids; out-of-range ids
-// give zeros.
+// out (outer, n, inner) = src (outer, d, inner) at the ids; an out-of-range
+// id is recorded in the fault record (reported by the next synchronising
+// call) and gives zeros.
 template <typename T, typename I> __device__ void index_select_impl(const IndexArgs& p) {
     const T* src = (const T*)p.src;
     const I* ids = (const I*)p.ids;
@@ -130,8 +142,8 @@ template <typename T, typename I> __device__ void index_select_impl(const IndexA
         u64 q = t % p.inner;
         u64 j = (t / p.inner) % p.n;
         u64 i = t / (p.inner * p.n);
-        u64 id = read_id(ids, p.li, j);
-        out[t] = id < p.d ? src[lay_off(p.sl, (i * p.d + id) * p.inner + q)] : Cv<T>::from(0.0);
+        i64 id = read_raw(ids, p.li, j);
+        out[t] = kiln_index_ok(p.fault, p.site, id, p.d, p.dim) ? src[lay_off(p.sl, (i * p.d + (u64)id) * p.inner + q)] : Cv<T>::from(0.0);
     }
 }
 "#,
@@ -151,12 +163,14 @@ impl Tensor {
     /// Rows (entries along `dim`) picked by a 1-D i64, i32 or u8 index
     /// tensor on `self`'s device.
     ///
-    /// **Out-of-range indices differ from PyTorch** (see the README's table
-    /// "Where kiln differs from PyTorch"): an index below 0 or at least the
-    /// size of `dim` is an `InvalidArgument` error on the CPU, as in PyTorch,
-    /// but on a GPU (simulated or CUDA) the indices are not read back to the
-    /// host, which would be a hidden transfer and a device sync: a bad index
-    /// selects zeros instead (PyTorch raises a device-side assert).
+    /// An index below 0 or at least the size of `dim` is an error. On the
+    /// CPU it is `InvalidArgument` at the call, as in PyTorch. On a GPU
+    /// (simulated or CUDA) the indices are not read back to the host, which
+    /// would be a hidden transfer and a device sync: the kernel checks them,
+    /// and a bad one poisons the device's queue, so that the next
+    /// synchronising call (`synchronize`, `block_until_ready`, a read)
+    /// returns `KernelFailed` naming `index_select`, the index and the size,
+    /// as CUDA's device-side assert does in PyTorch.
     ///
     /// ```
     /// use kiln::{Tensor, cpu};
@@ -167,13 +181,24 @@ impl Tensor {
     /// // On the CPU a bad index is an error.
     /// assert!(x.index_select(&Tensor::new(&[3i64], &cpu())?, 0).is_err());
     /// assert!(x.index_select(&Tensor::new(&[-1i64], &cpu())?, 0).is_err());
+    /// // A 0-d tensor is one element, as in PyTorch.
+    /// assert_eq!(Tensor::new(&7f32, &cpu())?.index_select(&Tensor::new(&[0i64], &cpu())?, 0)?.to_vec::<f32>()?, vec![7.]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn index_select(&self, ids: &Tensor, dim: impl Dim) -> Result<Tensor> {
+        if self.rank() == 0 {
+            // As PyTorch: a 0-d tensor takes dimension 0 or -1 and one index (0).
+            dim.index("index_select", 1)?;
+            if ids.elem_count() != 1 {
+                return Err(Error::invalid("index_select", format!("a 0-d tensor takes one index, got {}", ids.elem_count())));
+            }
+            return self.reshape(1)?.index_select(ids, 0)?.reshape(());
+        }
         let dim = dim.index("index_select", self.rank())?;
         check_same_device("index_select", self, ids)?;
         check_dim("index_select", dim, self.rank())?;
         let n = self.index_list_len(ids, dim, "index_select")?;
+        self.check_index_values(ids, dim, "index_select")?;
         let mut dims = self.dims().to_vec();
         dims[dim] = n;
         let op = IndexSelect { dim };
@@ -187,29 +212,33 @@ impl Tensor {
         }))
     }
 
-    /// Checks an index tensor; its values are checked against the size when
-    /// the tensor is on the host (a GPU index is not read back: that would be
-    /// a hidden transfer; kernels skip out-of-range indices). Returns the
-    /// number of indices.
-    pub(crate) fn index_list_len(&self, ids: &Tensor, dim: usize, op: &str) -> Result<usize> {
+    /// Checks an index tensor's dtype and rank; returns the number of indices.
+    pub(crate) fn index_list_len(&self, ids: &Tensor, _dim: usize, op: &str) -> Result<usize> {
         if !matches!(ids.dtype(), DType::I64 | DType::I32 | DType::U8) || ids.rank() != 1 {
             return Err(Error::invalid(
                 op,
                 format!("indices must be a 1-D i64, i32 or u8 tensor, got {} of shape {}", ids.dtype(), ids.shape()),
             ));
         }
+        Ok(ids.elem_count())
+    }
+
+    /// Checks the values of an index tensor against the size of `dim` when
+    /// it is on the host, last of an op's checks (so that every other error
+    /// is the same on every device). A GPU index is not read back: that
+    /// would be a hidden transfer; the kernels check them
+    /// (`kernel::index_check`).
+    pub(crate) fn check_index_values(&self, ids: &Tensor, dim: usize, op: &str) -> Result<()> {
         if ids.device().is_cpu() {
             let size = self.dims()[dim];
             let list = {
                 let r = ids.storage.read();
-                index_list(r.host(), &ids.layout)?
+                raw_indices(r.host(), &ids.layout)?
             };
-            // Negative indices come back as usize::MAX, so one test covers both ends.
-            if let Some(pos) = list.iter().position(|&i| i >= size) {
-                let bad = ids.to_vec_f64()?[pos];
+            if let Some(&bad) = list.iter().find(|&&i| usize::try_from(i).map_or(true, |i| i >= size)) {
                 return Err(Error::invalid(op, format!("index {bad} is out of range for dimension {dim} of size {size}")));
             }
         }
-        Ok(ids.elem_count())
+        Ok(())
     }
 }

@@ -10,7 +10,7 @@ use crate::backends::host::num::Num;
 use crate::base::buffer::CpuBuffer;
 use crate::base::dtype::{DType, WithDType};
 use crate::base::error::{Error, Result};
-use crate::base::shape::{broadcast_shapes, Dims, Layout, Shape};
+use crate::base::shape::{broadcast_dims, Dims, Layout, Shape};
 use crate::kernel::cuda::{c_type, dtype_tag, make_lay, merge_dims, CudaDevice, CudaModule, GemmCall, BLOCK};
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
@@ -367,12 +367,19 @@ impl Tensor {
     /// Matrix product: 2-D @ 2-D, batched (leading dims broadcast),
     /// matrix @ vector and vector @ vector.
     ///
+    /// Both operands must have one dtype, as in PyTorch (`expected m1 and m2
+    /// to have the same dtype`): matmul does not promote, and the error's
+    /// hint names the wider dtype to convert to. An output with no elements
+    /// is valid whatever the size of the other dimensions.
+    ///
     /// ```
     /// use kiln::{Tensor, cpu};
     /// let a = Tensor::new(&[[1f32, 2.], [3., 4.]], &cpu())?;
     /// let v = Tensor::new(&[1f32, 1.], &cpu())?;
     /// assert_eq!(a.matmul(&a)?.to_vec::<f32>()?, vec![7., 10., 15., 22.]);
     /// assert_eq!(a.matmul(&v)?.to_vec::<f32>()?, vec![3., 7.]);
+    /// let huge = Tensor::zeros((usize::MAX, 0, 2), kiln::DType::F32, &cpu())?;
+    /// assert_eq!(huge.matmul(&v)?.dims(), &[usize::MAX, 0]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
@@ -397,18 +404,23 @@ impl Tensor {
             // The common case needs no batch broadcasting.
             (a.src(), b.src(), Shape::from((m, n)))
         } else {
-            let batch = broadcast_shapes("matmul", &Shape::from(&a.dims()[..ra - 2]), &Shape::from(&b.dims()[..rb - 2]))
-                .map_err(|_| Error::shape("matmul", self.dims(), rhs.dims()))?;
+            let batch = broadcast_dims(&a.dims()[..ra - 2], &b.dims()[..rb - 2])
+                .ok_or_else(|| Error::shape("matmul (batch dimensions)", self.dims(), rhs.dims()))?;
             let with = |tail: [usize; 2]| {
-                let mut dims = batch.dims().to_vec();
+                let mut dims = batch.to_vec();
                 dims.extend(tail);
                 Shape::from(dims)
             };
+            // Only the output's size is checked: the operands are views that
+            // the kernel walks only for the output's elements (none when it
+            // is empty, however large the broadcast batch of the other).
+            let out_shape = with([m, n]);
+            out_shape.checked_elem_count("matmul")?;
             let mut sa = a.src();
-            sa.layout = Cow::Owned(a.layout.broadcast_as(&with([m, k]))?);
+            sa.layout = Cow::Owned(a.layout.broadcast_view(&with([m, k]))?);
             let mut sb = b.src();
-            sb.layout = Cow::Owned(b.layout.broadcast_as(&with([k, n]))?);
-            (sa, sb, with([m, n]))
+            sb.layout = Cow::Owned(b.layout.broadcast_view(&with([k, n]))?);
+            (sa, sb, out_shape)
         };
         let op = Matmul { m, n, k };
         let mut t =

@@ -6,10 +6,13 @@
 //! - Ops with kernels of their own, one file each: `argreduce.rs`,
 //!   `matmul.rs`, `copy.rs` (casts and strided copies), `fill.rs`
 //!   (constants, ranges, random numbers), `index_select.rs`,
-//!   `index_add.rs`, `where_cond.rs`; the convolutional-network ops
-//!   `conv.rs` (conv2d, conv_transpose2d, and the helpers the next share),
+//!   `index_add.rs`, `one_hot.rs`, `gather.rs`, `scatter.rs` (and scatter_add),
+//!   `sort.rs` (argsort; sort and topk gather through it),
+//!   `where_cond.rs`; the convolutional-network ops `conv.rs` (conv2d,
+//!   conv_transpose2d, and the helpers the next share),
 //!   `pool.rs`, `norm.rs` (batch and layer norm), `interp.rs`.
-//! - Ops that move no element (`views.rs`), or only through other ops:
+//! - Ops that move no element (`views.rs`, `slicing.rs`: `x.i((.., 0..2))`),
+//!   or only through other ops:
 //!   `cat.rs`, `transfer.rs` (between devices), `read.rs` (to the host),
 //!   `create.rs` (the constructors), `composite.rs` (softmax, norms, means:
 //!   compositions, whose gradients come for free).
@@ -25,15 +28,20 @@ mod create;
 mod cumsum;
 mod display;
 pub(crate) mod fill;
+mod gather;
 mod index_add;
 mod index_select;
 mod interp;
 mod matmul;
 mod norm;
+mod one_hot;
 mod operators;
 pub(crate) mod pool;
 mod read;
 pub(crate) mod reduce;
+mod scatter;
+pub(crate) mod slicing;
+mod sort;
 mod transfer;
 pub(crate) mod unary;
 mod views;

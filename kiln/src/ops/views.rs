@@ -68,8 +68,23 @@ impl Tensor {
         Ok(crate::autograd::record(t, &[self], false, || Box::new(|c| Ok(smallvec::smallvec![Some(c.g.reshape(c.inputs[0].shape())?)]))))
     }
 
-    /// Swaps two dimensions (a view).
+    /// Swaps two dimensions (a view). Negative dimensions count from the
+    /// end; a 0-d tensor takes 0 and −1 and is its own transpose (PyTorch).
+    ///
+    /// ```
+    /// use kiln::{Tensor, DType, cpu};
+    /// let x = Tensor::zeros((2, 3, 4), DType::F32, &cpu())?;
+    /// assert_eq!(x.transpose(0, -1)?.dims(), &[4, 3, 2]);
+    /// assert!(x.transpose(0, 3).is_err());
+    /// assert_eq!(Tensor::new(&1f32, &cpu())?.transpose(0, -1)?.dims(), &[] as &[usize]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
     pub fn transpose(&self, a: impl Dim, b: impl Dim) -> Result<Tensor> {
+        if self.rank() == 0 {
+            a.index("transpose", 1)?;
+            b.index("transpose", 1)?;
+            return Ok(self.view(self.layout.clone(), |g, _x| Ok(g.clone())));
+        }
         let (a, b) = (a.index("transpose", self.rank())?, b.index("transpose", self.rank())?);
         check_dim("transpose", a, self.rank())?;
         check_dim("transpose", b, self.rank())?;
@@ -153,12 +168,29 @@ impl Tensor {
         self.narrow(0, i, 1)?.squeeze(0)
     }
 
-    /// Removes a dimension of size 1.
+    /// Removes a dimension of size 1, as PyTorch's `squeeze(dim)`: a
+    /// dimension of another size stays (the same view back). Negative
+    /// dimensions count from the end; a 0-d tensor takes 0 and −1 and stays
+    /// as it is.
+    ///
+    /// ```
+    /// use kiln::{Tensor, DType, cpu};
+    /// let x = Tensor::zeros((2, 1), DType::F32, &cpu())?;
+    /// assert_eq!(x.squeeze(-1)?.dims(), &[2]);
+    /// assert_eq!(x.squeeze(0)?.dims(), &[2, 1]);
+    /// assert!(x.squeeze(2).is_err());
+    /// assert_eq!(Tensor::new(&1f32, &cpu())?.squeeze(0)?.dims(), &[] as &[usize]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
     pub fn squeeze(&self, dim: impl Dim) -> Result<Tensor> {
+        if self.rank() == 0 {
+            dim.index("squeeze", 1)?;
+            return Ok(self.view(self.layout.clone(), |g, _x| Ok(g.clone())));
+        }
         let dim = dim.index("squeeze", self.rank())?;
         check_dim("squeeze", dim, self.rank())?;
         if self.dims()[dim] != 1 {
-            return Err(Error::invalid("squeeze", format!("dimension {dim} has size {}, not 1", self.dims()[dim])));
+            return Ok(self.view(self.layout.clone(), |g, _x| Ok(g.clone())));
         }
         let mut l = self.layout.clone();
         l.shape.0.remove(dim);
@@ -186,10 +218,30 @@ impl Tensor {
         self.reshape(self.elem_count())
     }
 
-    /// Flattens dimensions `from..` into one (e.g. images to vectors).
+    /// Flattens dimensions `from..` into one (e.g. images to vectors), as
+    /// PyTorch's `flatten(start_dim)`: `from` counts from the end when
+    /// negative, against the tensor's rank (−1 is the last dimension, so
+    /// `flatten_from(-1)` changes nothing); a 0-d tensor takes 0 and −1 and
+    /// becomes `[1]`.
+    ///
+    /// ```
+    /// use kiln::{Tensor, DType, cpu};
+    /// let x = Tensor::zeros((2, 3, 4), DType::F32, &cpu())?;
+    /// assert_eq!(x.flatten_from(1)?.dims(), &[2, 12]);
+    /// assert_eq!(x.flatten_from(-2)?.dims(), &[2, 12]);
+    /// assert_eq!(x.flatten_from(-3)?.dims(), &[24]);
+    /// assert!(x.flatten_from(3).unwrap_err().to_string().contains("rank 3"));
+    /// assert_eq!(Tensor::new(&5f32, &cpu())?.flatten_from(0)?.dims(), &[1]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
     pub fn flatten_from(&self, from: impl Dim) -> Result<Tensor> {
-        let from = from.index("flatten_from", self.rank() + 1)?;
-        if from >= self.rank() {
+        if self.rank() == 0 {
+            // PyTorch wraps the dimension of a 0-d tensor as if it had one.
+            from.index("flatten_from", 1)?;
+            return self.reshape(1);
+        }
+        let from = from.index("flatten_from", self.rank())?;
+        if from + 1 == self.rank() {
             return Ok(self.clone());
         }
         let mut dims = self.dims()[..from].to_vec();

@@ -8,7 +8,7 @@ use crate::base::shape::{broadcast_shapes, Layout, Shape};
 use crate::kernel::cuda::{c_type, dtype_tag, lays, CudaDevice, CudaModule, BLOCK};
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
-use crate::tensor::{check_same_device, check_same_dtype};
+use crate::tensor::check_same_device;
 use crate::Tensor;
 use std::sync::Arc;
 
@@ -103,7 +103,8 @@ template <typename C, typename T> __device__ void where_impl(const WhereArgs& p)
 
 impl Tensor {
     /// `self ? on_true : on_false` elementwise; `self` is the condition
-    /// (non-zero is true); all three broadcast together.
+    /// (non-zero is true); all three broadcast together. Branches of two
+    /// dtypes are promoted as PyTorch does ([`Tensor::result_type`]).
     ///
     /// ```
     /// use kiln::{Tensor, cpu};
@@ -111,13 +112,19 @@ impl Tensor {
     /// let a = Tensor::new(&[1f32, 2., 3.], &cpu())?;
     /// let b = Tensor::new(&[-1f32], &cpu())?;
     /// assert_eq!(c.where_cond(&a, &b)?.to_vec::<f32>()?, vec![1., -1., 3.]);
+    /// let i = Tensor::new(&[7i64, 8, 9], &cpu())?;
+    /// assert_eq!(c.where_cond(&i, &b)?.to_vec::<f32>()?, vec![7., -1., 9.]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn where_cond(&self, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
         check_same_device("where", self, on_true)?;
         check_same_device("where", self, on_false)?;
-        check_same_dtype("where", on_true, on_false)?;
         let shape = broadcast_shapes("where", &broadcast_shapes("where", self.shape(), on_true.shape())?, on_false.shape())?;
+        if on_true.dtype() != on_false.dtype() {
+            // PyTorch's promotion of the two branches (the condition is apart).
+            let dtype = Tensor::result_type(&[on_true, on_false]);
+            return self.where_cond(&on_true.to_dtype(dtype)?, &on_false.to_dtype(dtype)?);
+        }
         fn bc<'t>(t: &'t Tensor, shape: &Shape) -> Result<Src<'t>> {
             Ok(Src::with_layout(&t.storage, t.layout.broadcast_as(shape)?))
         }

@@ -125,7 +125,7 @@ impl MemoryPool {
                     self.empty_cache();
                 }
                 if next > cap {
-                    return Err(Error::OutOfMemory { device: self.device, requested: bytes, in_use: current, capacity: cap });
+                    return Err(Error::OutOfMemory { device: self.device, requested: bytes, in_use: current, capacity: cap, limit: None });
                 }
             }
             match self.in_use.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Relaxed) {
@@ -190,11 +190,9 @@ impl MemoryPool {
     }
 
     fn out_of_memory(&self, requested: usize, in_use: usize) -> Error {
-        Error::OutOfMemory {
-            device: self.device,
-            requested,
-            in_use,
-            capacity: self.capacity.or_else(crate::runtime::host::host_memory_total).unwrap_or(0),
+        match self.capacity {
+            Some(capacity) => Error::OutOfMemory { device: self.device, requested, in_use, capacity, limit: None },
+            None => crate::runtime::host::host_out_of_memory(self.device, requested, in_use),
         }
     }
 
@@ -237,12 +235,8 @@ impl MemoryPool {
             self.empty_cache();
             let stats = self.stats();
             // The caller has booked `bytes` already; report the use before it.
-            Error::OutOfMemory {
-                device: self.device,
-                requested: bytes,
-                in_use: stats.in_use.saturating_sub(bytes),
-                capacity: stats.capacity.or_else(crate::runtime::host::host_memory_total).unwrap_or(0),
-            }
+            // The host refused (not a capacity of kiln's): say which limit.
+            crate::runtime::host::host_out_of_memory(self.device, bytes, stats.in_use.saturating_sub(bytes))
         })
     }
 

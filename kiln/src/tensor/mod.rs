@@ -132,11 +132,36 @@ pub(crate) fn check_same_device(op: &str, a: &Tensor, b: &Tensor) -> Result<()> 
     Ok(())
 }
 
+/// Refuses operands of two dtypes, for the ops that PyTorch refuses them
+/// for too (`matmul`, `index_add`, the convolutions); the error's hint names
+/// the wider dtype ([`DType::promote`]).
 pub(crate) fn check_same_dtype(op: &str, a: &Tensor, b: &Tensor) -> Result<()> {
     if a.dtype() != b.dtype() {
         return Err(Error::DTypeMismatch { op: op.to_string(), lhs: a.dtype(), rhs: b.dtype() });
     }
     Ok(())
+}
+
+impl Tensor {
+    /// The dtype of an op between these tensors: PyTorch's
+    /// `torch.result_type` (see [`DType::result_type`] for the rule and
+    /// its table; a 0-d tensor counts as a scalar for dtype purposes).
+    /// Returns f32 for no tensors.
+    ///
+    /// ```
+    /// use kiln::{Tensor, DType, cpu};
+    /// let b = Tensor::new(&[1u8, 2], &cpu())?;
+    /// let i = Tensor::new(&[1i32, 2], &cpu())?;
+    /// let half = Tensor::new(&0.5f64, &cpu())?; // 0-d
+    /// assert_eq!(Tensor::result_type(&[&b, &i]), DType::I32);
+    /// assert_eq!(Tensor::result_type(&[&i, &half]), DType::F64);
+    /// assert_eq!((&b + &i)?.dtype(), DType::I32);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn result_type(tensors: &[&Tensor]) -> DType {
+        let operands: SmallVec<[(DType, usize); 4]> = tensors.iter().map(|t| (t.dtype(), t.rank())).collect();
+        DType::result_type(&operands).unwrap_or(DType::F32)
+    }
 }
 
 /// Half-precision types are for storage: arithmetic refuses them.

@@ -306,7 +306,9 @@ fn assign_writes_in_place_and_every_view_sees_it() {
         v.narrow(0, 1, 3)?.assign(&v.narrow(0, 0, 3)?)?;
         assert_f32(&v, d, &[4], &[0., 0., 1., 2.]);
         assert!(matches!(w.assign(&Tensor::ones(4, DType::F32, &d)?), Err(Error::ShapeMismatch { .. })));
-        assert!(matches!(w.assign(&Tensor::ones(3, DType::F64, &d)?), Err(Error::DTypeMismatch { .. })));
+        // Another dtype converts, as PyTorch's copy_.
+        w.assign(&Tensor::new(&[1.5f64, -2.5, 7.0], &d)?)?;
+        assert_f32(&w, d, &[2, 3], &[1.5, -2.5, 7., 1.5, -2.5, 7.]);
         Ok(())
     });
 }

@@ -20,16 +20,31 @@ pub(crate) fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() 
     }
 }
 
-pub(crate) fn cuda_negative_indices_select_nothing_like_the_other_devices() -> Ran {
-    on_cuda("negative indices", |d| {
+pub(crate) fn cuda_negative_indices_are_reported_like_the_other_devices() -> Ran {
+    // Alone: a reported bad index poisons the device for every thread until
+    // the next synchronising call (issue 18).
+    on_cuda_alone("negative indices", |d| {
         let x = Tensor::new(&[[1f32, 2.], [3., 4.], [5., 6.]], &d)?;
         let ids = Tensor::new(&[-1i64, 1, i64::MIN, 2], &d)?;
-        // A negative index is out of range: zeros, as on a simulated GPU
-        // (the CPU refuses it up front), never row 0.
-        assert_eq!(x.index_select(&ids, 0)?.to_vec::<f32>()?, vec![0., 0., 3., 4., 0., 0., 5., 6.]);
+        // A negative index is out of range, never row 0: the kernel records
+        // the first bad one and the read reports it, as on a simulated GPU
+        // (the CPU refuses it up front).
+        match x.index_select(&ids, 0)?.to_vec::<f32>() {
+            Err(Error::KernelFailed { device, op, msg }) => {
+                assert_eq!((device, op.as_str()), (d, "index_select"));
+                assert!(msg.contains("is out of range for dimension 0 of size 3"), "{msg}");
+            }
+            other => panic!("{other:?}"),
+        }
         let dst = Tensor::zeros((3, 2), DType::F32, &d)?;
         let src = Tensor::ones((4, 2), DType::F32, &d)?;
-        assert_eq!(dst.index_add(&ids, &src, 0)?.to_vec::<f32>()?, vec![0., 0., 1., 1., 1., 1.]);
+        let added = dst.index_add(&ids, &src, 0)?;
+        assert!(matches!(kiln::synchronize(&d), Err(Error::KernelFailed { op, .. }) if op == "index_add"));
+        drop(added);
+        // Reported once; the device works again, with good indices.
+        kiln::synchronize(&d)?;
+        let good = Tensor::new(&[2i64, 1], &d)?;
+        assert_eq!(x.index_select(&good, 0)?.to_vec::<f32>()?, vec![5., 6., 3., 4.]);
         Ok(())
     })
 }

@@ -90,7 +90,7 @@ pub(crate) fn cuda_a_driver_out_of_memory_empties_the_cache_and_retries_before_f
         // 20 MiB: kiln's books have room (32 of 64 MiB in use), the driver
         // has not (16 reserved + 32), with or without the cache.
         match Tensor::zeros(20 * MIB / 4, DType::F32, &d) {
-            Err(Error::OutOfMemory { device, requested, in_use, capacity }) => {
+            Err(Error::OutOfMemory { device, requested, in_use, capacity, limit: None }) => {
                 assert_eq!((device, requested, in_use, capacity), (d, 20 * MIB, 32 * MIB, 64 * MIB))
             }
             other => panic!("expected OutOfMemory from the driver, got {other:?}"),

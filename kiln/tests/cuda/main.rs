@@ -42,7 +42,7 @@ fn main() -> std::process::ExitCode {
         cuda_copies_casts_and_indexing_match_the_cpu,
         cuda_memory_is_booked_returned_and_bounded,
         cuda_transfers_are_ledgered_and_round_trip,
-        cuda_negative_indices_select_nothing_like_the_other_devices,
+        cuda_negative_indices_are_reported_like_the_other_devices,
         cuda_integer_argmax_is_exact_above_2_pow_53,
         cuda_full_reductions_over_many_blocks_match_the_cpu,
         cuda_cached_bytes_are_reported_and_empty_cache_returns_them_from_any_thread,

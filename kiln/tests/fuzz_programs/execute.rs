@@ -40,15 +40,24 @@ pub(crate) fn sensible(e: &Error) -> bool {
     )
 }
 
-/// Indices made valid for dimension `dim` of `a`: the CPU checks index
-/// values while a GPU does not read them back (that would be a hidden
-/// transfer), so out-of-range indices are compared elsewhere.
-pub(crate) fn in_range(ids: &[i64], a: &Tensor, dim: usize) -> Vec<i64> {
-    match a.dims().get(dim) {
+/// Indices made valid for dimension `dim` of `a`: the CPU raises for a bad
+/// index at the call while a GPU reports it at the next synchronising call,
+/// so out-of-range indices are drawn by their own step (`BadIndex`).
+pub(crate) fn in_range(ids: &[i64], a: &Tensor, dim: i64) -> Vec<i64> {
+    match dim_size(a, dim) {
         Some(&0) => Vec::new(),
         Some(&size) => ids.iter().map(|&i| i.rem_euclid(size.min(i64::MAX as usize) as i64)).collect(),
         None => ids.to_vec(),
     }
+}
+
+/// The size of dimension `dim` of `a` as index ops see it (a 0-d tensor
+/// has one element along 0 and −1, as in PyTorch), None when out of range.
+pub(crate) fn dim_size(a: &Tensor, dim: i64) -> Option<&usize> {
+    let dims: &[usize] = if a.rank() == 0 { &[1] } else { a.dims() };
+    let rank = dims.len() as i64;
+    let dim = if dim < 0 { dim + rank } else { dim };
+    usize::try_from(dim).ok().and_then(|d| dims.get(d))
 }
 
 /// An index tensor of `dtype`, or of i64 when a value does not fit `dtype`
@@ -65,6 +74,35 @@ pub(crate) fn idx_tensor(ids: &[i64], dtype: DType, device: &Device) -> kiln::Re
         t.to_dtype(dtype)
     } else {
         Ok(t)
+    }
+}
+
+/// An index for gather/scatter on `a` along `dim`: `a`'s rank (0-d as
+/// 1-d), at most 2 along the other dimensions, `k` along `dim` (none when
+/// that dimension is empty), values from `ids` made valid (an out-of-range
+/// index is an error on the CPU and skipped on a GPU, see `in_range`). A
+/// dimension out of range gives some index: the op refuses it.
+pub(crate) fn gather_index(a: &Tensor, dim: i64, k: usize, ids: &[i64], dtype: DType, device: &Device) -> kiln::Result<Tensor> {
+    let dims = if a.rank() == 0 { vec![1] } else { a.dims().to_vec() };
+    let d = dim.rem_euclid(dims.len() as i64) as usize;
+    let size = dims[d].min(i64::MAX as usize) as i64;
+    let mut idims: Vec<usize> = dims.iter().map(|&s| s.min(2)).collect();
+    idims[d] = if size == 0 { 0 } else { k };
+    let n = count(&idims);
+    let vals: Vec<i64> = (0..n).map(|j| ids.get(j % ids.len().max(1)).copied().unwrap_or(0).rem_euclid(size.max(1))).collect();
+    idx_tensor(&vals, dtype, device)?.reshape(idims)
+}
+
+/// A selector of `Tensor::i` from a program's (kind, start, end).
+pub(crate) fn selector(kind: u8, s: i64, e: i64) -> kiln::Selector {
+    use std::ops::Bound::{Excluded, Included, Unbounded};
+    match kind {
+        0 => kiln::Selector::All,
+        1 => kiln::Selector::Index(s),
+        2 => kiln::Selector::Range(Included(s), Excluded(e)),
+        3 => kiln::Selector::Range(Included(s), Unbounded),
+        4 => kiln::Selector::Range(Unbounded, Excluded(e)),
+        _ => kiln::Selector::Range(Included(s), Included(e)),
     }
 }
 
@@ -147,7 +185,11 @@ pub(crate) fn run_step(step: &Step, vals: &[Option<Tensor>], device: &Device, si
                 }
             }
             Step::Unary { a, op } => arg!(*a).unary(*op)?,
-            Step::Binary { a, b, op } => arg!(*a).binary(&arg!(*b), *op)?,
+            Step::Binary { a, b, op } => {
+                let (a, b) = (arg!(*a), arg!(*b));
+                count_mixed(device, &[&a, &b]);
+                a.binary(&b, *op)?
+            }
             Step::Reduce { a, op, dim, keepdim } => arg!(*a).reduce(*op, &[*dim], *keepdim)?,
             Step::ReduceAll { a, which } => {
                 let a = arg!(*a);
@@ -180,8 +222,16 @@ pub(crate) fn run_step(step: &Step, vals: &[Option<Tensor>], device: &Device, si
             Step::Squeeze { a, dim } => arg!(*a).squeeze(*dim)?,
             Step::FlattenFrom { a, from } => arg!(*a).flatten_from(*from)?,
             Step::Permute { a, perm } => arg!(*a).permute(perm)?,
-            Step::Cat { a, b, dim } => Tensor::cat(&[&arg!(*a), &arg!(*b)], *dim)?,
-            Step::Stack { a, b, dim } => Tensor::stack(&[&arg!(*a), &arg!(*b)], *dim)?,
+            Step::Cat { a, b, dim } => {
+                let (a, b) = (arg!(*a), arg!(*b));
+                count_mixed(device, &[&a, &b]);
+                Tensor::cat(&[&a, &b], *dim)?
+            }
+            Step::Stack { a, b, dim } => {
+                let (a, b) = (arg!(*a), arg!(*b));
+                count_mixed(device, &[&a, &b]);
+                Tensor::stack(&[&a, &b], *dim)?
+            }
             Step::IndexSelect { a, ids, ids_dtype, dim } => {
                 let a = arg!(*a);
                 a.index_select(&idx_tensor(&in_range(ids, &a, *dim), *ids_dtype, device)?, *dim)?
@@ -190,10 +240,35 @@ pub(crate) fn run_step(step: &Step, vals: &[Option<Tensor>], device: &Device, si
                 let a = arg!(*a);
                 a.index_add(&idx_tensor(&in_range(ids, &a, *dim), *ids_dtype, device)?, &arg!(*src), *dim)?
             }
-            Step::Where { c, a, b } => arg!(*c).where_cond(&arg!(*a), &arg!(*b))?,
+            Step::Gather { a, src, dim, ids, ids_dtype, mode, k } => {
+                let a = arg!(*a);
+                let index = gather_index(&a, *dim, *k, ids, *ids_dtype, device)?;
+                match mode {
+                    0 => a.gather(*dim, &index)?,
+                    1 => a.scatter(*dim, &index, &arg!(*src))?,
+                    _ => a.scatter_add(*dim, &index, &arg!(*src))?,
+                }
+            }
+            Step::Sort { a, dim, descending, which, k } => {
+                let a = arg!(*a);
+                match which {
+                    0 => a.sort(*dim, *descending)?.0,
+                    1 => a.argsort(*dim, *descending)?,
+                    2 => a.topk(*k, *dim, *descending, true)?.0,
+                    _ => a.topk(*k, *dim, *descending, false)?.1,
+                }
+            }
+            Step::Slice { a, sels } => arg!(*a).i(sels.iter().map(|&(kind, s, e)| selector(kind, s, e)).collect::<Vec<_>>())?,
+            Step::Where { c, a, b } => {
+                let (a, b) = (arg!(*a), arg!(*b));
+                count_mixed(device, &[&a, &b]);
+                arg!(*c).where_cond(&a, &b)?
+            }
+            Step::BadIndex { a, which, value, dim } => return bad_index(&arg!(*a), *which, *value, *dim, device),
             Step::Cast { a, dtype } => arg!(*a).to_dtype(*dtype)?,
             Step::Contiguous { a } => arg!(*a).contiguous()?,
             Step::Assign { dst, src } => {
+                count_mixed(device, &[&arg!(*dst), &arg!(*src)]);
                 arg!(*dst).assign(&arg!(*src))?;
                 return Ok(None);
             }
@@ -222,6 +297,67 @@ pub(crate) fn run_step(step: &Step, vals: &[Option<Tensor>], device: &Device, si
         }))
     })();
     Some(r)
+}
+
+/// Steps whose two tensor operands had different dtypes (counted on the CPU).
+pub(crate) static MIXED: AtomicU64 = AtomicU64::new(0);
+
+fn count_mixed(device: &Device, ts: &[&Tensor]) {
+    if device.is_cpu() && ts.windows(2).any(|w| w[0].dtype() != w[1].dtype()) {
+        MIXED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Bad-index steps whose value reached a kernel on the GPU and was
+/// reported by the next synchronising call.
+pub(crate) static REPORTED: AtomicU64 = AtomicU64::new(0);
+
+/// A step with an index or label `value` out of range: on the CPU the call
+/// raises; on a GPU the call returns and the next synchronising call
+/// reports it, naming the op and the value (a `KernelFailed` that this
+/// turns into the CPU's `InvalidArgument` for the comparison). A GPU call
+/// whose kernel reads nothing (an empty output) reports nothing, and counts
+/// as the same outcome.
+fn bad_index(a: &Tensor, which: u8, value: i64, dim: i64, device: &Device) -> kiln::Result<Option<Tensor>> {
+    let op = ["index_select", "index_add", "one_hot", "cross_entropy"][which as usize % 4];
+    let ids = Tensor::from_vec(vec![value], 1, device)?;
+    let bound = match which % 4 {
+        0 | 1 => dim_size(a, dim).copied().unwrap_or(0),
+        2 => 3,
+        _ => a.elem_count(),
+    };
+    let result = match which % 4 {
+        0 => a.index_select(&ids, dim),
+        1 => a.index_add(&ids, &a.narrow(dim, 0, 1.min(bound))?, dim),
+        2 => kiln::nn::one_hot(&ids, 3, a.dtype()),
+        _ => kiln::nn::cross_entropy(&a.reshape((1, a.elem_count()))?, &ids),
+    };
+    if device.is_cpu() || usize::try_from(value).is_ok_and(|v| v < bound) {
+        // The CPU raises at the call; an index in range is an ordinary call.
+        return result.map(Some);
+    }
+    // On the GPU: reported by the next synchronising call (or, when a later
+    // kernel of the same call was launched after the bad one had run, by
+    // that launch already: launches fail fast on a poisoned queue).
+    let t = match result {
+        Ok(t) => Some(t),
+        Err(Error::KernelFailed { .. }) => None,
+        Err(e) => return Err(e),
+    };
+    match kiln::synchronize(device) {
+        Err(Error::KernelFailed { op: got, msg, .. }) => {
+            assert_eq!(got, op, "{msg}");
+            assert!(msg.contains(&format!(" {value} is out of range")), "{msg}");
+            REPORTED.fetch_add(1, Ordering::Relaxed);
+            Err(Error::InvalidArgument { op: got, msg })
+        }
+        Err(e) => Err(e),
+        // A kernel with nothing to write reads no index.
+        Ok(()) if t.as_ref().is_some_and(|t| t.elem_count() == 0) || a.elem_count() == 0 => {
+            Err(Error::InvalidArgument { op: op.into(), msg: "nothing read".into() })
+        }
+        Ok(()) => panic!("{op} of the bad index {value} on {device} was not reported"),
+    }
 }
 
 /// keepdim for a composite's reduction, from its dimension (so that the

@@ -13,7 +13,12 @@
 //! - the CPU and the simulated GPU agree: the same errors, the same shapes,
 //!   and bit-identical values;
 //! - memory on both devices returns to its baseline once the program's
-//!   tensors are dropped.
+//!   tensors are dropped;
+//! - operands of two dtypes promote alike on both devices, dimensions are
+//!   drawn from −5 to 4 (negative ones and out-of-range ones on both
+//!   sides), and a bad index or label raises at the call on the CPU and is
+//!   reported by the GPU's next synchronising call, naming the op and the
+//!   value.
 //!
 //! `KILN_FUZZ_CASES` sets the number of programs (default 2,000; the
 //! robustness issue's run used 100,000), `KILN_FUZZ_SEED` the first seed.
@@ -90,11 +95,14 @@ fn random_programs_never_panic_hang_or_disagree() {
         devices.iter().map(|d| kiln::memory_stats(d).map(|s| (s.in_use, s.live_tensors)).unwrap()).collect();
     let mut defects = Vec::new();
     let (mut steps_run, mut errors, mut missing_uses, mut i32_uses) = (0usize, 0usize, 0usize, 0usize);
+    let (mut negative_dims, mut bad_indices) = (0usize, 0usize);
     for seed in first..first + cases {
         let mut rng = Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D));
         let steps = program(&mut rng);
         missing_uses += steps.iter().filter(|s| names_missing(s)).count();
         i32_uses += steps.iter().filter(|s| format!("{s:?}").contains("I32")).count();
+        negative_dims += steps.iter().filter(|s| has_negative_dim(s)).count();
+        bad_indices += steps.iter().filter(|s| matches!(s, Step::BadIndex { .. })).count();
         *current.lock().unwrap_or_else(|e| e.into_inner()) = describe(seed, &steps);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             // The same random numbers on both devices.
@@ -139,7 +147,9 @@ fn random_programs_never_panic_hang_or_disagree() {
         }
     }
     println!(
-        "fuzz: {cases} programs, {steps_run} steps ({missing_uses} on devices that do not exist, {i32_uses} with i32), {errors} user errors, {} defects",
+        "fuzz: {cases} programs, {steps_run} steps ({missing_uses} on devices that do not exist, {i32_uses} with i32, {negative_dims} with a negative dimension, {} between two dtypes, {bad_indices} with a bad index or label, {} of them reported by a GPU's next synchronising call), {errors} user errors, {} defects",
+        MIXED.load(Ordering::Relaxed),
+        REPORTED.load(Ordering::Relaxed),
         defects.len()
     );
     assert!(

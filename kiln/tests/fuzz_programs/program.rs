@@ -106,7 +106,7 @@ pub(crate) enum Step {
     Reduce {
         a: usize,
         op: ReduceOp,
-        dim: usize,
+        dim: i64,
         keepdim: bool,
     },
     ReduceAll {
@@ -131,12 +131,12 @@ pub(crate) enum Step {
     },
     Transpose {
         a: usize,
-        d0: usize,
-        d1: usize,
+        d0: i64,
+        d1: i64,
     },
     Narrow {
         a: usize,
-        dim: usize,
+        dim: i64,
         start: usize,
         len: usize,
     },
@@ -150,42 +150,75 @@ pub(crate) enum Step {
     },
     Unsqueeze {
         a: usize,
-        dim: usize,
+        dim: i64,
     },
     Squeeze {
         a: usize,
-        dim: usize,
+        dim: i64,
     },
     FlattenFrom {
         a: usize,
-        from: usize,
+        from: i64,
     },
     Permute {
         a: usize,
-        perm: Vec<usize>,
+        perm: Vec<i64>,
     },
     Cat {
         a: usize,
         b: usize,
-        dim: usize,
+        dim: i64,
     },
     Stack {
         a: usize,
         b: usize,
-        dim: usize,
+        dim: i64,
     },
     IndexSelect {
         a: usize,
         ids: Vec<i64>,
         ids_dtype: DType,
-        dim: usize,
+        dim: i64,
     },
     IndexAdd {
         a: usize,
         src: usize,
         ids: Vec<i64>,
         ids_dtype: DType,
-        dim: usize,
+        dim: i64,
+    },
+    /// An index or label out of range (`which`: index_select, index_add,
+    /// one_hot, cross_entropy): the CPU raises at the call, a GPU reports it
+    /// at the next synchronising call.
+    BadIndex {
+        a: usize,
+        which: u8,
+        value: i64,
+        dim: i64,
+    },
+    /// gather (mode 0), scatter (1) or scatter_add (2) along `dim` with an
+    /// index of `a`'s rank, `k` long along `dim`, made of `ids` (in range).
+    Gather {
+        a: usize,
+        src: usize,
+        dim: i64,
+        ids: Vec<i64>,
+        ids_dtype: DType,
+        mode: u8,
+        k: usize,
+    },
+    /// sort's values (which 0), argsort (1), topk's values (2) or indices (3).
+    Sort {
+        a: usize,
+        dim: i64,
+        descending: bool,
+        which: u8,
+        k: usize,
+    },
+    /// Range indexing `a.i(...)`: per selector (kind, start, end).
+    Slice {
+        a: usize,
+        sels: Vec<(u8, i64, i64)>,
     },
     Where {
         c: usize,
@@ -256,6 +289,12 @@ pub(crate) const BINARY: [BinaryOp; 13] = [
 ];
 pub(crate) const REDUCE: [ReduceOp; 6] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod, ReduceOp::ArgMax, ReduceOp::ArgMin];
 
+/// A dimension from −5 to 4: every valid one of ranks up to 4, counted from
+/// either end, and the out-of-range ones on both sides.
+pub(crate) fn signed_dim(rng: &mut Rng) -> i64 {
+    rng.below(10) as i64 - 5
+}
+
 pub(crate) fn value(rng: &mut Rng) -> f64 {
     rng.pick(&[0.0, 1.0, -1.0, 2.5, -3.0, 0.1, 300.0, -7.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e30, 65504.0])
 }
@@ -280,16 +319,16 @@ pub(crate) fn program(rng: &mut Rng) -> Vec<Step> {
             }
         } else {
             let a = any(rng);
-            match rng.below(29) {
+            match rng.below(33) {
                 0 | 1 => Step::Unary { a, op: rng.pick(&UNARY) },
                 2..=4 => Step::Binary { a, b: any(rng), op: rng.pick(&BINARY) },
-                5 => Step::Reduce { a, op: rng.pick(&REDUCE), dim: rng.below(5), keepdim: rng.chance(50) },
+                5 => Step::Reduce { a, op: rng.pick(&REDUCE), dim: signed_dim(rng), keepdim: rng.chance(50) },
                 6 => Step::ReduceAll { a, which: rng.below(5) as u8 },
                 7 => Step::Matmul { a, b: any(rng) },
-                8 => Step::Transpose { a, d0: rng.below(4), d1: rng.below(4) },
+                8 => Step::Transpose { a, d0: signed_dim(rng), d1: signed_dim(rng) },
                 9 => {
                     let start = if rng.chance(10) { rng.pick(&HUGE) } else { rng.below(5) };
-                    Step::Narrow { a, dim: rng.below(4), start, len: rng.below(4) }
+                    Step::Narrow { a, dim: signed_dim(rng), start, len: rng.below(4) }
                 }
                 10 => Step::Reshape { a, dims: shape(rng) },
                 11 => {
@@ -303,31 +342,44 @@ pub(crate) fn program(rng: &mut Rng) -> Vec<Step> {
                     }
                     Step::Broadcast { a, dims }
                 }
-                12 => Step::Unsqueeze { a, dim: rng.below(5) },
-                13 => Step::Squeeze { a, dim: rng.below(4) },
-                14 => Step::FlattenFrom { a, from: rng.below(4) },
+                12 => Step::Unsqueeze { a, dim: signed_dim(rng) },
+                13 => Step::Squeeze { a, dim: signed_dim(rng) },
+                14 => Step::FlattenFrom { a, from: signed_dim(rng) },
                 15 => {
-                    let mut perm: Vec<usize> = (0..rng.below(5)).collect();
+                    let rank = rng.below(5);
+                    let mut perm: Vec<i64> = (0..rank as i64).collect();
                     for k in (1..perm.len()).rev() {
                         let j = rng.below(k + 1);
                         perm.swap(k, j);
                     }
+                    // Some dimensions named from the end, as PyTorch allows.
+                    for p in perm.iter_mut() {
+                        if rng.chance(30) {
+                            *p -= rank as i64;
+                        }
+                    }
                     Step::Permute { a, perm }
                 }
-                16 => Step::Cat { a, b: any(rng), dim: rng.below(4) },
-                17 => Step::Stack { a, b: any(rng), dim: rng.below(4) },
+                16 => Step::Cat { a, b: any(rng), dim: signed_dim(rng) },
+                17 => Step::Stack { a, b: any(rng), dim: signed_dim(rng) },
                 18 => Step::IndexSelect {
                     a,
                     ids: (0..rng.below(5)).map(|_| rng.below(6) as i64 - 1).collect(),
                     ids_dtype: rng.pick(&INDEX_DTYPES),
-                    dim: rng.below(4),
+                    dim: signed_dim(rng),
                 },
                 19 => Step::IndexAdd {
                     a,
                     src: any(rng),
                     ids: (0..rng.below(4)).map(|_| rng.below(5) as i64).collect(),
                     ids_dtype: rng.pick(&INDEX_DTYPES),
-                    dim: rng.below(3),
+                    dim: signed_dim(rng),
+                },
+                29 => Step::BadIndex {
+                    a,
+                    which: rng.below(4) as u8,
+                    value: rng.pick(&[-1, -7, 5, 7, 300, i64::MAX, i64::MIN]),
+                    dim: signed_dim(rng),
                 },
                 20 => Step::Where { c: any(rng), a, b: any(rng) },
                 21 => Step::Cast { a, dtype: rng.pick(&DTYPES) },
@@ -337,6 +389,22 @@ pub(crate) fn program(rng: &mut Rng) -> Vec<Step> {
                 25 => Step::ToMissing { a, which: rng.below(3) as u8, copy: rng.chance(50) },
                 26 => Step::CumSum { a, dim: rng.below(7) as i64 - 3 },
                 27 => Step::Composite { a, which: rng.below(6) as u8, dim: rng.below(7) as i64 - 3 },
+                28 => Step::Gather {
+                    a,
+                    src: if rng.chance(50) { a } else { any(rng) },
+                    dim: rng.below(7) as i64 - 3,
+                    ids: (0..1 + rng.below(4)).map(|_| rng.below(6) as i64).collect(),
+                    ids_dtype: rng.pick(&INDEX_DTYPES),
+                    mode: rng.below(3) as u8,
+                    k: rng.below(4),
+                },
+                31 => {
+                    Step::Sort { a, dim: rng.below(7) as i64 - 3, descending: rng.chance(50), which: rng.below(4) as u8, k: rng.below(4) }
+                }
+                30 => Step::Slice {
+                    a,
+                    sels: (0..rng.below(5)).map(|_| (rng.below(6) as u8, rng.below(9) as i64 - 4, rng.below(9) as i64 - 4)).collect(),
+                },
                 _ => {
                     if rng.chance(50) {
                         Step::Print { a }
@@ -351,12 +419,33 @@ pub(crate) fn program(rng: &mut Rng) -> Vec<Step> {
     steps
 }
 
+/// Whether a step names a dimension counted from the end.
+pub(crate) fn has_negative_dim(step: &Step) -> bool {
+    match step {
+        Step::Reduce { dim, .. }
+        | Step::Narrow { dim, .. }
+        | Step::Unsqueeze { dim, .. }
+        | Step::Squeeze { dim, .. }
+        | Step::Cat { dim, .. }
+        | Step::Stack { dim, .. }
+        | Step::IndexSelect { dim, .. }
+        | Step::IndexAdd { dim, .. }
+        | Step::BadIndex { dim, .. }
+        | Step::CumSum { dim, .. }
+        | Step::Composite { dim, .. } => *dim < 0,
+        Step::FlattenFrom { from, .. } => *from < 0,
+        Step::Transpose { d0, d1, .. } => *d0 < 0 || *d1 < 0,
+        Step::Permute { perm, .. } => perm.iter().any(|&p| p < 0),
+        _ => false,
+    }
+}
+
 /// The earlier values a step reads.
 pub(crate) fn operands(step: &Step) -> Vec<usize> {
     match step {
         Step::Create { .. } | Step::FromValues { .. } | Step::NoSuchDevice { .. } => vec![],
         Step::Binary { a, b, .. } | Step::Matmul { a, b } | Step::Cat { a, b, .. } | Step::Stack { a, b, .. } => vec![*a, *b],
-        Step::IndexAdd { a, src, .. } => vec![*a, *src],
+        Step::IndexAdd { a, src, .. } | Step::Gather { a, src, .. } => vec![*a, *src],
         Step::Where { c, a, b } => vec![*c, *a, *b],
         Step::Assign { dst, src } => vec![*dst, *src],
         Step::Unary { a, .. }
@@ -373,6 +462,9 @@ pub(crate) fn operands(step: &Step) -> Vec<usize> {
         | Step::FlattenFrom { a, .. }
         | Step::Permute { a, .. }
         | Step::IndexSelect { a, .. }
+        | Step::Sort { a, .. }
+        | Step::Slice { a, .. }
+        | Step::BadIndex { a, .. }
         | Step::Cast { a, .. }
         | Step::Contiguous { a }
         | Step::RoundTrip { a }

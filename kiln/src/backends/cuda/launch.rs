@@ -157,4 +157,7 @@ impl CudaDevice for CudaBackend {
     fn err(&self, msg: String) -> Error {
         CudaBackend::err(self, msg)
     }
+    fn fault_record(&self) -> Result<u64> {
+        self.fault_ptr()
+    }
 }

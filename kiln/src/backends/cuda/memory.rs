@@ -144,7 +144,13 @@ impl CudaBackend {
 
     pub(super) fn oom(&self, bytes: usize) -> Error {
         let stats = self.pool.stats();
-        Error::OutOfMemory { device: self.device, requested: bytes, in_use: stats.in_use, capacity: stats.capacity.unwrap_or(0) }
+        Error::OutOfMemory {
+            device: self.device,
+            requested: bytes,
+            in_use: stats.in_use,
+            capacity: stats.capacity.unwrap_or(0),
+            limit: None,
+        }
     }
 
     // ---- transfers ----------------------------------------------------------

@@ -25,6 +25,7 @@ use crate::base::device::{Device, DeviceKind, FallbackReason};
 use crate::base::dtype::DType;
 use crate::base::error::{human_bytes, Error, Result};
 use crate::kernel::backend::{Backend, Event, QueueHold};
+use crate::kernel::index_check::FaultRecord;
 use crate::kernel::storage::{Buffer, Storage};
 use crate::kernel::{Kernel, Src};
 use crate::runtime::memory::MemoryPool;
@@ -105,6 +106,12 @@ pub(crate) struct CudaBackend {
     /// (host pointer, device pointer), and the last hold's number.
     hold_flag: Mutex<Option<(Raw<*mut u32>, u64)>>,
     holds: std::sync::atomic::AtomicU32,
+    /// The fault record of index checks (mapped pinned memory: host
+    /// pointer, device pointer), made on first use.
+    fault: Mutex<Option<(Raw<*mut FaultRecord>, u64)>>,
+    /// The record's host pointer once made (null before): read without a
+    /// lock on every launch.
+    fault_host: std::sync::atomic::AtomicPtr<FaultRecord>,
     blas_warned: std::sync::atomic::AtomicBool,
     /// Loaded module by name (or why it could not be built).
     modules: Mutex<HashMap<&'static str, std::result::Result<Raw<cu::CUmodule>, String>>>,
@@ -208,6 +215,8 @@ impl CudaBackend {
                 staging: Mutex::new(None),
                 hold_flag: Mutex::new(None),
                 holds: std::sync::atomic::AtomicU32::new(0),
+                fault: Mutex::new(None),
+                fault_host: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
                 blas_warned: std::sync::atomic::AtomicBool::new(false),
                 modules: Mutex::new(HashMap::new()),
                 functions: Mutex::new(HashMap::new()),
@@ -349,6 +358,11 @@ impl Backend for CudaBackend {
         }
     }
     fn launch(&self, kernel: &Kernel<'_>, out: &Arc<Storage>) -> Result<()> {
+        // A bad index recorded by a kernel poisons the queue until a
+        // synchronising call reports it (a read of pinned memory, no sync).
+        if let Some(err) = self.fault(false) {
+            return Err(err);
+        }
         self.guarded("kernel launch", || launch::run(self, kernel, out))
     }
     fn upload(&self, data: CpuBuffer) -> Result<Buffer> {
@@ -380,7 +394,11 @@ impl Backend for CudaBackend {
                 .ok_or_else(|| self.err(format!("cannot allocate {} of host memory to read {} elements back", human_bytes(n * size), n)))?;
             let base = dev_ptr(self, &src.storage)?;
             self.read_device(base + (a * size) as u64, host_bytes_mut(&mut out))?;
-            Ok(out)
+            // The read waited for the queue: report a bad index it met.
+            match self.fault(true) {
+                Some(err) => Err(err),
+                None => Ok(out),
+            }
         })
     }
     fn record_event(&self) -> Option<Arc<dyn Event>> {
@@ -440,7 +458,11 @@ impl Backend for CudaBackend {
     fn synchronize(&self) -> Result<()> {
         self.guarded("cuStreamSynchronize", || {
             // SAFETY: the stream is alive.
-            ck(unsafe { cu::cuStreamSynchronize(self.stream.0) }, "cuStreamSynchronize").map_err(|e| self.err(e))
+            ck(unsafe { cu::cuStreamSynchronize(self.stream.0) }, "cuStreamSynchronize").map_err(|e| self.err(e))?;
+            match self.fault(true) {
+                Some(err) => Err(err),
+                None => Ok(()),
+            }
         })
     }
 }

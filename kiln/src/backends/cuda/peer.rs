@@ -4,6 +4,7 @@
 use super::{ck, dev_ptr, CudaBackend, Raw};
 use crate::base::error::Result;
 use crate::kernel::backend::QueueHold;
+use crate::kernel::index_check::FaultRecord;
 use crate::kernel::Src;
 use cudarc::driver::sys as cu;
 use std::ffi::{c_int, c_void};
@@ -44,6 +45,57 @@ impl CudaBackend {
             })
             .map_err(|e| self.err(format!("cannot start the thread that releases the hold: {e}")))?;
         Ok(QueueHold { _release: tx })
+    }
+
+    /// The device address of the fault record that index checks write
+    /// (`kernel::index_check`), made on first use: 40 bytes of mapped
+    /// pinned memory, so the host reads it without a copy.
+    pub(super) fn fault_ptr(&self) -> Result<u64> {
+        let mut fault = self.fault.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, dev)) = fault.as_ref() {
+            return Ok(*dev);
+        }
+        let size = std::mem::size_of::<FaultRecord>();
+        let mut host: *mut c_void = std::ptr::null_mut();
+        let mut dev: cu::CUdeviceptr = 0;
+        // SAFETY: out-pointers to locals; 2 = CU_MEMHOSTALLOC_DEVICEMAP. The
+        // record lives as long as the process.
+        unsafe {
+            ck(cu::cuMemHostAlloc(&mut host, size, 2), "cuMemHostAlloc").map_err(|e| self.err(e))?;
+            std::ptr::write_bytes(host as *mut u8, 0, size);
+            if let Err(e) = ck(cu::cuMemHostGetDevicePointer_v2(&mut dev, host, 0), "cuMemHostGetDevicePointer") {
+                let _ = cu::cuMemFreeHost(host);
+                return Err(self.err(e));
+            }
+        }
+        *fault = Some((Raw(host as *mut FaultRecord), dev));
+        self.fault_host.store(host as *mut FaultRecord, std::sync::atomic::Ordering::Release);
+        Ok(dev)
+    }
+
+    /// The bad index a kernel recorded, if any, as the error to report;
+    /// `take` clears the record (a synchronising call reports it once).
+    /// Reads pinned host memory: no transfer, no wait, no lock.
+    pub(super) fn fault(&self, take: bool) -> Option<crate::Error> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let rec = self.fault_host.load(Ordering::Acquire);
+        if rec.is_null() {
+            return None;
+        }
+        // SAFETY: the record lives as long as the process; kernels write it
+        // with atomics and publish it with state 2 after a system fence.
+        unsafe {
+            let state = &*(std::ptr::addr_of!((*rec).state) as *const AtomicU32);
+            if state.load(Ordering::Acquire) != 2 {
+                return None;
+            }
+            let copy = std::ptr::read_volatile(rec);
+            // Taken once: of two threads synchronising at once, one reports it.
+            if take && state.compare_exchange(2, 0, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                return None;
+            }
+            Some(copy.error(self.device))
+        }
     }
 
     /// Whether this device may access `peer`'s memory: asks the driver and

@@ -287,3 +287,28 @@ template <> __device__ __forceinline__ u64 read_id<i32>(const i32* ids, Lay li, 
 }
 template <> __device__ __forceinline__ u64 read_id<u8>(const u8* ids, Lay li, u64 j) { return (u64)ids[lay_off(li, j)]; }
 
+// The value of an index (i64, i32 or u8) as it is, for a check that names it.
+template <typename I> __device__ __forceinline__ i64 read_raw(const I* ids, Lay li, u64 j) { return (i64)ids[lay_off(li, j)]; }
+
+// ---- device-side index checks (kernel/index_check.rs) --------------------
+// The device's fault record, in mapped pinned host memory: the first kernel
+// thread that meets a bad index claims it (state 0 -> 1), writes what it
+// found and publishes it (state 2); the host reads it when it synchronises
+// and reports it as KernelFailed naming the op of `site`.
+struct KilnFault { u32 state; u32 pad; u64 site; i64 value; u64 bound; i64 dim; };
+
+// Whether `value` lies in [0, bound); records it in the fault record when not.
+__device__ __forceinline__ bool kiln_index_ok(u64 fault, u64 site, i64 value, u64 bound, i64 dim) {
+    if (value >= 0 && (u64)value < bound) return true;
+    KilnFault* f = (KilnFault*)fault;
+    if (atomicCAS(&f->state, 0u, 1u) == 0u) {
+        f->site = site;
+        f->value = value;
+        f->bound = bound;
+        f->dim = dim;
+        __threadfence_system();
+        atomicExch(&f->state, 2u);
+    }
+    return false;
+}
+

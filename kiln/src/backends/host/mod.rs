@@ -138,7 +138,7 @@ pub(crate) fn unsupported_op(op: &str) -> Error {
 /// Host memory refused for a kernel's temporary of `bytes`.
 pub(crate) fn host_oom(bytes: usize) -> Error {
     let in_use = crate::runtime::memory::CPU_POOL.stats().in_use;
-    Error::OutOfMemory { device: Device::Cpu, requested: bytes, in_use, capacity: crate::runtime::host::host_memory_total().unwrap_or(0) }
+    crate::runtime::host::host_out_of_memory(Device::Cpu, bytes, in_use)
 }
 
 /// `len` elements in a new vector, or `OutOfMemory` when the host refuses

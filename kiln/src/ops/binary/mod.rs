@@ -15,7 +15,7 @@ use crate::base::error::{Error, Result};
 use crate::base::shape::{broadcast_shapes, Layout};
 use crate::kernel::cuda::{c_type, dtype_tag, BinaryArgs, CudaModule, FamilyCall};
 use crate::kernel::{BinaryKernel, Kernel, OpRef};
-use crate::tensor::{check_compute, check_same_device, check_same_dtype};
+use crate::tensor::{check_compute, check_same_device};
 use crate::Tensor;
 use family::{binary_family, Kind};
 use std::borrow::Cow;
@@ -194,18 +194,39 @@ macro_rules! binary_fns {
 impl Tensor {
     /// Applies a member of the binary family with numpy broadcasting.
     ///
+    /// Operands of two dtypes are promoted as PyTorch does
+    /// ([`Tensor::result_type`]: u8 with i32 is i32, an integer with a
+    /// float is the float, f16 with bf16 is f32; a 0-d tensor counts as a
+    /// scalar): each is cast to the result type first, and its gradient
+    /// comes back in its own dtype. Comparisons compare in the result type
+    /// and give u8. Integer `/` divides in f32 (true division).
+    ///
     /// ```
     /// use kiln::{Tensor, BinaryOp, cpu};
     /// let a = Tensor::new(&[[1f32], [2.]], &cpu())?;
     /// let b = Tensor::new(&[10f32, 20., 30.], &cpu())?;
     /// assert_eq!(a.binary(&b, BinaryOp::Add)?.dims(), &[2, 3]);
     /// assert_eq!(a.binary(&b, BinaryOp::Lt)?.to_vec::<u8>()?, vec![1; 6]);
+    /// // u8 and f32 promote to f32.
+    /// let v0 = Tensor::new(&[3u8, 250], &cpu())?;
+    /// let v1 = v0.sub_scalar(-2.0)?; // f32: -2.0 does not fit u8
+    /// assert_eq!(v1.minimum(&v0)?.to_vec::<f32>()?, vec![3., 250.]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn binary(&self, rhs: &Tensor, op: BinaryOp) -> Result<Tensor> {
         let name = op.name();
         check_same_device(name, self, rhs)?;
-        check_same_dtype(name, self, rhs)?;
+        if self.dtype() != rhs.dtype() {
+            // PyTorch's promotion: both operands are cast to the result
+            // type first (their casts carry each one's gradient back in its
+            // own dtype). Shapes are checked before anything is launched.
+            if self.shape() != rhs.shape() {
+                broadcast_shapes(name, self.shape(), rhs.shape())?;
+            }
+            let dtype = Tensor::result_type(&[self, rhs]);
+            check_compute(name, dtype)?;
+            return self.to_dtype(dtype)?.binary(&rhs.to_dtype(dtype)?, op);
+        }
         check_compute(name, self.dtype())?;
         if op.float_only() && !self.dtype().is_float() {
             return Err(Error::UnsupportedDType { op: name.into(), dtype: self.dtype() });

@@ -216,6 +216,19 @@ pub(crate) fn resolve_dims(op: &str, dims: &[impl Dim], rank: usize) -> Result<s
     dims.iter().map(|&d| d.index(op, rank)).collect()
 }
 
+/// The dimensions of a reduction, as [`resolve_dims`], except that a 0-d
+/// tensor takes 0 and −1 as if it had one dimension and reduces over none
+/// (it is its own sum, max, mean...), as PyTorch's reductions do.
+pub(crate) fn resolve_reduce_dims(op: &str, dims: &[impl Dim], rank: usize) -> Result<smallvec::SmallVec<[usize; 4]>> {
+    if rank == 0 {
+        for &d in dims {
+            d.index(op, 1)?;
+        }
+        return Ok(smallvec::SmallVec::new());
+    }
+    resolve_dims(op, dims, rank)
+}
+
 impl Tensor {
     /// Reduces over `dims` (all distinct, in range); keeps them as size 1
     /// when `keepdim`. A dimension is a `usize` or, as in PyTorch, a signed
@@ -234,8 +247,13 @@ impl Tensor {
     pub fn reduce(&self, op: ReduceOp, dims: &[impl Dim], keepdim: bool) -> Result<Tensor> {
         let name = op.name();
         check_compute(name, self.dtype())?;
-        let dims = resolve_dims(name, dims, self.rank())?;
+        let named = dims.len();
+        let dims = resolve_reduce_dims(name, dims, self.rank())?;
         let dims = dims.as_slice();
+        if op.is_arg() && self.rank() == 0 && named == 1 {
+            // The only element of a 0-d tensor is at index 0 (PyTorch).
+            return Tensor::zeros((), DType::I64, &self.device());
+        }
         for (i, &d) in dims.iter().enumerate() {
             if dims[..i].contains(&d) {
                 return Err(Error::invalid(name, format!("dimension {d} is named twice")));
@@ -284,11 +302,11 @@ impl Tensor {
     }
     /// Sum over one dimension, dropping it.
     pub fn sum(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::Sum, &[dim.index("sum", self.rank())?], false)
+        self.reduce(ReduceOp::Sum, &[dim], false)
     }
     /// Sum over one dimension, keeping it as size 1.
     pub fn sum_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::Sum, &[dim.index("sum", self.rank())?], true)
+        self.reduce(ReduceOp::Sum, &[dim], true)
     }
     /// Sum over several dimensions; negative ones count from the end, as in
     /// PyTorch.
@@ -327,11 +345,11 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn max(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::Max, &[dim.index("max", self.rank())?], false)
+        self.reduce(ReduceOp::Max, &[dim], false)
     }
     /// Maximum over one dimension, keeping it.
     pub fn max_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::Max, &[dim.index("max", self.rank())?], true)
+        self.reduce(ReduceOp::Max, &[dim], true)
     }
     /// Smallest element.
     pub fn min_all(&self) -> Result<Tensor> {
@@ -348,11 +366,11 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn min(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::Min, &[dim.index("min", self.rank())?], false)
+        self.reduce(ReduceOp::Min, &[dim], false)
     }
     /// Minimum over one dimension, keeping it.
     pub fn min_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::Min, &[dim.index("min", self.rank())?], true)
+        self.reduce(ReduceOp::Min, &[dim], true)
     }
     /// Product of every element, as a 0-d tensor (1 for an empty tensor).
     /// Floats multiply in f64 and round once; integers wrap and keep their
@@ -375,11 +393,11 @@ impl Tensor {
     }
     /// Product over one dimension, dropping it.
     pub fn prod(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::Prod, &[dim.index("prod", self.rank())?], false)
+        self.reduce(ReduceOp::Prod, &[dim], false)
     }
     /// Product over one dimension, keeping it as size 1.
     pub fn prod_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::Prod, &[dim.index("prod", self.rank())?], true)
+        self.reduce(ReduceOp::Prod, &[dim], true)
     }
     /// Product over several dimensions.
     pub fn prod_dims(&self, dims: &[impl Dim], keepdim: bool) -> Result<Tensor> {
@@ -394,15 +412,15 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn argmax(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::ArgMax, &[dim.index("argmax", self.rank())?], false)
+        self.reduce(ReduceOp::ArgMax, &[dim], false)
     }
     /// Index of the maximum, keeping the dimension.
     pub fn argmax_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::ArgMax, &[dim.index("argmax", self.rank())?], true)
+        self.reduce(ReduceOp::ArgMax, &[dim], true)
     }
     /// Index of the minimum along `dim`, i64.
     pub fn argmin(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::ArgMin, &[dim.index("argmin", self.rank())?], false)
+        self.reduce(ReduceOp::ArgMin, &[dim], false)
     }
 }
 
