@@ -70,7 +70,9 @@ pub(crate) fn replicate(module: &dyn Module, device: &Device, leaf: bool) -> Res
 ///
 /// The replicas run concurrently on asynchronous devices: their kernels are
 /// queued one device after the other and run in parallel. A batch with
-/// fewer rows than devices uses fewer devices (PyTorch's `scatter`). For
+/// fewer rows than devices uses fewer devices (PyTorch's `scatter`). Lazy
+/// layers work: the first piece runs on the module itself, which makes
+/// their parameters before the other replicas copy them. For
 /// training on several GPUs the [`Trainer`](crate::trainer::Trainer) with
 /// `num_gpus > 1` is faster: it keeps its replicas between steps and moves
 /// only gradients.

@@ -11,6 +11,7 @@ pub struct TrainerBuilder {
     max_epochs: Option<usize>,
     num_gpus: usize,
     device: Option<Device>,
+    devices: Option<Vec<Device>>,
     gradient_clip_val: f64,
     bucket_bytes: Option<usize>,
     check_replicas: bool,
@@ -33,6 +34,28 @@ impl TrainerBuilder {
     pub fn num_gpus(mut self, num_gpus: usize) -> TrainerBuilder {
         self.num_gpus = num_gpus;
         self.device = None;
+        self.devices = None;
+        self
+    }
+
+    /// Train data-parallel on these GPUs (PyTorch Lightning's
+    /// `devices=[...]`): the first holds the learner's model, the others
+    /// replicas. `build` fails when one is not a GPU, does not exist, or is
+    /// listed twice. Replaces [`TrainerBuilder::num_gpus`] and
+    /// [`TrainerBuilder::device`].
+    ///
+    /// ```
+    /// use kiln::trainer::Trainer;
+    /// let gpus = kiln::ensure_simulated_gpus(2, 256 << 20);
+    /// let trainer = Trainer::builder().max_epochs(1).devices(gpus.clone()).build()?;
+    /// assert_eq!((trainer.gpus(), trainer.num_gpus()), (&gpus[..], 2));
+    /// assert!(Trainer::builder().max_epochs(1).devices(vec![gpus[0], gpus[0]]).build().is_err());
+    /// assert!(Trainer::builder().max_epochs(1).devices(vec![kiln::cpu()]).build().is_err());
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn devices(mut self, devices: Vec<Device>) -> TrainerBuilder {
+        self.devices = Some(devices);
+        self.device = None;
         self
     }
 
@@ -40,6 +63,7 @@ impl TrainerBuilder {
     /// it does not exist. Replaces a [`TrainerBuilder::num_gpus`].
     pub fn device(mut self, device: Device) -> TrainerBuilder {
         self.device = Some(device);
+        self.devices = None;
         self
     }
 
@@ -114,12 +138,32 @@ impl TrainerBuilder {
             }
             names.push(name);
         }
-        let (num_gpus, gpus) = match self.device {
-            Some(device) => {
+        let (num_gpus, gpus) = match (self.device, self.devices) {
+            (_, Some(devices)) => {
+                if devices.is_empty() {
+                    return Err(Error::invalid(op, "devices is empty; list at least one GPU, or use `.device(kiln::cpu())`"));
+                }
+                for (i, d) in devices.iter().enumerate() {
+                    if !d.is_gpu() {
+                        return Err(Error::invalid(
+                            op,
+                            format!(
+                                "devices lists {d}; data-parallel training runs on GPUs (train on the CPU with `.device(kiln::cpu())`)"
+                            ),
+                        ));
+                    }
+                    if devices[..i].contains(d) {
+                        return Err(Error::invalid(op, format!("{d} is listed twice in devices")));
+                    }
+                    d.memory_stats()?;
+                }
+                (devices.len(), devices)
+            }
+            (Some(device), None) => {
                 device.memory_stats()?;
                 (usize::from(device.is_gpu()), if device.is_gpu() { vec![device] } else { Vec::new() })
             }
-            None => (self.num_gpus, (0..self.num_gpus.min(crate::num_gpus())).map(Device::Gpu).collect()),
+            (None, None) => (self.num_gpus, (0..self.num_gpus.min(crate::num_gpus())).map(Device::Gpu).collect()),
         };
         Ok(Trainer {
             max_epochs,
