@@ -16,7 +16,7 @@ pub struct ReLU;
 
 impl Module for ReLU {
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
-        Some(Box::new(self.clone()))
+        Some(Box::new(*self))
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.relu()
@@ -32,7 +32,7 @@ pub struct Sigmoid;
 
 impl Module for Sigmoid {
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
-        Some(Box::new(self.clone()))
+        Some(Box::new(*self))
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.sigmoid()
@@ -48,7 +48,7 @@ pub struct Tanh;
 
 impl Module for Tanh {
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
-        Some(Box::new(self.clone()))
+        Some(Box::new(*self))
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.tanh()
@@ -76,7 +76,7 @@ pub struct GELU {
 
 impl Module for GELU {
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
-        Some(Box::new(self.clone()))
+        Some(Box::new(*self))
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if self.tanh {
@@ -96,7 +96,7 @@ pub struct SiLU;
 
 impl Module for SiLU {
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
-        Some(Box::new(self.clone()))
+        Some(Box::new(*self))
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.silu()
@@ -119,7 +119,7 @@ pub struct Flatten;
 
 impl Module for Flatten {
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
-        Some(Box::new(self.clone()))
+        Some(Box::new(*self))
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.rank() <= 1 {

@@ -236,7 +236,7 @@ impl MaxPool2d {
 
 impl Module for MaxPool2d {
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
-        Some(Box::new(self.clone()))
+        Some(Box::new(*self))
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.max_pool2d(self.0).map_err(|e| in_module(e, &self.describe()))
@@ -259,7 +259,7 @@ impl AvgPool2d {
 
 impl Module for AvgPool2d {
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
-        Some(Box::new(self.clone()))
+        Some(Box::new(*self))
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.avg_pool2d(self.0).map_err(|e| in_module(e, &self.describe()))
@@ -283,7 +283,7 @@ impl AdaptiveAvgPool2d {
 
 impl Module for AdaptiveAvgPool2d {
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
-        Some(Box::new(self.clone()))
+        Some(Box::new(*self))
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.adaptive_avg_pool2d(self.0).map_err(|e| in_module(e, &self.describe()))

@@ -46,7 +46,7 @@ impl Dropout {
 
 impl Module for Dropout {
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
-        Some(Box::new(self.clone()))
+        Some(Box::new(*self))
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if !self.training || self.p == 0.0 {

@@ -2,7 +2,7 @@
 //! and [`Trainer::predict`].
 
 use super::metrics::{accumulate, mean, ParallelProbe, Sums};
-use super::parallel::Replicas;
+use super::parallel::{Replicas, Resident};
 use super::progress::Bar;
 use super::{EpochEnd, EpochStats, Evaluation, FitStart, History, Learner, Trainer};
 use crate::data::{DataLoader, DataModule};
@@ -118,6 +118,8 @@ impl Trainer {
         self.materialize(model, data)?;
         model.ensure_optimizer()?;
         let mut replicas = self.replicas(model)?;
+        // A data-parallel fit's examples on every device (made by its first epoch).
+        let mut resident: Option<Option<Resident>> = None;
         let bar = Bar::new(self.progress, (self.max_epochs.saturating_mul(data.train.len())) as u64);
         let mut history = History { epochs: Vec::new(), metric_name: model.loss.metric_name().map(String::from), device, stopped_by: None };
         for _ in 0..self.max_epochs {
@@ -125,7 +127,7 @@ impl Trainer {
             let epoch = model.epochs_trained;
             let lr = model.optimizer.learning_rate() * model.lr_factor(epoch)?;
             let before = ParallelProbe::start(replicas.as_ref().map(|r| r.devices()));
-            let (train, val_sums) = self.run_epoch(model, data, lr, &bar, replicas.as_mut())?;
+            let (train, val_sums) = self.run_epoch(model, data, lr, &bar, replicas.as_mut(), &mut resident)?;
             let parallel = before.finish()?;
             let (train_n, val_n) = (train.examples, val_sums.as_ref().map_or(0, |s| s.examples));
             let mut parts = train.parts(&device)?.to_vec();
@@ -191,7 +193,8 @@ impl Trainer {
         data: &DataModule,
         lr: f64,
         bar: &Bar,
-        mut replicas: Option<&mut Replicas>,
+        replicas: Option<&mut Replicas>,
+        resident: &mut Option<Option<Resident>>,
     ) -> Result<(Sums, Option<Sums>)> {
         let device = self.device();
         let Learner { net, loss: kind, configured, steps_trained, .. } = model;
@@ -199,17 +202,36 @@ impl Trainer {
         optimizer.set_learning_rate(lr);
         net.train();
         let mut train = Sums::new();
-        if let Some(replicas) = replicas.as_deref_mut() {
+        if let Some(replicas) = replicas {
             replicas.set_learning_rate(lr);
             replicas.train();
             let mut per_device: Vec<Sums> = replicas.devices().iter().map(|_| Sums::new()).collect();
-            for batch in data.train.iter_on(&device)? {
-                let batch = batch?;
-                let (x, y) = split_batch("fit", &batch)?;
-                let clip = |ps: &[Tensor]| if self.gradient_clip_val > 0.0 { self.clip_gradients(ps) } else { Ok(()) };
-                replicas.step(net, optimizer, *kind, x, y, &clip, &mut per_device)?;
-                *steps_trained += 1;
-                bar.inc();
+            let clip = |ps: &[Tensor]| if self.gradient_clip_val > 0.0 { self.clip_gradients(ps) } else { Ok(()) };
+            if resident.is_none() {
+                *resident = Some(Resident::new(&data.train, replicas.devices())?);
+            }
+            match resident.as_ref().and_then(|r| r.as_ref()) {
+                // Every device cuts its own piece from its own copy.
+                Some(held) => {
+                    let epoch = held.epoch()?;
+                    for (start, rows) in epoch.batches() {
+                        let pieces = epoch.pieces(start, rows)?;
+                        replicas.step(net, optimizer, *kind, &pieces, rows, &clip, &mut per_device)?;
+                        *steps_trained += 1;
+                        bar.inc();
+                    }
+                }
+                // The batches are made on the first device and cut there.
+                None => {
+                    for batch in data.train.iter_on(&device)? {
+                        let batch = batch?;
+                        let (x, y) = split_batch("fit", &batch)?;
+                        let pieces = replicas.cut(x, y)?;
+                        replicas.step(net, optimizer, *kind, &pieces, x.dims()[0], &clip, &mut per_device)?;
+                        *steps_trained += 1;
+                        bar.inc();
+                    }
+                }
             }
             for s in per_device {
                 train = train.merge(s, &device)?;

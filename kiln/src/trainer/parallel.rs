@@ -37,6 +37,7 @@
 use super::fit::owned_input;
 use super::metrics::Sums;
 use crate::autograd::backward_lockstep;
+use crate::data::{DataLoader, Placement};
 use crate::nn::parallel::replicate;
 use crate::nn::{Loss, Module};
 use crate::optim::{Optimizer, OptimizerConfig};
@@ -58,6 +59,107 @@ pub(super) struct Replicas {
     /// The bucket of each parameter (`None`: frozen, never reduced).
     bucket_of: Vec<Option<usize>>,
     check: bool,
+}
+
+/// A loader's first two tensors (features, targets) held on every device
+/// for a fit, so that each device cuts its own piece of every batch from
+/// its own copy: no batch crosses between devices (each rank of PyTorch's
+/// DDP loads its own shard).
+pub(super) struct Resident {
+    per_device: Vec<(Tensor, Tensor)>,
+    rows: usize,
+    batch_size: usize,
+    shuffle: bool,
+    drop_last: bool,
+}
+
+/// One epoch over [`Resident`] data: the row order on every device.
+pub(super) struct ResidentEpoch<'a> {
+    data: &'a Resident,
+    order: Option<Vec<Tensor>>,
+}
+
+impl Resident {
+    /// The loader's examples copied to every device of `devices` (booked
+    /// once), when its placement allows it and they fit on each (at most
+    /// half of what is free there, as the loader decides); `None` otherwise.
+    pub(super) fn new(loader: &DataLoader, devices: &[Device]) -> Result<Option<Resident>> {
+        let tensors = loader.tensors();
+        if tensors.len() < 2 || loader.get_placement() == Placement::Stream {
+            return Ok(None);
+        }
+        let bytes = tensors[..2].iter().map(|t| t.elem_count().saturating_mul(t.dtype().size_in_bytes())).fold(0, usize::saturating_add);
+        if loader.get_placement() == Placement::Auto {
+            for d in devices {
+                if !crate::data::fits(bytes, d)? {
+                    return Ok(None);
+                }
+            }
+        }
+        let _g = no_grad();
+        let mut per_device = Vec::with_capacity(devices.len());
+        for d in devices {
+            match (tensors[0].to(d), tensors[1].to(d)) {
+                (Ok(x), Ok(y)) => per_device.push((x, y)),
+                (Err(Error::OutOfMemory { .. }), _) | (_, Err(Error::OutOfMemory { .. })) if loader.get_placement() == Placement::Auto => {
+                    return Ok(None)
+                }
+                (Err(e), _) | (_, Err(e)) => return Err(e),
+            }
+        }
+        Ok(Some(Resident {
+            per_device,
+            rows: loader.num_examples(),
+            batch_size: loader.batch_size(),
+            shuffle: loader.is_shuffled(),
+            drop_last: loader.is_drop_last(),
+        }))
+    }
+
+    /// An epoch: with shuffling, a new order drawn from kiln's generator
+    /// exactly as the loader draws it (so a data-parallel run sees the
+    /// batches one device would), copied to every device.
+    #[track_caller]
+    pub(super) fn epoch(&self) -> Result<ResidentEpoch<'_>> {
+        let order = if self.shuffle && self.rows > 1 {
+            let perm = crate::data::permutation(self.rows);
+            Some(self.per_device.iter().map(|(x, _)| Tensor::from_vec(perm.clone(), self.rows, &x.device())).collect::<Result<Vec<_>>>()?)
+        } else {
+            None
+        };
+        Ok(ResidentEpoch { data: self, order })
+    }
+}
+
+impl ResidentEpoch<'_> {
+    /// `(start, rows)` of each batch of the epoch.
+    pub(super) fn batches(&self) -> Vec<(usize, usize)> {
+        let (n, bs) = (self.data.rows, self.data.batch_size);
+        (0..n).step_by(bs.max(1)).map(|s| (s, bs.min(n - s))).filter(|&(_, len)| !(self.data.drop_last && len < bs)).collect()
+    }
+
+    /// Each device's piece of the batch of `rows` rows from `start`.
+    pub(super) fn pieces(&self, start: usize, rows: usize) -> Result<Vec<Option<(Tensor, Tensor)>>> {
+        let _g = no_grad();
+        let mut at = start;
+        let mut out = Vec::with_capacity(self.data.per_device.len());
+        for (r, size) in split_sizes(rows, self.data.per_device.len()).into_iter().enumerate() {
+            let (x, y) = &self.data.per_device[r];
+            out.push(if size == 0 {
+                None
+            } else {
+                Some(match &self.order {
+                    Some(order) => {
+                        let ids = order[r].narrow(0, at, size)?;
+                        (x.index_select(&ids, 0)?, y.index_select(&ids, 0)?)
+                    }
+                    None => (x.narrow(0, at, size)?, y.narrow(0, at, size)?),
+                })
+            });
+            at += size;
+        }
+        Ok(out)
+    }
 }
 
 /// The sizes numpy's `array_split` cuts `rows` into for `n` devices.
@@ -133,35 +235,40 @@ impl Replicas {
         }
     }
 
-    /// One data-parallel step on the batch `(x, y)` (on `devices[0]`):
-    /// forward and backward on every device, gradients summed, one
-    /// optimizer step per replica. `sums[r]` gathers device r's metrics.
+    /// The pieces of the batch `(x, y)` (on `devices[0]`) for each device
+    /// (`None`: no rows for it), cut as [`split_sizes`] says and copied.
+    pub(super) fn cut(&self, x: &Tensor, y: &Tensor) -> Result<Vec<Option<(Tensor, Tensor)>>> {
+        let n = self.devices.len();
+        let rows = x.dims().first().copied().unwrap_or(0);
+        let mut pieces = Vec::with_capacity(n);
+        let mut start = 0;
+        let _g = no_grad();
+        for (r, size) in split_sizes(rows, n).into_iter().enumerate() {
+            pieces.push(if size == 0 {
+                None
+            } else {
+                Some((x.narrow(0, start, size)?.to(&self.devices[r])?, y.narrow(0, start, size)?.to(&self.devices[r])?))
+            });
+            start += size;
+        }
+        Ok(pieces)
+    }
+
+    /// One data-parallel step on a batch of `rows` rows given as one piece
+    /// per device: forward and backward on every device, gradients summed,
+    /// one optimizer step per replica. `sums[r]` gathers device r's metrics.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn step(
         &mut self,
         net: &mut dyn Module,
         optimizer: &mut dyn Optimizer,
         kind: Loss,
-        x: &Tensor,
-        y: &Tensor,
+        pieces: &[Option<(Tensor, Tensor)>],
+        rows: usize,
         clip: &dyn Fn(&[Tensor]) -> Result<()>,
         sums: &mut [Sums],
     ) -> Result<()> {
         let n = self.devices.len();
-        let rows = x.dims().first().copied().unwrap_or(0);
-        let sizes = split_sizes(rows, n);
-        let mut pieces: Vec<Option<(Tensor, Tensor)>> = Vec::with_capacity(n);
-        let mut start = 0;
-        for (r, &size) in sizes.iter().enumerate() {
-            pieces.push(if size == 0 {
-                None
-            } else {
-                let _g = no_grad();
-                let piece = (x.narrow(0, start, size)?.to(&self.devices[r])?, y.narrow(0, start, size)?.to(&self.devices[r])?);
-                Some(piece)
-            });
-            start += size;
-        }
         optimizer.zero_grad();
         for o in &mut self.optimizers {
             o.zero_grad();
@@ -174,8 +281,9 @@ impl Replicas {
             let device = self.devices[r];
             let pred = replica.forward(xr).map_err(|e| owned_input("fit", device, e))?;
             let loss = kind.compute(&pred, yr)?;
-            sums[r].add(&loss, &pred, yr, kind, sizes[r])?;
-            losses.push((r, loss.mul_scalar(sizes[r] as f64 / rows as f64)?));
+            let size = xr.dims()[0];
+            sums[r].add(&loss, &pred, yr, kind, size)?;
+            losses.push((r, loss.mul_scalar(size as f64 / rows as f64)?));
         }
         let params: Vec<Vec<Tensor>> = (0..n).map(|r| if r == 0 { net.parameters() } else { self.nets[r - 1].parameters() }).collect();
         let index: Vec<HashMap<usize, usize>> =
