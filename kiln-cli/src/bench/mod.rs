@@ -1,6 +1,7 @@
 //! `kiln bench`: the benchmark workloads (W1–W5, the asynchronous-op
-//! overhead, the per-op overhead by op kind) and the chapter's exercises
-//! (Ex1–Ex4), timed as warm-up runs then the median of N runs. `--json`
+//! overhead, the per-op overhead by op kind), the chapter's exercises
+//! (Ex1–Ex4), and many devices (Comm: all-reduce against the ring's cost;
+//! Dp: a data-parallel epoch of LeNet and ResNet-18 on 1, 2 and 4 GPUs), timed as warm-up runs then the median of N runs. `--json`
 //! prints one JSON object per line.
 
 use crate::fail;
@@ -11,15 +12,17 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 mod exercises;
+mod parallel;
 mod workloads;
 
 use exercises::{ex1, ex2, ex3, ex4};
+use parallel::{comm_bench, dp_bench};
 use workloads::{async_op, overhead, w1, w2, w3, w4, w5};
 
 /// Options of `kiln bench`.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Workloads to run, case-insensitive: W1 W2 W3 W4 W5 Async Overhead Ex1 Ex2 Ex3 Ex4 (all when none is named).
+    /// Workloads to run, case-insensitive: W1 W2 W3 W4 W5 Async Overhead Ex1 Ex2 Ex3 Ex4 Comm Dp (all when none is named).
     #[arg(value_name = "WORKLOAD")]
     pub workloads: Vec<String>,
     /// One JSON object per line instead of a table.
@@ -56,9 +59,11 @@ enum Workload {
     Ex2,
     Ex3,
     Ex4,
+    Comm,
+    Dp,
 }
 
-const ALL: [Workload; 11] = [
+const ALL: [Workload; 13] = [
     Workload::W1,
     Workload::W2,
     Workload::W3,
@@ -70,6 +75,8 @@ const ALL: [Workload; 11] = [
     Workload::Ex2,
     Workload::Ex3,
     Workload::Ex4,
+    Workload::Comm,
+    Workload::Dp,
 ];
 
 impl Workload {
@@ -86,6 +93,8 @@ impl Workload {
             Workload::Ex2 => "Ex2",
             Workload::Ex3 => "Ex3",
             Workload::Ex4 => "Ex4",
+            Workload::Comm => "Comm",
+            Workload::Dp => "Dp",
         }
     }
 
@@ -300,6 +309,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Workload::Ex2 => ex2(&mut ctx),
             Workload::Ex3 => ex3(&mut ctx),
             Workload::Ex4 => ex4(&mut ctx),
+            Workload::Comm => comm_bench(&mut ctx),
+            Workload::Dp => dp_bench(&mut ctx),
         };
         if let Err(e) = result {
             ctx.progress.finish();
@@ -324,7 +335,9 @@ fn summary(ctx: &Ctx) -> String {
             let extra: Vec<String> = r
                 .extra
                 .iter()
-                .filter(|(k, _)| ["transfers", "speedup", "bytes", "gpu_wins_from"].contains(&k.as_str()))
+                .filter(|(k, _)| {
+                    ["transfers", "speedup", "bytes", "gpu_wins_from", "measured_over_model", "comm_share"].contains(&k.as_str())
+                })
                 .filter(|(_, v)| !v.is_null())
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect();

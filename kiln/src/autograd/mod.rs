@@ -5,6 +5,7 @@
 //! each leaf's own device.
 
 mod backward;
+pub(crate) use backward::backward_lockstep;
 
 use crate::tensor::{Backward, Node};
 use crate::{Error, Result, Tensor};

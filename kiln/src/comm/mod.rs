@@ -487,7 +487,7 @@ pub fn reduce_scatter(tensors: &[Tensor], op: ReduceOp) -> Result<Vec<Tensor>> {
     refuse_integer_mean("reduce_scatter", tensors, op)?;
     let n = tensors.len();
     let t0 = &tensors[0];
-    if t0.rank() == 0 || t0.dims()[0] % n != 0 {
+    if t0.rank() == 0 || !t0.dims()[0].is_multiple_of(n) {
         return Err(Error::invalid(
             "reduce_scatter",
             format!("dimension 0 of shape {} must be divisible by the number of tensors, {n}, to cut one block per device", t0.shape()),
@@ -580,7 +580,7 @@ fn torch_chunk_sizes(rows: usize, k: usize) -> Vec<usize> {
     }
     let size = rows.div_ceil(k);
     let mut sizes = vec![size; rows / size];
-    if rows % size > 0 {
+    if !rows.is_multiple_of(size) {
         sizes.push(rows % size);
     }
     sizes

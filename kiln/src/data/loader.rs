@@ -134,6 +134,11 @@ impl DataLoader {
         self
     }
 
+    /// True when a short last batch is dropped ([`DataLoader::drop_last`]).
+    pub fn is_drop_last(&self) -> bool {
+        self.drop_last
+    }
+
     /// The placement asked for with [`DataLoader::placement`].
     pub fn get_placement(&self) -> Placement {
         self.placement
@@ -333,7 +338,7 @@ impl DataLoader {
 /// Whether `bytes` of examples should be held on `device`: at most half of
 /// what is free there (capacity less kiln's use), leaving the rest to the
 /// model, its gradients and activations. Anything fits the host.
-fn fits(bytes: usize, device: &Device) -> Result<bool> {
+pub(crate) fn fits(bytes: usize, device: &Device) -> Result<bool> {
     if device.is_cpu() {
         return Ok(true);
     }

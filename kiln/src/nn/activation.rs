@@ -15,6 +15,9 @@ use crate::{Result, Tensor};
 pub struct ReLU;
 
 impl Module for ReLU {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(*self))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.relu()
     }
@@ -28,6 +31,9 @@ impl Module for ReLU {
 pub struct Sigmoid;
 
 impl Module for Sigmoid {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(*self))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.sigmoid()
     }
@@ -41,6 +47,9 @@ impl Module for Sigmoid {
 pub struct Tanh;
 
 impl Module for Tanh {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(*self))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.tanh()
     }
@@ -66,6 +75,9 @@ pub struct GELU {
 }
 
 impl Module for GELU {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(*self))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if self.tanh {
             x.gelu_tanh()
@@ -83,6 +95,9 @@ impl Module for GELU {
 pub struct SiLU;
 
 impl Module for SiLU {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(*self))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.silu()
     }
@@ -103,6 +118,9 @@ impl Module for SiLU {
 pub struct Flatten;
 
 impl Module for Flatten {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(*self))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.rank() <= 1 {
             return Ok(x.clone());

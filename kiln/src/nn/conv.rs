@@ -84,6 +84,9 @@ impl Conv2d {
 }
 
 impl Module for Conv2d {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(self.clone()))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.device() != self.weight.device() {
             return Err(input_device_mismatch(x.device(), "weight", self.weight.device()));
@@ -140,6 +143,7 @@ pub(crate) fn in_module(e: Error, layer: &str) -> Error {
 /// assert_eq!((y.dims(), conv.parameter("weight")?.dims()), (&[1, 4, 5, 5][..], &[4, 2, 3, 3][..]));
 /// # Ok::<(), kiln::Error>(())
 /// ```
+#[derive(Clone)]
 pub struct LazyConv2d {
     out_channels: usize,
     kernel: [usize; 2],
@@ -168,6 +172,9 @@ impl LazyConv2d {
 }
 
 impl Module for LazyConv2d {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(self.clone()))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if let Some(layer) = self.inner.get() {
             return layer.forward(x);
@@ -228,6 +235,9 @@ impl MaxPool2d {
 }
 
 impl Module for MaxPool2d {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(*self))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.max_pool2d(self.0).map_err(|e| in_module(e, &self.describe()))
     }
@@ -248,6 +258,9 @@ impl AvgPool2d {
 }
 
 impl Module for AvgPool2d {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(*self))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.avg_pool2d(self.0).map_err(|e| in_module(e, &self.describe()))
     }
@@ -269,6 +282,9 @@ impl AdaptiveAvgPool2d {
 }
 
 impl Module for AdaptiveAvgPool2d {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(*self))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.adaptive_avg_pool2d(self.0).map_err(|e| in_module(e, &self.describe()))
     }

@@ -45,6 +45,9 @@ impl Dropout {
 }
 
 impl Module for Dropout {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(*self))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if !self.training || self.p == 0.0 {
             return Ok(x.clone());

@@ -165,6 +165,9 @@ impl Embedding {
 }
 
 impl Module for Embedding {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(self.clone()))
+    }
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         if ids.device() != self.weight.device() {
             return Err(input_device_mismatch(ids.device(), "weight", self.weight.device()));

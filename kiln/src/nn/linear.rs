@@ -89,6 +89,9 @@ impl Linear {
 }
 
 impl Module for Linear {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(self.clone()))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.device() != self.weight.device() {
             return Err(input_device_mismatch(x.device(), "weight", self.weight.device()));
@@ -152,6 +155,7 @@ impl Module for Linear {
 /// assert_eq!(net.parameter("weight")?.device(), try_gpu(0));
 /// # Ok::<(), kiln::Error>(())
 /// ```
+#[derive(Clone)]
 pub struct LazyLinear {
     out_features: usize,
     bias: bool,
@@ -183,6 +187,9 @@ impl LazyLinear {
 }
 
 impl Module for LazyLinear {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(self.clone()))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if let Some(layer) = self.inner.get() {
             return layer.forward(x);

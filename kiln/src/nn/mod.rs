@@ -28,6 +28,7 @@ mod linear;
 mod loss;
 mod module;
 mod norm;
+pub(crate) mod parallel;
 mod sequential;
 
 pub use activation::{Flatten, ReLU, SiLU, Sigmoid, Tanh, GELU};
@@ -38,4 +39,5 @@ pub use linear::{LazyLinear, Linear};
 pub use loss::{accuracy, cross_entropy, log_softmax, mse_loss, one_hot, softmax, Loss};
 pub use module::{Module, ParamVisitor};
 pub use norm::{BatchNorm, BatchNorm1d, BatchNorm2d, LayerNorm, LazyBatchNorm, LazyBatchNorm1d, LazyBatchNorm2d, Residual};
+pub use parallel::DataParallel;
 pub use sequential::Sequential;

@@ -202,6 +202,38 @@ pub trait Module {
     fn eval(&mut self) {
         self.set_training(false);
     }
+
+    /// A copy of this module that shares its tensors (parameters and
+    /// buffers), boxed: what data-parallel training
+    /// ([`DataParallel`](crate::nn::DataParallel), the
+    /// [`Trainer`](crate::trainer::Trainer) on several GPUs) replicates a
+    /// model from, giving each replica tensors of its own on its device.
+    /// `None`, the default, when the module cannot be copied; kiln's layers
+    /// and [`Sequential`](crate::nn::Sequential) return `Some`. A module of
+    /// your own that derives `Clone` implements it in one line:
+    ///
+    /// ```
+    /// use kiln::nn::{Module, ParamVisitor};
+    /// use kiln::{Result, Tensor};
+    ///
+    /// #[derive(Clone)]
+    /// struct Scale { w: Tensor }
+    ///
+    /// impl Module for Scale {
+    ///     fn forward(&self, x: &Tensor) -> Result<Tensor> { x.mul(&self.w) }
+    ///     fn named_parameters(&self) -> Vec<(String, Tensor)> { vec![("w".into(), self.w.clone())] }
+    ///     fn visit_parameters_mut(&mut self, f: &mut ParamVisitor<'_>) -> Result<()> { f("w", &mut self.w) }
+    ///     fn boxed_clone(&self) -> Option<Box<dyn Module>> { Some(Box::new(self.clone())) }
+    /// }
+    ///
+    /// let m = Scale { w: Tensor::new(&[2f32], &kiln::cpu())?.requires_grad_() };
+    /// let copy = m.boxed_clone().unwrap();
+    /// assert!(copy.parameter("w")?.same_storage(&m.w));
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        None
+    }
 }
 
 impl<M: Module + ?Sized> Module for Box<M> {
@@ -231,6 +263,9 @@ impl<M: Module + ?Sized> Module for Box<M> {
     }
     fn has_lazy_parameters(&self) -> bool {
         (**self).has_lazy_parameters()
+    }
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        (**self).boxed_clone()
     }
 }
 

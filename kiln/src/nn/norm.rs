@@ -27,6 +27,7 @@ use std::sync::OnceLock;
 /// let _ = bn.forward(&x)?; // evaluation: running statistics
 /// # Ok::<(), kiln::Error>(())
 /// ```
+#[derive(Clone)]
 pub struct BatchNorm {
     weight: Tensor,
     bias: Tensor,
@@ -96,6 +97,9 @@ impl BatchNorm {
 }
 
 impl Module for BatchNorm {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(self.clone()))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         for (what, t) in [("weight", &self.weight), ("running_mean", &self.running_mean), ("running_var", &self.running_var)] {
             if x.device() != t.device() {
@@ -141,6 +145,7 @@ impl Module for BatchNorm {
 }
 
 /// A [`BatchNorm`] whose channel count comes from the first input.
+#[derive(Clone)]
 pub struct LazyBatchNorm {
     spatial_rank: usize,
     training: bool,
@@ -170,6 +175,9 @@ impl LazyBatchNorm2d {
 }
 
 impl Module for LazyBatchNorm {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(self.clone()))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if let Some(l) = self.inner.get() {
             return l.forward(x);
@@ -244,6 +252,7 @@ impl Module for LazyBatchNorm {
 /// assert!((y.to_vec::<f32>()?[1] - 1.0).abs() < 1e-4);
 /// # Ok::<(), kiln::Error>(())
 /// ```
+#[derive(Clone)]
 pub struct LayerNorm {
     shape: Vec<usize>,
     weight: Tensor,
@@ -264,6 +273,9 @@ impl LayerNorm {
 }
 
 impl Module for LayerNorm {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(self.clone()))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.device() != self.weight.device() {
             return Err(input_device_mismatch(x.device(), "weight", self.weight.device()));
@@ -286,6 +298,7 @@ impl Module for LayerNorm {
 /// with batch normalisation and ReLU, plus the input (through a 1×1
 /// convolution when `use_1x1conv`, to change channels or stride), then ReLU.
 /// Its layers are lazy: input channels come from the first forward.
+#[derive(Clone)]
 pub struct Residual {
     conv1: LazyConv2d,
     conv2: LazyConv2d,
@@ -328,6 +341,9 @@ impl Residual {
 }
 
 impl Module for Residual {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        Some(Box::new(self.clone()))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = self.bn1.forward(&self.conv1.forward(x)?)?.relu()?;
         let y = self.bn2.forward(&self.conv2.forward(&y)?)?;

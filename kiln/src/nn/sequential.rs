@@ -87,6 +87,10 @@ impl std::ops::Index<usize> for Sequential {
 }
 
 impl Module for Sequential {
+    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
+        let layers = self.layers.iter().map(|l| l.boxed_clone()).collect::<Option<Vec<_>>>()?;
+        Some(Box::new(Sequential { layers }))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut h = x.clone();
         for (i, layer) in self.layers.iter().enumerate() {

@@ -9,12 +9,12 @@
 //! are read in place.
 
 use super::index_select::{index_list, raw_indices};
-use crate::kernel::index_check::IndexCheck;
 use crate::base::buffer::CpuBuffer;
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::{Dims, Layout, Shape};
 use crate::kernel::cuda::{c_type, dtype_tag, lays, CudaDevice, CudaModule, BLOCK};
+use crate::kernel::index_check::IndexCheck;
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
 use crate::tensor::{check_same_device, Dim};

@@ -11,13 +11,13 @@
 
 use super::gather::{base_view, check_index, ALL_DTYPES, GATHER_INDEX_DTYPES};
 use super::index_select::index_list;
-use crate::kernel::index_check::IndexCheck;
 use crate::backends::host::num::Num;
 use crate::base::buffer::CpuBuffer;
 use crate::base::dtype::WithDType;
 use crate::base::error::Result;
 use crate::base::shape::{Dims, Layout, Shape};
 use crate::kernel::cuda::{c_type, dtype_tag, lays, CudaDevice, CudaModule, BLOCK};
+use crate::kernel::index_check::IndexCheck;
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
 use crate::tensor::{check_same_device, check_same_dtype, Dim};

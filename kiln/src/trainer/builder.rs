@@ -11,7 +11,10 @@ pub struct TrainerBuilder {
     max_epochs: Option<usize>,
     num_gpus: usize,
     device: Option<Device>,
+    devices: Option<Vec<Device>>,
     gradient_clip_val: f64,
+    bucket_bytes: Option<usize>,
+    check_replicas: bool,
     progress: Progress,
     callbacks: Vec<Box<dyn Callback>>,
     #[cfg(feature = "plot")]
@@ -31,6 +34,28 @@ impl TrainerBuilder {
     pub fn num_gpus(mut self, num_gpus: usize) -> TrainerBuilder {
         self.num_gpus = num_gpus;
         self.device = None;
+        self.devices = None;
+        self
+    }
+
+    /// Train data-parallel on these GPUs (PyTorch Lightning's
+    /// `devices=[...]`): the first holds the learner's model, the others
+    /// replicas. `build` fails when one is not a GPU, does not exist, or is
+    /// listed twice. Replaces [`TrainerBuilder::num_gpus`] and
+    /// [`TrainerBuilder::device`].
+    ///
+    /// ```
+    /// use kiln::trainer::Trainer;
+    /// let gpus = kiln::ensure_simulated_gpus(2, 256 << 20);
+    /// let trainer = Trainer::builder().max_epochs(1).devices(gpus.clone()).build()?;
+    /// assert_eq!((trainer.gpus(), trainer.num_gpus()), (&gpus[..], 2));
+    /// assert!(Trainer::builder().max_epochs(1).devices(vec![gpus[0], gpus[0]]).build().is_err());
+    /// assert!(Trainer::builder().max_epochs(1).devices(vec![kiln::cpu()]).build().is_err());
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn devices(mut self, devices: Vec<Device>) -> TrainerBuilder {
+        self.devices = Some(devices);
+        self.device = None;
         self
     }
 
@@ -38,6 +63,7 @@ impl TrainerBuilder {
     /// it does not exist. Replaces a [`TrainerBuilder::num_gpus`].
     pub fn device(mut self, device: Device) -> TrainerBuilder {
         self.device = Some(device);
+        self.devices = None;
         self
     }
 
@@ -45,6 +71,25 @@ impl TrainerBuilder {
     /// (0, the default: no clipping).
     pub fn gradient_clip_val(mut self, gradient_clip_val: f64) -> TrainerBuilder {
         self.gradient_clip_val = gradient_clip_val;
+        self
+    }
+
+    /// With several GPUs, the size of a gradient bucket: gradients are
+    /// summed across the devices a bucket at a time, each started as soon
+    /// as backward has produced it ([`DEFAULT_BUCKET_BYTES`], 25 MiB, as
+    /// PyTorch's DDP; at least 1 byte: then each parameter is a bucket).
+    ///
+    /// [`DEFAULT_BUCKET_BYTES`]: super::DEFAULT_BUCKET_BYTES
+    pub fn bucket_size(mut self, bytes: usize) -> TrainerBuilder {
+        self.bucket_bytes = Some(bytes);
+        self
+    }
+
+    /// With several GPUs, check after every step that every replica's
+    /// parameters equal the first's in every bit, failing the fit if not (a
+    /// debugging aid: it reads every parameter to the host each step).
+    pub fn check_replicas(mut self, check: bool) -> TrainerBuilder {
+        self.check_replicas = check;
         self
     }
 
@@ -76,6 +121,9 @@ impl TrainerBuilder {
         let max_epochs = self.max_epochs.ok_or_else(|| {
             Error::invalid(op, "max_epochs is not set; say how long each fit trains, e.g. `Trainer::builder().max_epochs(10)`")
         })?;
+        if self.bucket_bytes == Some(0) {
+            return Err(Error::invalid(op, "bucket_size must be at least 1 byte"));
+        }
         if !(self.gradient_clip_val.is_finite() && self.gradient_clip_val >= 0.0) {
             return Err(Error::invalid(
                 op,
@@ -90,18 +138,40 @@ impl TrainerBuilder {
             }
             names.push(name);
         }
-        let (num_gpus, gpus) = match self.device {
-            Some(device) => {
+        let (num_gpus, gpus) = match (self.device, self.devices) {
+            (_, Some(devices)) => {
+                if devices.is_empty() {
+                    return Err(Error::invalid(op, "devices is empty; list at least one GPU, or use `.device(kiln::cpu())`"));
+                }
+                for (i, d) in devices.iter().enumerate() {
+                    if !d.is_gpu() {
+                        return Err(Error::invalid(
+                            op,
+                            format!(
+                                "devices lists {d}; data-parallel training runs on GPUs (train on the CPU with `.device(kiln::cpu())`)"
+                            ),
+                        ));
+                    }
+                    if devices[..i].contains(d) {
+                        return Err(Error::invalid(op, format!("{d} is listed twice in devices")));
+                    }
+                    d.memory_stats()?;
+                }
+                (devices.len(), devices)
+            }
+            (Some(device), None) => {
                 device.memory_stats()?;
                 (usize::from(device.is_gpu()), if device.is_gpu() { vec![device] } else { Vec::new() })
             }
-            None => (self.num_gpus, (0..self.num_gpus.min(crate::num_gpus())).map(Device::Gpu).collect()),
+            (None, None) => (self.num_gpus, (0..self.num_gpus.min(crate::num_gpus())).map(Device::Gpu).collect()),
         };
         Ok(Trainer {
             max_epochs,
             num_gpus,
             gradient_clip_val: self.gradient_clip_val,
             gpus,
+            bucket_bytes: self.bucket_bytes.unwrap_or(super::DEFAULT_BUCKET_BYTES),
+            check_replicas: self.check_replicas,
             progress: self.progress,
             callbacks: self.callbacks,
             #[cfg(feature = "plot")]

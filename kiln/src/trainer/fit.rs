@@ -1,7 +1,8 @@
 //! The fit loop: [`Trainer::fit`], one epoch's steps, [`Trainer::evaluate`]
 //! and [`Trainer::predict`].
 
-use super::metrics::{accumulate, mean, Sums};
+use super::metrics::{accumulate, mean, ParallelProbe, Sums};
+use super::parallel::{Replicas, Resident};
 use super::progress::Bar;
 use super::{EpochEnd, EpochStats, Evaluation, FitStart, History, Learner, Trainer};
 use crate::data::{DataLoader, DataModule};
@@ -21,7 +22,7 @@ pub(super) fn split_batch<'a>(op: &str, batch: &'a [Tensor]) -> Result<(&'a Tens
 /// moved with its parameters. The Trainer owns the input and moved it, so
 /// the message says what to fix in the model instead of suggesting to move
 /// an operand.
-pub(super) fn owned_input(op: &str, device: Device, e: Error) -> Error {
+pub(crate) fn owned_input(op: &str, device: Device, e: Error) -> Error {
     match e {
         Error::DeviceMismatch { op: what, lhs, rhs } if lhs != device || rhs != device => {
             let elsewhere = if lhs != device { lhs } else { rhs };
@@ -62,6 +63,16 @@ impl Trainer {
             return Err(Error::invalid("fit", "a lazy layer still has no parameters after a forward of the first batch"));
         }
         Ok(())
+    }
+
+    /// The replicas of a data-parallel fit on `gpus` when there are several
+    /// (see `parallel.rs`), made from the learner's network and optimizer.
+    fn replicas<N: Module>(&self, model: &Learner<N>) -> Result<Option<Replicas>> {
+        if self.gpus.len() < 2 {
+            return Ok(None);
+        }
+        let optimizer = model.configured.as_ref().ok_or_else(|| Error::invalid("fit", "the optimizer was not built"))?.get();
+        Replicas::new(&model.net, optimizer, &model.optimizer, &self.gpus, self.bucket_bytes, self.check_replicas).map(Some)
     }
 
     fn clip_gradients(&self, params: &[Tensor]) -> Result<()> {
@@ -106,13 +117,18 @@ impl Trainer {
         }
         self.materialize(model, data)?;
         model.ensure_optimizer()?;
+        let mut replicas = self.replicas(model)?;
+        // A data-parallel fit's examples on every device (made by its first epoch).
+        let mut resident: Option<Option<Resident>> = None;
         let bar = Bar::new(self.progress, (self.max_epochs.saturating_mul(data.train.len())) as u64);
         let mut history = History { epochs: Vec::new(), metric_name: model.loss.metric_name().map(String::from), device, stopped_by: None };
         for _ in 0..self.max_epochs {
             let timer = Instant::now();
             let epoch = model.epochs_trained;
             let lr = model.optimizer.learning_rate() * model.lr_factor(epoch)?;
-            let (train, val_sums) = self.run_epoch(model, data, lr, &bar)?;
+            let before = ParallelProbe::start(replicas.as_ref().map(|r| r.devices()));
+            let (train, val_sums) = self.run_epoch(model, data, lr, &bar, replicas.as_mut(), &mut resident)?;
+            let parallel = before.finish()?;
             let (train_n, val_n) = (train.examples, val_sums.as_ref().map_or(0, |s| s.examples));
             let mut parts = train.parts(&device)?.to_vec();
             if let Some(v) = val_sums {
@@ -133,6 +149,7 @@ impl Trainer {
                 val_metric: (values.len() == 4 && has_metric).then(|| mean(values[3], val_n)),
                 lr,
                 seconds: timer.elapsed().as_secs_f64(),
+                parallel,
             };
             model.epochs_trained += 1;
             if bar.shown() {
@@ -170,27 +187,71 @@ impl Trainer {
 
     /// One epoch at learning rate `lr`: training sums and, when there is
     /// validation data, validation sums.
-    fn run_epoch<N: Module>(&self, model: &mut Learner<N>, data: &DataModule, lr: f64, bar: &Bar) -> Result<(Sums, Option<Sums>)> {
+    fn run_epoch<N: Module>(
+        &self,
+        model: &mut Learner<N>,
+        data: &DataModule,
+        lr: f64,
+        bar: &Bar,
+        replicas: Option<&mut Replicas>,
+        resident: &mut Option<Option<Resident>>,
+    ) -> Result<(Sums, Option<Sums>)> {
         let device = self.device();
         let Learner { net, loss: kind, configured, steps_trained, .. } = model;
         let optimizer = configured.as_mut().ok_or_else(|| Error::invalid("fit", "the optimizer was not built"))?.get_mut();
         optimizer.set_learning_rate(lr);
         net.train();
         let mut train = Sums::new();
-        for batch in data.train.iter_on(&device)? {
-            let batch = batch?;
-            let (x, y) = split_batch("fit", &batch)?;
-            let pred = net.forward(x).map_err(|e| owned_input("fit", device, e))?;
-            let loss = kind.compute(&pred, y)?;
-            optimizer.zero_grad();
-            loss.backward()?;
-            if self.gradient_clip_val > 0.0 {
-                self.clip_gradients(optimizer.parameters())?;
+        if let Some(replicas) = replicas {
+            replicas.set_learning_rate(lr);
+            replicas.train();
+            let mut per_device: Vec<Sums> = replicas.devices().iter().map(|_| Sums::new()).collect();
+            let clip = |ps: &[Tensor]| if self.gradient_clip_val > 0.0 { self.clip_gradients(ps) } else { Ok(()) };
+            if resident.is_none() {
+                *resident = Some(Resident::new(&data.train, replicas.devices())?);
             }
-            optimizer.step()?;
-            *steps_trained += 1;
-            train.add(&loss, &pred, y, *kind, x.dims()[0])?;
-            bar.inc();
+            match resident.as_ref().and_then(|r| r.as_ref()) {
+                // Every device cuts its own piece from its own copy.
+                Some(held) => {
+                    let epoch = held.epoch()?;
+                    for (start, rows) in epoch.batches() {
+                        let pieces = epoch.pieces(start, rows)?;
+                        replicas.step(net, optimizer, *kind, &pieces, rows, &clip, &mut per_device)?;
+                        *steps_trained += 1;
+                        bar.inc();
+                    }
+                }
+                // The batches are made on the first device and cut there.
+                None => {
+                    for batch in data.train.iter_on(&device)? {
+                        let batch = batch?;
+                        let (x, y) = split_batch("fit", &batch)?;
+                        let pieces = replicas.cut(x, y)?;
+                        replicas.step(net, optimizer, *kind, &pieces, x.dims()[0], &clip, &mut per_device)?;
+                        *steps_trained += 1;
+                        bar.inc();
+                    }
+                }
+            }
+            for s in per_device {
+                train = train.merge(s, &device)?;
+            }
+        } else {
+            for batch in data.train.iter_on(&device)? {
+                let batch = batch?;
+                let (x, y) = split_batch("fit", &batch)?;
+                let pred = net.forward(x).map_err(|e| owned_input("fit", device, e))?;
+                let loss = kind.compute(&pred, y)?;
+                optimizer.zero_grad();
+                loss.backward()?;
+                if self.gradient_clip_val > 0.0 {
+                    self.clip_gradients(optimizer.parameters())?;
+                }
+                optimizer.step()?;
+                *steps_trained += 1;
+                train.add(&loss, &pred, y, *kind, x.dims()[0])?;
+                bar.inc();
+            }
         }
         let val = match data.val.as_ref().filter(|v| !v.is_empty()) {
             Some(loader) => {

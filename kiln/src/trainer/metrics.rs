@@ -27,6 +27,70 @@ pub struct EpochStats {
     pub lr: f64,
     /// Wall time of the epoch (training and validation), in seconds.
     pub seconds: f64,
+    /// Where a data-parallel epoch's time and traffic went (`None` on one
+    /// device).
+    pub parallel: Option<ParallelStats>,
+}
+
+/// What a data-parallel epoch spent, so that a run that does not scale
+/// says why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParallelStats {
+    /// Devices the epoch trained on.
+    pub devices: usize,
+    /// Mean over the devices of the seconds each spent running kernels,
+    /// where the device keeps count (simulated GPUs; `None` elsewhere).
+    pub compute_seconds: Option<f64>,
+    /// Mean over the devices of the seconds each device's compute queue
+    /// waited for its collectives (and for copies from other devices):
+    /// communication that compute did not hide. `None` where not counted.
+    pub comm_wait_seconds: Option<f64>,
+    /// Bytes that crossed between devices (the batch pieces and the
+    /// gradient sums), from this thread's transfer ledger.
+    pub comm_bytes: u64,
+}
+
+/// Snapshots taken at an epoch's start to report its [`ParallelStats`].
+pub(super) struct ParallelProbe {
+    devices: Vec<Device>,
+    times: Option<Vec<crate::kernel::backend::QueueTimes>>,
+    ledger: crate::TransferStats,
+}
+
+impl ParallelProbe {
+    /// Starts counting on `devices` (nothing when `None`).
+    pub(super) fn start(devices: Option<&[Device]>) -> ParallelProbe {
+        let devices = devices.map(<[Device]>::to_vec).unwrap_or_default();
+        let times = queue_times(&devices);
+        ParallelProbe { devices, times, ledger: crate::thread_transfer_stats() }
+    }
+
+    /// The stats since the start (waiting for the devices' work first, so
+    /// that the times are complete); `None` for a single device.
+    pub(super) fn finish(self) -> Result<Option<ParallelStats>> {
+        if self.devices.is_empty() {
+            return Ok(None);
+        }
+        for d in &self.devices {
+            crate::synchronize(d)?;
+        }
+        let n = self.devices.len() as f64;
+        let (compute, wait) = match (self.times, queue_times(&self.devices)) {
+            (Some(a), Some(b)) => {
+                let sum = |f: fn(&crate::kernel::backend::QueueTimes) -> u64| {
+                    a.iter().zip(&b).map(|(a, b)| f(b).saturating_sub(f(a)) as f64 * 1e-9).sum::<f64>() / n
+                };
+                (Some(sum(|t| t.compute_ns)), Some(sum(|t| t.wait_ns)))
+            }
+            _ => (None, None),
+        };
+        let moved = crate::thread_transfer_stats().since(&self.ledger).direction(crate::Direction::DeviceToDevice);
+        Ok(Some(ParallelStats { devices: self.devices.len(), compute_seconds: compute, comm_wait_seconds: wait, comm_bytes: moved.bytes }))
+    }
+}
+
+fn queue_times(devices: &[Device]) -> Option<Vec<crate::kernel::backend::QueueTimes>> {
+    devices.iter().map(|d| crate::registry::backend(*d).ok().and_then(|b| b.queue_times())).collect()
 }
 
 /// The record of a [`Trainer::fit`].
@@ -163,6 +227,23 @@ impl Sums {
         }
         self.examples += n;
         Ok(())
+    }
+
+    /// These sums and `other`'s (moved to `device`) together.
+    pub(super) fn merge(self, other: Sums, device: &Device) -> Result<Sums> {
+        let _g = no_grad();
+        let join = |a: Option<Tensor>, b: Option<Tensor>| -> Result<Option<Tensor>> {
+            Ok(match (a, b) {
+                (a, None) => a,
+                (None, Some(b)) => Some(b.to(device)?),
+                (Some(a), Some(b)) => Some(a.to(device)?.add(&b.to(device)?)?),
+            })
+        };
+        Ok(Sums {
+            loss: join(self.loss, other.loss)?,
+            correct: join(self.correct, other.correct)?,
+            examples: self.examples + other.examples,
+        })
     }
 
     /// [loss sum, correct] as two f64 scalars on `device` (zeros when absent).

@@ -46,6 +46,7 @@ mod callbacks;
 mod fit;
 mod learner;
 mod metrics;
+mod parallel;
 mod progress;
 mod state;
 
@@ -53,7 +54,8 @@ pub use bench::{bench_w5, W5Report};
 pub use builder::TrainerBuilder;
 pub use callbacks::{BestCheckpoint, Callback, EarlyStopping, EpochEnd, FitStart, Monitor};
 pub use learner::Learner;
-pub use metrics::{EpochStats, Evaluation, History};
+pub use metrics::{EpochStats, Evaluation, History, ParallelStats};
+pub use parallel::DEFAULT_BUCKET_BYTES;
 pub use progress::Progress;
 
 /// Trains a [`Learner`] for `max_epochs` per fit on the first `min(num_gpus,
@@ -65,6 +67,8 @@ pub struct Trainer {
     num_gpus: usize,
     gradient_clip_val: f64,
     gpus: Vec<Device>,
+    bucket_bytes: usize,
+    check_replicas: bool,
     progress: Progress,
     callbacks: Vec<Box<dyn Callback>>,
     #[cfg(feature = "plot")]

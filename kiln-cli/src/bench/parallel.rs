@@ -1,0 +1,177 @@
+//! Many devices: `Comm` (an all-reduce on 2 and 4 simulated GPUs against
+//! the ring's textbook cost, and on the CUDA devices present) and `Dp` (the
+//! exercise the book's multi-GPU chapter ends with: a data-parallel epoch
+//! of LeNet and of ResNet-18 on 1, 2 and 4 simulated GPUs, and on the CUDA
+//! devices present, with the per-device batch fixed).
+
+use super::{keep, round, Ctx, Row};
+use crate::util::Result;
+use kiln::comm::{self, ReduceOp, SimLink};
+use kiln::models::{lenet, resnet18, synthetic_image_task};
+use kiln::nn::Loss;
+use kiln::optim::OptimizerConfig;
+use kiln::trainer::{Learner, Progress, Trainer};
+use kiln::{Device, DeviceKind, Tensor};
+use std::time::Duration;
+
+/// Simulated GPUs for the scaling runs: four of their own, after any that
+/// exist (2 GiB each).
+fn sims(n: usize) -> Vec<Device> {
+    let existing: Vec<Device> = kiln::devices().into_iter().filter(|d| d.kind == DeviceKind::Simulated).map(|d| d.device).collect();
+    if existing.len() >= n {
+        return existing[..n].to_vec();
+    }
+    kiln::ensure_simulated_gpus(n, kiln::DEFAULT_SIM_GPU_MEMORY)
+}
+
+fn cuda_devices() -> Vec<Device> {
+    kiln::devices().into_iter().filter(|d| d.kind == DeviceKind::Cuda).map(|d| d.device).collect()
+}
+
+/// The ring's time for an all-reduce of `bytes` over `n` devices on `link`:
+/// 2(n − 1) steps of one chunk each.
+fn ring_model(n: usize, bytes: usize, link: SimLink) -> Duration {
+    let chunk = bytes.div_ceil(n);
+    (0..2 * (n - 1)).map(|_| link.transfer_time(chunk)).sum()
+}
+
+pub(super) fn comm_bench(ctx: &mut Ctx) -> Result<()> {
+    let before = comm::simulated_link();
+    let sizes: &[usize] = if ctx.quick { &[1 << 20] } else { &[1 << 20, 16 << 20, 64 << 20] };
+    // The default link, and two slow ones on which the link (not this
+    // host's own copies) is the bottleneck, so the ring's cost shows.
+    let links = [
+        before,
+        SimLink { bandwidth: 1e9, latency: Duration::from_micros(10) },
+        SimLink { bandwidth: 0.25e9, latency: Duration::from_micros(10) },
+    ];
+    let result = (|| -> Result<()> {
+        for link in links {
+            comm::set_simulated_link(link)?;
+            for n in [2, 4] {
+                let devices = sims(n);
+                for &bytes in sizes {
+                    let parts: Vec<Tensor> =
+                        devices.iter().map(|d| Tensor::ones(bytes / 4, kiln::DType::F32, d)).collect::<kiln::Result<_>>()?;
+                    let stats = ctx.measure(&format!("all_reduce {} MiB on {n} simulated GPUs", bytes >> 20), 1, ctx.runs(5), || {
+                        comm::all_reduce_(&parts, ReduceOp::Sum)?;
+                        for d in &devices {
+                            kiln::synchronize(d)?;
+                        }
+                        Ok(())
+                    })?;
+                    let model = ring_model(n, bytes, link).as_secs_f64() * 1e3;
+                    let busbw = 2.0 * (n - 1) as f64 / n as f64 * bytes as f64 / (stats.median_ms * 1e-3) / 1e9;
+                    ctx.emit(
+                        Row::new(
+                            "Comm",
+                            format!("all_reduce {} MiB, {n} simulated GPUs, {} GB/s link", bytes >> 20, link.bandwidth / 1e9),
+                            devices[0],
+                            stats,
+                            busbw,
+                            "GB/s bus",
+                        )
+                        .with("model_ms", round(model, 3))
+                        .with("measured_over_model", round(stats.median_ms / model, 3))
+                        .with("bytes", bytes),
+                    );
+                }
+            }
+        }
+        Ok(())
+    })();
+    comm::set_simulated_link(before)?;
+    result?;
+    let cuda = cuda_devices();
+    if cuda.len() >= 2 {
+        for &bytes in sizes {
+            let parts: Vec<Tensor> = cuda.iter().map(|d| Tensor::ones(bytes / 4, kiln::DType::F32, d)).collect::<kiln::Result<_>>()?;
+            let stats = ctx.measure(&format!("all_reduce {} MiB on {} CUDA devices", bytes >> 20, cuda.len()), 2, ctx.runs(10), || {
+                comm::all_reduce_(&parts, ReduceOp::Sum)?;
+                for d in &cuda {
+                    kiln::synchronize(d)?;
+                }
+                Ok(())
+            })?;
+            let n = cuda.len() as f64;
+            let busbw = 2.0 * (n - 1.0) / n * bytes as f64 / (stats.median_ms * 1e-3) / 1e9;
+            ctx.emit(
+                Row::new("Comm", format!("all_reduce {} MiB, {} CUDA devices", bytes >> 20, cuda.len()), cuda[0], stats, busbw, "GB/s bus")
+                    .with("bytes", bytes),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One model of the data-parallel exercise.
+struct Model {
+    name: &'static str,
+    make: fn() -> kiln::nn::Sequential,
+    per_device_batch: usize,
+    steps: usize,
+    lr: f64,
+}
+
+pub(super) fn dp_bench(ctx: &mut Ctx) -> Result<()> {
+    let models = [
+        Model { name: "LeNet", make: || lenet(10), per_device_batch: 128, steps: if ctx.quick { 2 } else { 16 }, lr: 0.9 },
+        Model { name: "ResNet-18", make: || resnet18(10), per_device_batch: 16, steps: if ctx.quick { 1 } else { 4 }, lr: 0.05 },
+    ];
+    let mut groups: Vec<Vec<Device>> = [1, 2, 4].iter().map(|&n| sims(n)).collect();
+    let cuda = cuda_devices();
+    for n in 1..=cuda.len() {
+        groups.push(cuda[..n].to_vec());
+    }
+    for m in &models {
+        let mut one_device: Option<(DeviceKind, f64)> = None;
+        for devices in &groups {
+            let n = devices.len();
+            let kind = kiln::devices().into_iter().find(|i| i.device == devices[0]).map(|i| i.kind).unwrap_or(DeviceKind::Simulated);
+            let batch = m.per_device_batch * n;
+            kiln::manual_seed(0);
+            let data = synthetic_image_task(batch * m.steps, 0, batch, 0)?;
+            let mut model = Learner::new((m.make)(), Loss::CrossEntropy, OptimizerConfig::sgd(m.lr));
+            let builder = Trainer::builder().max_epochs(1).progress(Progress::Off);
+            let mut trainer = if n == 1 { builder.device(devices[0]) } else { builder.devices(devices.clone()) }.build()?;
+            // A first epoch makes the lazy layers and warms every cache.
+            trainer.fit(&mut model, &data)?;
+            let mut last = None;
+            let stats = ctx.measure(&format!("{} epoch on {n} {kind:?} device(s)", m.name), 0, ctx.runs(3), || {
+                last = Some(trainer.fit(&mut model, &data)?);
+                Ok(())
+            })?;
+            let images = (batch * m.steps) as f64;
+            let rate = images / (stats.median_ms * 1e-3);
+            let history = keep(last);
+            let mut row = Row::new(
+                "Dp",
+                format!("{} epoch, {} images/device/step, {} steps, {n} {kind:?} GPU(s)", m.name, m.per_device_batch, m.steps),
+                devices[0],
+                stats,
+                rate,
+                "images/s",
+            )
+            .with("devices", n);
+            match one_device {
+                Some((k, r)) if k == kind => row = row.with("speedup", round(rate / r, 3)),
+                _ => one_device = Some((kind, rate)),
+            }
+            if let Some(p) = history.as_ref().and_then(|h| h.epochs.last()).and_then(|e| e.parallel.clone()) {
+                row = row.with("comm_bytes", p.comm_bytes);
+                if let (Some(c), Some(w)) = (p.compute_seconds, p.comm_wait_seconds) {
+                    row = row
+                        .with("compute_s", round(c, 4))
+                        .with("comm_wait_s", round(w, 4))
+                        .with("comm_share", round(w / (c + w).max(1e-12), 4));
+                }
+            }
+            ctx.emit(row);
+        }
+    }
+    ctx.note(format!(
+        "Dp: weak scaling (the per-device batch is fixed); speedup = images/s over the 1-device run of the same kind. Simulated GPUs each run on one core of this {}-core machine.",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    ));
+    Ok(())
+}
