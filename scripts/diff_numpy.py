@@ -216,14 +216,16 @@ def softmax_expected(op, a, dt, d):
         # The README's table: computed in f32 (PyTorch has no integer kernel).
         DOCUMENTED["softmax/log_softmax of integer tensors computed in f32"] += 1
         a, dt = a.astype(np.float32), "f32"
-    if a.ndim == 0:
-        return (np.ones_like(a) if op == "softmax" else np.zeros_like(a)), dt
-    x = a.astype(np.float64)
+    # A 0-d tensor is one element over its only dimension: exp(x - max) / sum,
+    # so 1 (or 0 for log_softmax) for a finite x and NaN for NaN or an
+    # infinity, as PyTorch's kernel.
+    x = a.astype(np.float64).reshape(a.shape or (1,))
+    w = w if a.ndim else 0
     if x.size == 0:
         return a.copy(), dt
     m = np.max(x, axis=w, keepdims=True)
     out = x - m - np.log(np.sum(np.exp(x - m), axis=w, keepdims=True))
-    return (np.exp(out) if op == "softmax" else out).astype(a.dtype), dt
+    return (np.exp(out) if op == "softmax" else out).reshape(a.shape).astype(a.dtype), dt
 
 
 def dim_expected(op, a, dt, d):
