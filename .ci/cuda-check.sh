@@ -47,7 +47,7 @@ export KILN_CUDA_ARCHS="${KILN_CUDA_ARCHS:-90}"
 echo "cuda-check: NVRTC from $site/nvidia/cuda_nvrtc/lib, $("$KILN_PTXAS" --version | tail -1)"
 
 # shellcheck disable=SC2086
-cargo test -p kiln ${CARGO_PROFILE_ARGS:-} --test cuda -- --nocapture
+cargo test --workspace ${CARGO_PROFILE_ARGS:-} --test cuda -- --nocapture
 
 # Optional: the "driver present, no device" path, with the CUDA driver library
 # of Debian's libcuda1 (non-free) unpacked, not installed. Skipped when it
@@ -73,7 +73,7 @@ fi
 if [ -e "$libcuda_dir/lib/libcuda.so.1" ]; then
     echo "cuda-check: again with Debian's libcuda1 and no GPU (driver present, no device)"
     # shellcheck disable=SC2086
-    LD_LIBRARY_PATH="$libcuda_dir/lib:$LD_LIBRARY_PATH" cargo test -p kiln ${CARGO_PROFILE_ARGS:-} --test cuda -- --nocapture no_device
+    LD_LIBRARY_PATH="$libcuda_dir/lib:$LD_LIBRARY_PATH" cargo test --workspace ${CARGO_PROFILE_ARGS:-} --test cuda -- --nocapture no_device
 else
     echo "cuda-check: libcuda1 could not be fetched; the driver-present-no-device path is not checked"
 fi

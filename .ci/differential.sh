@@ -27,11 +27,11 @@ fi
 
 echo "== differential test against numpy"
 KILN_REQUIRE_NUMPY=1 KILN_NUMPY_PYTHON="$venv/bin/python" KILN_DIFF_CASES="${KILN_DIFF_CASES:-20000}" \
-    cargo test -p kiln --test differential -- --nocapture 2>&1 | grep -E "differential|DIFF|test result|panicked|^  [a-z]"
+    cargo test --workspace --test differential -- --nocapture 2>&1 | grep -E "differential|DIFF|test result|panicked|^  [a-z]"
 
 echo "== .npy/.npz against numpy, both ways"
-KILN_REQUIRE_NUMPY=1 KILN_NUMPY_PYTHON="$venv/bin/python" cargo test -p kiln --test io_numpy -- --nocapture
+KILN_REQUIRE_NUMPY=1 KILN_NUMPY_PYTHON="$venv/bin/python" cargo test --workspace --test io_numpy -- --nocapture
 
 echo "== chapter tests with one and two simulated GPUs"
-KILN_SIM_GPUS=1 cargo test -p kiln --test chapter --test chapter_fixes --test chapter_cells --test chapter_exercises
-KILN_SIM_GPUS=2 cargo test -p kiln --test chapter --test chapter_fixes --test chapter_cells --test chapter_exercises
+KILN_SIM_GPUS=1 cargo test --workspace --test chapter --test chapter_fixes --test chapter_cells --test chapter_exercises
+KILN_SIM_GPUS=2 cargo test --workspace --test chapter --test chapter_fixes --test chapter_cells --test chapter_exercises
