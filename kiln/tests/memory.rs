@@ -306,3 +306,45 @@ fn impossible_allocations_are_errors_not_aborts() {
         common::report_ran(dev);
     }
 }
+
+/// A simulated GPU keeps freed buffers of 16 KiB and more for reuse, as a
+/// GPU's caching allocator does: counted in `cached` (never in `in_use`),
+/// handed out again for the same size with every element rewritten, bounded
+/// by a quarter of the capacity and by 512 buffers, and freed by
+/// `empty_cache`.
+#[test]
+fn a_simulated_gpu_caches_freed_buffers_for_reuse() {
+    let d = own(7);
+    let cached = || memory_stats(&d).unwrap().cached;
+    kiln::empty_cache(&d).unwrap();
+    let base = memory_stats(&d).unwrap();
+    assert_eq!(base.cached, 0);
+    let n = 64 << 10; // 256 KiB of f32
+    let x = Tensor::full(7.0, n, DType::F32, &d).unwrap();
+    drop(x);
+    synchronize(&d).unwrap();
+    assert_eq!(cached(), 4 * n, "the dropped buffer is cached");
+    assert_eq!(memory_stats(&d).unwrap().in_use, base.in_use, "a cached buffer is not in use");
+    // The same size again takes it back, and every element is rewritten.
+    let y = Tensor::arange(0.0, n as f64, 1.0, &d).unwrap().to_dtype(DType::F32).unwrap();
+    let z = y.add_scalar(1.0).unwrap().sub_scalar(1.0).unwrap();
+    let (yv, zv) = (y.to_vec::<f32>().unwrap(), z.to_vec::<f32>().unwrap());
+    assert!(yv.iter().enumerate().all(|(i, &v)| v == i as f32), "a reused buffer kept old values");
+    assert_eq!(zv, yv);
+    drop((y, z));
+    synchronize(&d).unwrap();
+    // Over a quarter of the capacity (16 MiB here): freed, not cached.
+    let before = cached();
+    drop(Tensor::zeros(5 << 20, DType::F32, &d).unwrap());
+    synchronize(&d).unwrap();
+    assert_eq!(cached(), before, "a 20 MiB buffer is not cached on a 64 MiB device");
+    // At most 512 buffers, however small.
+    kiln::empty_cache(&d).unwrap();
+    let many: Vec<Tensor> = (0..600).map(|_| Tensor::zeros(4 << 10, DType::F32, &d).unwrap()).collect();
+    drop(many);
+    synchronize(&d).unwrap();
+    assert_eq!(cached(), 512 * (16 << 10));
+    kiln::empty_cache(&d).unwrap();
+    let after = memory_stats(&d).unwrap();
+    assert_eq!((after.cached, after.in_use, after.live_tensors), (0, base.in_use, base.live_tensors), "{after}");
+}

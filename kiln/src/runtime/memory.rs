@@ -52,8 +52,18 @@ impl std::fmt::Display for MemoryStats {
     }
 }
 
-/// Buffers at least this big go back to the cache when dropped.
+/// Buffers at least this big go back to the CPU's cache when dropped.
 const CACHE_MIN_BYTES: usize = 1 << 20;
+
+/// The same for a device booked in one counter (a simulated GPU): its
+/// buffers are allocated on the caller's thread but released on the queue's
+/// thread, so the per-thread cache of medium buffers never gives them back;
+/// from this size on they go to the device's own cache instead.
+const SHARED_CACHE_MIN_BYTES: usize = 16 << 10;
+
+/// Buffers a pool's cache keeps at most, whatever their bytes (a lookup
+/// walks them).
+const MAX_CACHED_BUFFERS: usize = 512;
 
 /// The accounting of one device.
 ///
@@ -102,6 +112,17 @@ impl MemoryPool {
 
     pub(crate) fn capacity(&self) -> Option<usize> {
         self.capacity
+    }
+
+    /// The smallest buffer this pool's cache keeps (smaller ones use the
+    /// per-thread caches).
+    #[inline]
+    fn cache_min(&self) -> usize {
+        if self.per_thread {
+            CACHE_MIN_BYTES
+        } else {
+            SHARED_CACHE_MIN_BYTES
+        }
     }
 
     /// Books `bytes`, or fails with OutOfMemory leaving nothing booked.
@@ -222,9 +243,9 @@ impl MemoryPool {
     /// fresh and zeroed. The caller writes every element before reading.
     pub(crate) fn host_buffer(&self, dtype: DType, len: usize) -> Result<CpuBuffer> {
         let bytes = len.saturating_mul(dtype.size_in_bytes());
-        if bytes >= CACHE_MIN_BYTES && self.cache_limit > 0 {
+        if bytes >= self.cache_min() && self.cache_limit > 0 {
             let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(pos) = cache.iter().position(|b| b.dtype() == dtype && b.len() == len) {
+            if let Some(pos) = cache.iter().rposition(|b| b.dtype() == dtype && b.len() == len) {
                 let buf = cache.swap_remove(pos);
                 self.cached.fetch_sub(bytes, Ordering::Relaxed);
                 return Ok(buf);
@@ -252,7 +273,7 @@ impl MemoryPool {
             // small allocation in Rust does) and come from this thread's cache.
             return Ok(small_take(dtype, len).unwrap_or_else(|| CpuBuffer::zeros(dtype, len)));
         }
-        if bytes < CACHE_MIN_BYTES {
+        if bytes < self.cache_min() {
             if let Some(buf) = medium_take(dtype, len) {
                 return Ok(buf);
             }
@@ -272,7 +293,7 @@ impl MemoryPool {
     pub(crate) fn recycle(&self, buf: CpuBuffer) {
         if buf.len() <= SMALL_LEN {
             small_put(buf);
-        } else if buf.size_in_bytes() < CACHE_MIN_BYTES {
+        } else if buf.size_in_bytes() < self.cache_min() {
             medium_put(buf);
         } else {
             self.recycle_large(buf);
@@ -281,12 +302,12 @@ impl MemoryPool {
 
     fn recycle_large(&self, buf: CpuBuffer) {
         let bytes = buf.size_in_bytes();
-        if bytes < CACHE_MIN_BYTES || bytes > self.cache_limit {
+        if bytes < self.cache_min() || bytes > self.cache_limit {
             return;
         }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let mut total = self.cached.load(Ordering::Relaxed) + bytes;
-        while total > self.cache_limit && !cache.is_empty() {
+        while (total > self.cache_limit || cache.len() >= MAX_CACHED_BUFFERS) && !cache.is_empty() {
             let old = cache.remove(0);
             total -= old.size_in_bytes();
         }

@@ -44,7 +44,11 @@ impl SimBackend {
             latency: transfer_latency(),
             device,
             index,
-            pool: MemoryPool::new(device, Some(capacity), 0),
+            // Freed buffers are kept for reuse (a quarter of the capacity, at
+            // most 512 MiB), as a GPU's caching allocator keeps its blocks:
+            // without it every activation of every step was fresh memory,
+            // zeroed by the host thread and faulted in by the queue's.
+            pool: MemoryPool::new(device, Some(capacity), (capacity / 4).min(512 << 20)),
             queue: Queue::start(device, format!("kiln-sim-gpu{index}"), depth),
             comm: std::sync::OnceLock::new(),
             depth,
