@@ -102,25 +102,43 @@ fn bad_indices_and_labels_on_a_gpu_are_reported_by_the_next_synchronising_call()
         kiln::synchronize(&d)?;
         assert_eq!(logits.sum_all()?.to_scalar::<f32>()?, 6.0);
         drop(loss);
-        // A read reports it too, and block_until_ready.
-        let loss = kiln::nn::cross_entropy(&logits, &Tensor::new(&[-1i64, 0], &d)?)?;
+        // A read reports it too, and block_until_ready. Each op is launched
+        // while the queue is held: an op made of several kernels would
+        // otherwise see its own earlier kernel's fault at its next launch
+        // (launches fail fast on a poisoned device) when the device is quick.
+        let launched = |f: &dyn Fn() -> Result<Tensor>| -> Result<Tensor> {
+            let hold = kiln::hold_queue(&d)?;
+            let out = f();
+            drop(hold);
+            out
+        };
+        let labels = Tensor::new(&[-1i64, 0], &d)?;
+        let loss = launched(&|| kiln::nn::cross_entropy(&logits, &labels))?;
         reported(loss.to_scalar::<f32>(), d, "cross_entropy", "label -1 is out of range for 3 classes");
-        let hot = kiln::nn::one_hot(&Tensor::new(&[0i32, 3], &d)?, 3, DType::F32)?;
+        let labels = Tensor::new(&[0i32, 3], &d)?;
+        let hot = launched(&|| kiln::nn::one_hot(&labels, 3, DType::F32))?;
         reported(hot.block_until_ready().map(|_| ()), d, "one_hot", "label 3 is out of range for 3 classes");
-        let picked = x.index_select(&Tensor::new(&[0i64, 5], &d)?, 0)?;
+        let ids = Tensor::new(&[0i64, 5], &d)?;
+        let picked = launched(&|| x.index_select(&ids, 0))?;
         reported(picked.to_vec::<f32>(), d, "index_select", "index 5 is out of range for dimension 0 of size 3");
-        let picked = x.index_select(&Tensor::new(&[-1i32], &d)?, -1)?;
+        let ids = Tensor::new(&[-1i32], &d)?;
+        let picked = launched(&|| x.index_select(&ids, -1))?;
         reported(picked.to_vec::<f32>(), d, "index_select", "index -1 is out of range for dimension 1 of size 2");
-        let added = x.index_add(&Tensor::new(&[3u8], &d)?, &Tensor::ones((1, 2), DType::F32, &d)?, 0)?;
+        let (ids, src) = (Tensor::new(&[3u8], &d)?, Tensor::ones((1, 2), DType::F32, &d)?);
+        let added = launched(&|| x.index_add(&ids, &src, 0))?;
         reported(added.to_vec::<f32>(), d, "index_add", "index 3 is out of range for dimension 0 of size 3");
-        let got = x.gather(1, &Tensor::new(&[[0i64], [2], [1]], &d)?)?;
+        let ids = Tensor::new(&[[0i64], [2], [1]], &d)?;
+        let got = launched(&|| x.gather(1, &ids))?;
         reported(got.to_vec::<f32>(), d, "gather", "index 2 is out of range for dimension 1 of size 2");
         let ones = Tensor::ones((1, 2), DType::F32, &d)?;
-        let put = x.scatter(0, &Tensor::new(&[[0i64, 4]], &d)?, &ones)?;
+        let ids = Tensor::new(&[[0i64, 4]], &d)?;
+        let put = launched(&|| x.scatter(0, &ids, &ones))?;
         reported(put.to_vec::<f32>(), d, "scatter", "index 4 is out of range for dimension 0 of size 3");
-        let put = x.scatter_add(-2, &Tensor::new(&[[-3i32, 0]], &d)?, &ones)?;
+        let ids = Tensor::new(&[[-3i32, 0]], &d)?;
+        let put = launched(&|| x.scatter_add(-2, &ids, &ones))?;
         reported(put.to_vec::<f32>(), d, "scatter_add", "index -3 is out of range for dimension 0 of size 3");
-        let rows = kiln::nn::embedding(&Tensor::new(&[[1i64, 3]], &d)?, &x)?;
+        let ids = Tensor::new(&[[1i64, 3]], &d)?;
+        let rows = launched(&|| kiln::nn::embedding(&ids, &x))?;
         reported(rows.to_vec::<f32>(), d, "index_select", "index 3 is out of range for dimension 0 of size 3");
         // Good indices still work after each report.
         assert_eq!(x.index_select(&Tensor::new(&[2i64], &d)?, 0)?.to_vec::<f32>()?, vec![5., 6.]);
