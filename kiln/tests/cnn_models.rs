@@ -121,3 +121,70 @@ fn batch_norm_buffers_follow_the_mode_move_and_are_checkpointed() -> Result<()> 
     std::fs::remove_dir_all(&dir).ok();
     Ok(())
 }
+
+/// An out-of-memory anywhere in a training step of BN-LeNet on a simulated
+/// GPU (the forward, a convolution's or batch norm's backward, the update)
+/// fails the step and leaves the parameters and the optimizer's state
+/// (Adam's moments and counters) bit for bit as they were; with the memory
+/// back the same learner trains. Swept over the free memory, from none to
+/// more than a step needs. The running statistics are not compared: the
+/// forward updates them in place, as PyTorch's does, so a step that fails in
+/// its backward keeps that update (PyTorch's would too).
+#[test]
+fn out_of_memory_in_a_cnn_step_leaves_parameters_buffers_and_optimizer_as_they_were() -> Result<()> {
+    sims(); // the shared simulated GPUs first, so that this one is not among them
+    let d = common::own_sims(1, 256 << 20)[0];
+    kiln::manual_seed(5);
+    let data = synthetic_image_task(64, 0, 64, 2)?;
+    // Read on the host: the device is full while a failed state is checked.
+    let bits =
+        |t: &Tensor| -> Result<Vec<u64>> { Ok(t.to(&cpu())?.to_dtype(DType::F64)?.to_vec::<f64>()?.iter().map(|v| v.to_bits()).collect()) };
+    // (parameters, optimizer state, running statistics)
+    type Snapshot = (Vec<Vec<u64>>, Vec<Vec<u64>>, Vec<Vec<u64>>);
+    let snapshot = |m: &Learner<Sequential>| -> Result<Snapshot> {
+        let params = m.net.parameters().iter().map(bits).collect::<Result<_>>()?;
+        let state = m.live_optimizer().expect("a step made the optimizer").state_dict()?;
+        let mut opt: Vec<Vec<u64>> = state.buffers.values().map(bits).collect::<Result<_>>()?;
+        opt.push(state.hyperparameters.values().map(|v| v.to_bits()).collect());
+        let buffers = m.net.named_buffers().iter().map(|(_, b)| bits(b)).collect::<Result<_>>()?;
+        Ok((params, opt, buffers))
+    };
+    let mut model = Learner::new(bn_lenet(SYNTHETIC_CLASSES), Loss::CrossEntropy, OptimizerConfig::adam(0.01));
+    let mut trainer = Trainer::builder().max_epochs(1).device(d).progress(Progress::Off).build()?;
+    // One step made the lazy layers and the optimizer's state: what a step
+    // needs beyond what is held now bounds the sweep.
+    kiln::reset_peak_memory(&d)?;
+    trainer.fit(&mut model, &data)?;
+    kiln::synchronize(&d)?;
+    let stats = d.memory_stats()?;
+    let need = stats.peak - stats.in_use;
+    let (mut failed, mut passed) = (0, 0);
+    for k in 0..=12 {
+        let free = need * k / 10;
+        kiln::synchronize(&d)?;
+        let s = d.memory_stats()?;
+        let fill = s.capacity.unwrap() - s.in_use - free;
+        let ballast = Tensor::zeros(fill / 4, DType::F32, &d)?;
+        let before = (snapshot(&model)?, model.steps_trained());
+        match trainer.fit(&mut model, &data) {
+            Ok(_) => passed += 1,
+            Err(Error::OutOfMemory { device, .. }) => {
+                assert_eq!(device, d);
+                failed += 1;
+                let ((p0, o0, _), steps0) = &before;
+                let (p1, o1, _) = snapshot(&model)?;
+                assert!(p1 == *p0, "an out-of-memory with {free} B free changed the parameters");
+                assert!(o1 == *o0, "an out-of-memory with {free} B free changed the optimizer's state");
+                assert_eq!(model.steps_trained(), *steps0);
+            }
+            Err(e) => panic!("with {free} B free: {e}"),
+        }
+        drop(ballast);
+    }
+    assert!(failed >= 5 && passed >= 1, "{failed} steps failed and {passed} passed over the sweep");
+    // With the memory back, the same learner trains on.
+    let steps = model.steps_trained();
+    trainer.fit(&mut model, &data)?;
+    assert_eq!(model.steps_trained(), steps + 1);
+    Ok(())
+}
