@@ -182,56 +182,38 @@ pub unsafe extern "C" fn ncclCommAbort(c: *mut c_void) -> NcclResult {
     ncclCommDestroy(c)
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn ncclCommCount(c: *mut c_void, count: *mut c_int) -> NcclResult {
-    let c = match comm(c, "ncclCommCount") {
+/// A communicator query: the handle is checked, then the out-pointer, then
+/// `value` of the communicator is written there.
+unsafe fn query<T>(c: *mut c_void, out: *mut T, what: &str, value: impl FnOnce(&Comm) -> T) -> NcclResult {
+    let c = match comm(c, what) {
         Ok(c) => c,
         Err(e) => return e,
     };
-    if count.is_null() {
-        return fail(INVALID_ARGUMENT, "ncclCommCount: null pointer".into());
+    if out.is_null() {
+        return fail(INVALID_ARGUMENT, format!("{what}: null pointer"));
     }
-    *count = c.clique.devs.len() as c_int;
+    *out = value(&c);
     OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommCount(c: *mut c_void, count: *mut c_int) -> NcclResult {
+    query(c, count, "ncclCommCount", |c| c.clique.devs.len() as c_int)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommCuDevice(c: *mut c_void, dev: *mut c_int) -> NcclResult {
-    let c = match comm(c, "ncclCommCuDevice") {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
-    if dev.is_null() {
-        return fail(INVALID_ARGUMENT, "ncclCommCuDevice: null pointer".into());
-    }
-    *dev = c.dev as c_int;
-    OK
+    query(c, dev, "ncclCommCuDevice", |c| c.dev as c_int)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommUserRank(c: *mut c_void, rank: *mut c_int) -> NcclResult {
-    let c = match comm(c, "ncclCommUserRank") {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
-    if rank.is_null() {
-        return fail(INVALID_ARGUMENT, "ncclCommUserRank: null pointer".into());
-    }
-    *rank = c.rank as c_int;
-    OK
+    query(c, rank, "ncclCommUserRank", |c| c.rank as c_int)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommGetAsyncError(c: *mut c_void, err: *mut NcclResult) -> NcclResult {
-    let c = match comm(c, "ncclCommGetAsyncError") {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
-    if err.is_null() {
-        return fail(INVALID_ARGUMENT, "ncclCommGetAsyncError: null pointer".into());
-    }
-    *err = *lock(&c.async_error);
-    OK
+    query(c, err, "ncclCommGetAsyncError", |c| *lock(&c.async_error))
 }
 
 // ---- groups -----------------------------------------------------------------------
