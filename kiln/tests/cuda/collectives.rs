@@ -99,12 +99,7 @@ pub(crate) fn cuda_collectives_name_their_path_and_take_it() -> Ran {
         }
         Ok(())
     };
-    if let Err(e) = run() {
-        panic!("collectives on {a} and {b}: {e}");
-    }
-    common::report_ran(a);
-    common::report_ran(b);
-    Ok(())
+    ran_on_two("collectives", a, b, run())
 }
 
 /// Every collective leaves the same bits on every device, in either order of
@@ -146,12 +141,7 @@ pub(crate) fn cuda_collective_results_are_bit_identical_on_every_device() -> Ran
         }
         Ok(())
     };
-    if let Err(e) = run() {
-        panic!("collectives on {a} and {b}: {e}");
-    }
-    common::report_ran(a);
-    common::report_ran(b);
-    Ok(())
+    ran_on_two("collectives", a, b, run())
 }
 
 /// A transfer guard that disallows device-to-device traffic refuses a
@@ -186,12 +176,7 @@ pub(crate) fn cuda_a_transfer_guard_refuses_a_collective_before_anything_is_queu
         assert_eq!(parts[1].to_vec::<f32>()?, host[1]);
         Ok(())
     };
-    if let Err(e) = run() {
-        panic!("guarded collectives on {a} and {b}: {e}");
-    }
-    common::report_ran(a);
-    common::report_ran(b);
-    Ok(())
+    ran_on_two("guarded collectives", a, b, run())
 }
 
 /// A collective returns while the queue it waits for is held, has not run
@@ -217,12 +202,7 @@ pub(crate) fn cuda_collectives_return_before_they_run() -> Ran {
         assert_eq!(parts[1].to_vec::<f32>()?, expected);
         Ok(())
     };
-    if let Err(e) = run() {
-        panic!("asynchronous collectives on {a} and {b}: {e}");
-    }
-    common::report_ran(a);
-    common::report_ran(b);
-    Ok(())
+    ran_on_two("asynchronous collectives", a, b, run())
 }
 
 /// Whether the CUDA simulator's NCCL folder is on the library path, so a
@@ -287,4 +267,15 @@ pub(crate) fn cuda_without_libnccl_collectives_say_why_and_still_run() -> Ran {
         assert_eq!(nccl_done(), 0);
         Ok(())
     })
+}
+
+/// Fails the test with `result`'s error, naming what ran on which pair, or
+/// books both devices as ran.
+fn ran_on_two(what: &str, a: Device, b: Device, result: Result<()>) -> Ran {
+    if let Err(e) = result {
+        panic!("{what} on {a} and {b}: {e}");
+    }
+    common::report_ran(a);
+    common::report_ran(b);
+    Ok(())
 }
