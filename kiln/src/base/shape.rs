@@ -359,6 +359,8 @@ pub(crate) struct StridedOffsets<'a> {
     index: Dims,
     next: usize,
     remaining: usize,
+    /// Contiguous from `next` on: each offset is the previous plus one.
+    dense: bool,
 }
 
 impl<'a> StridedOffsets<'a> {
@@ -369,6 +371,7 @@ impl<'a> StridedOffsets<'a> {
             index: Dims::from_elem(0, l.dims().len()),
             next: l.offset,
             remaining: l.elem_count(),
+            dense: l.is_contiguous(),
         }
     }
 }
@@ -382,6 +385,12 @@ impl Iterator for StridedOffsets<'_> {
         }
         self.remaining -= 1;
         let out = self.next;
+        // Index views and most kernel operands are contiguous: no index
+        // arithmetic for them (this iterator was 4% of W5's instructions).
+        if self.dense {
+            self.next += 1;
+            return Some(out);
+        }
         for d in (0..self.dims.len()).rev() {
             self.index[d] += 1;
             self.next += self.strides[d];

@@ -14,15 +14,27 @@ use crate::tensor::{check_dim, check_same_device, Dim};
 use crate::Tensor;
 use std::sync::Arc;
 
+/// Calls `each` with the values of an index view (i64, i32 or u8) in
+/// order, as they are, without a copy; stops at `each`'s first error.
+fn for_each_index(buf: &CpuBuffer, l: &Layout, mut each: impl FnMut(i64) -> Result<()>) -> Result<()> {
+    match (buf, l.contiguous_range()) {
+        (CpuBuffer::I64(v), Some((a, b))) => v[a..b].iter().try_for_each(|&i| each(i)),
+        (CpuBuffer::I32(v), Some((a, b))) => v[a..b].iter().try_for_each(|&i| each(i64::from(i))),
+        (CpuBuffer::U8(v), Some((a, b))) => v[a..b].iter().try_for_each(|&i| each(i64::from(i))),
+        (CpuBuffer::I64(v), None) => l.offsets().try_for_each(|o| each(v[o])),
+        (CpuBuffer::I32(v), None) => l.offsets().try_for_each(|o| each(i64::from(v[o]))),
+        (CpuBuffer::U8(v), None) => l.offsets().try_for_each(|o| each(i64::from(v[o]))),
+        (other, _) => Err(Error::invalid("index", format!("indices of dtype {} reached a kernel (a kiln bug)", other.dtype()))),
+    }
+}
+
 /// The values of an index view (i64, i32 or u8), as they are.
 pub(crate) fn raw_indices(buf: &CpuBuffer, l: &Layout) -> Result<Vec<i64>> {
     let mut out = try_vec(l.elem_count())?;
-    match buf {
-        CpuBuffer::I64(v) => out.extend(l.offsets().map(|o| v[o])),
-        CpuBuffer::I32(v) => out.extend(l.offsets().map(|o| v[o] as i64)),
-        CpuBuffer::U8(v) => out.extend(l.offsets().map(|o| v[o] as i64)),
-        other => return Err(Error::invalid("index", format!("indices of dtype {} reached a kernel (a kiln bug)", other.dtype()))),
-    }
+    for_each_index(buf, l, |i| {
+        out.push(i);
+        Ok(())
+    })?;
     Ok(out)
 }
 
@@ -30,7 +42,30 @@ pub(crate) fn raw_indices(buf: &CpuBuffer, l: &Layout) -> Result<Vec<i64>> {
 /// first bad one is `check`'s error (see `kernel::index_check`: the CPU's
 /// front end has raised it already; on a simulated GPU it poisons the queue).
 pub(crate) fn index_list(buf: &CpuBuffer, l: &Layout, check: IndexCheck, bound: usize, dim: usize) -> Result<Vec<usize>> {
-    raw_indices(buf, l)?.into_iter().map(|v| check.check(v, bound, dim)).collect()
+    let mut out = try_vec(l.elem_count())?;
+    for_each_index(buf, l, |v| {
+        out.push(check.check(v, bound, dim)?);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// The first value of an index view outside `0..bound`, if any.
+pub(crate) fn first_bad_index(buf: &CpuBuffer, l: &Layout, bound: usize) -> Result<Option<i64>> {
+    let mut bad = None;
+    // The "error" stops the walk at the first bad value.
+    let walk = for_each_index(buf, l, |v| match usize::try_from(v) {
+        Ok(i) if i < bound => Ok(()),
+        _ => {
+            bad = Some(v);
+            Err(Error::invalid("index", "out of range"))
+        }
+    });
+    match (walk, bad) {
+        (_, Some(v)) => Ok(Some(v)),
+        (Err(e), None) => Err(e),
+        (Ok(()), None) => Ok(None),
+    }
 }
 
 /// The index check of `index_select`.
@@ -64,7 +99,12 @@ fn select<T: Copy>(s: &[T], dims: &[usize], ids: &[usize], dim: usize, out: &mut
             // Checked by `index_list`.
             debug_assert!(id < d);
             let start = (i * d + id) * inner;
-            out[o..o + inner].copy_from_slice(&s[start..start + inner]);
+            if inner == 1 {
+                // Rows of one element (labels, a column): no copy call.
+                out[o] = s[start];
+            } else {
+                out[o..o + inner].copy_from_slice(&s[start..start + inner]);
+            }
             o += inner;
         }
     }
@@ -231,11 +271,11 @@ impl Tensor {
     pub(crate) fn check_index_values(&self, ids: &Tensor, dim: usize, op: &str) -> Result<()> {
         if ids.device().is_cpu() {
             let size = self.dims()[dim];
-            let list = {
+            let bad = {
                 let r = ids.storage.read();
-                raw_indices(r.host(), &ids.layout)?
+                first_bad_index(r.host(), &ids.layout, size)?
             };
-            if let Some(&bad) = list.iter().find(|&&i| usize::try_from(i).map_or(true, |i| i >= size)) {
+            if let Some(bad) = bad {
                 return Err(Error::invalid(op, format!("index {bad} is out of range for dimension {dim} of size {size}")));
             }
         }
