@@ -227,6 +227,73 @@ fn data_parallel_splits_the_batch_and_sums_gradients_into_the_module() -> Result
     Ok(())
 }
 
+#[test]
+fn a_trainer_given_a_device_that_does_not_exist_is_refused_before_training() -> Result<()> {
+    let s = sims();
+    let missing = kiln::gpu(999);
+    let builder = || Trainer::builder().max_epochs(1).progress(Progress::Off);
+    // In a list of GPUs, alone, and as the only device: NoSuchDevice naming
+    // it and the devices that exist, at build time, before any data moves.
+    for result in
+        [builder().devices(vec![s[0], missing]).build(), builder().devices(vec![missing]).build(), builder().device(missing).build()]
+    {
+        match result {
+            Err(Error::NoSuchDevice { device, available }) => {
+                assert_eq!(device, missing);
+                assert!(available.contains(&s[0]) && !available.contains(&missing), "{available:?}");
+            }
+            Err(other) => panic!("expected NoSuchDevice, got {other}"),
+            Ok(_) => panic!("a trainer on {missing} was built"),
+        }
+    }
+    // num_gpus asks for at most that many (PyTorch Lightning's `devices=n`
+    // errs instead; kiln's book-style `num_gpus` takes what exists, as
+    // d2l's `try_all_gpus()[:n]`): it never names a GPU beyond the last.
+    let trainer = builder().num_gpus(kiln::num_gpus() + 5).build()?;
+    assert_eq!(trainer.gpus().len(), kiln::num_gpus());
+    assert!(trainer.gpus().iter().all(|d| d.memory_stats().is_ok()));
+    // And a learner given to a refused trainer is untouched: nothing was built.
+    let mut model = Learner::new(mlp(DType::F32)?, Loss::CrossEntropy, OptimizerConfig::sgd(0.1));
+    let before = model.net.parameters().iter().map(|p| p.to_vec_f64()).collect::<Result<Vec<_>>>()?;
+    let (x, y) = rows(8, DType::F32)?;
+    let data = DataModule { train: DataLoader::new(vec![x, y], 4)?, val: None };
+    assert!(builder().devices(vec![s[0], missing]).build().and_then(|mut t| t.fit(&mut model, &data)).is_err());
+    let after = model.net.parameters().iter().map(|p| p.to_vec_f64()).collect::<Result<Vec<_>>>()?;
+    assert_eq!(before, after);
+    assert!(model.net.parameters().iter().all(|p| p.device().is_cpu()));
+    Ok(())
+}
+
+#[test]
+fn a_data_parallel_fit_keeps_one_copy_of_the_examples_per_device_for_the_next_fits() -> Result<()> {
+    let s = sims();
+    kiln::manual_seed(3);
+    let (x, y) = rows(64, DType::F32)?;
+    let data_bytes = (x.elem_count() * 4 + y.elem_count() * 8) as u64;
+    let data = DataModule { train: DataLoader::new(vec![x, y], 16)?.shuffle(true), val: None };
+    let mut model = Learner::new(mlp(DType::F32)?, Loss::CrossEntropy, OptimizerConfig::sgd(0.1));
+    let trainer = || Trainer::builder().max_epochs(1).progress(Progress::Off).devices(s[..2].to_vec()).build();
+    let h2d = |since: &kiln::TransferStats| kiln::thread_transfer_stats().since(since).direction(kiln::Direction::HostToDevice);
+    let mark = kiln::thread_transfer_stats();
+    trainer()?.fit(&mut model, &data)?;
+    // The examples went to each device once (and the model, the orders).
+    let first = h2d(&mark);
+    assert!(first.bytes >= 2 * data_bytes, "{first:?}");
+    assert_eq!(data.train.device_copies(), vec![s[0], s[1]]);
+    // A second fit uses those copies: only the model and the epoch's order go up.
+    let mark = kiln::thread_transfer_stats();
+    trainer()?.fit(&mut model, &data)?;
+    let second = h2d(&mark);
+    assert!(second.bytes < data_bytes, "{second:?}: the examples were copied again");
+    // A fit on one of them keeps that copy and drops the other's memory;
+    // releasing drops every copy.
+    Trainer::builder().max_epochs(1).progress(Progress::Off).device(s[1]).build()?.fit(&mut model, &data)?;
+    assert_eq!(data.train.device_copies(), vec![s[1]]);
+    data.train.release_device_copy();
+    assert!(data.train.device_copies().is_empty());
+    Ok(())
+}
+
 /// A copy of an MLP with parameters of its own on the CPU.
 fn mlp_copy(net: &Sequential) -> Result<Sequential> {
     let mut copy = Sequential::new();

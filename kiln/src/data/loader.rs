@@ -65,7 +65,9 @@ pub struct DataLoader {
     pub(super) shuffle: bool,
     pub(super) drop_last: bool,
     pub(super) placement: Placement,
-    resident: Arc<Mutex<Option<Resident>>>,
+    /// The copies on other devices, at most one per device: one for a
+    /// fit on one device, one per device of a data-parallel fit.
+    resident: Arc<Mutex<Vec<Resident>>>,
 }
 
 impl DataLoader {
@@ -108,7 +110,7 @@ impl DataLoader {
             shuffle: false,
             drop_last: false,
             placement: Placement::Auto,
-            resident: Arc::new(Mutex::new(None)),
+            resident: Arc::new(Mutex::new(Vec::new())),
         })
     }
 
@@ -129,7 +131,7 @@ impl DataLoader {
     pub fn placement(mut self, placement: Placement) -> DataLoader {
         if placement != self.placement {
             self.placement = placement;
-            self.resident = Arc::new(Mutex::new(None));
+            self.resident = Arc::new(Mutex::new(Vec::new()));
         }
         self
     }
@@ -205,14 +207,30 @@ impl DataLoader {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn device_copy(&self) -> Option<Device> {
-        self.resident.lock().as_ref().map(|r| r.device)
+        self.resident.lock().first().map(|r| r.device)
     }
 
-    /// Drops the loader's copy of its examples on another device (and that
-    /// of its clones), freeing that memory; the next epoch there copies
-    /// them again.
+    /// Every device the loader holds a copy of its examples on, in the
+    /// order they were asked for: one after an epoch on one device, one
+    /// per device after a data-parallel fit (each device cuts its own
+    /// pieces of every batch from its own copy).
+    ///
+    /// ```
+    /// use kiln::data::DataLoader;
+    /// use kiln::{Tensor, DType, cpu};
+    /// let loader = DataLoader::new(vec![Tensor::zeros((8, 2), DType::F32, &cpu())?], 4)?;
+    /// assert!(loader.device_copies().is_empty());
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn device_copies(&self) -> Vec<Device> {
+        self.resident.lock().iter().map(|r| r.device).collect()
+    }
+
+    /// Drops the loader's copies of its examples on other devices (and
+    /// those of its clones), freeing that memory; the next epoch there
+    /// copies them again.
     pub fn release_device_copy(&self) {
-        *self.resident.lock() = None;
+        self.resident.lock().clear();
     }
 
     /// Bytes of the examples (every tensor).
@@ -284,32 +302,59 @@ impl DataLoader {
     /// The examples on `device` when they live there or the loader holds
     /// (or now makes) a copy there; `None` when they are to be streamed.
     fn resident_on(&self, device: &Device) -> Result<Option<Vec<Tensor>>> {
-        if self.device() == *device {
-            return Ok(Some(self.tensors.clone()));
+        Ok(self.resident_on_all(std::slice::from_ref(device))?.and_then(|mut all| all.pop()))
+    }
+
+    /// The examples on each of `devices` (where they live, or a copy the
+    /// loader holds or now makes there, booked once), or `None` when they
+    /// are to be streamed: the placement says so, or under
+    /// [`Placement::Auto`] they do not fit on one of the devices (at most
+    /// half of its free memory), and then no new copy is kept. Copies on
+    /// devices not in `devices` are dropped first: their memory may be
+    /// needed.
+    pub(crate) fn resident_on_all(&self, devices: &[Device]) -> Result<Option<Vec<Vec<Tensor>>>> {
+        if devices.iter().all(|d| *d == self.device()) {
+            return Ok(Some(devices.iter().map(|_| self.tensors.clone()).collect()));
         }
         if self.placement == Placement::Stream {
             return Ok(None);
         }
         let mut cache = self.resident.lock();
-        if let Some(r) = cache.as_ref().filter(|r| r.device == *device) {
-            return Ok(Some(r.tensors.clone()));
-        }
-        // A copy on another device goes first: its memory may be needed.
-        *cache = None;
-        if self.placement == Placement::Auto && !fits(self.num_bytes(), device)? {
-            return Ok(None);
-        }
+        cache.retain(|r| devices.contains(&r.device));
         let _g = crate::no_grad();
-        match self.tensors.iter().map(|t| t.to(device)).collect::<Result<Vec<_>>>() {
-            Ok(tensors) => {
-                *cache = Some(Resident { device: *device, tensors: tensors.clone() });
-                Ok(Some(tensors))
+        let mut out = Vec::with_capacity(devices.len());
+        let mut made = Vec::new();
+        for device in devices {
+            if *device == self.device() {
+                out.push(self.tensors.clone());
+                continue;
             }
-            // Auto: what did not fit is streamed instead (the partial copy
-            // is dropped here, before the first batch is uploaded).
-            Err(Error::OutOfMemory { .. }) if self.placement == Placement::Auto => Ok(None),
-            Err(e) => Err(e),
+            if let Some(r) = cache.iter().find(|r| r.device == *device) {
+                out.push(r.tensors.clone());
+                continue;
+            }
+            let copy = if self.placement == Placement::Auto && !fits(self.num_bytes(), device)? {
+                None
+            } else {
+                match self.tensors.iter().map(|t| t.to(device)).collect::<Result<Vec<_>>>() {
+                    Ok(tensors) => Some(tensors),
+                    // Auto: what did not fit is streamed instead.
+                    Err(Error::OutOfMemory { .. }) if self.placement == Placement::Auto => None,
+                    Err(e) => return Err(e),
+                }
+            };
+            match copy {
+                Some(tensors) => {
+                    made.push(Resident { device: *device, tensors: tensors.clone() });
+                    out.push(tensors);
+                }
+                // The copies made by this call are dropped here, before the
+                // first batch is uploaded.
+                None => return Ok(None),
+            }
         }
+        cache.extend(made);
+        Ok(Some(out))
     }
 
     fn batches(&self, tensors: Vec<Tensor>, upload_to: Option<Device>, site: &'static Location<'static>) -> Result<Batches> {

@@ -26,7 +26,6 @@ mod loader;
 mod synthetic;
 
 pub use fashion_mnist::{fashion_mnist, load_fashion_mnist, read_idx, IdxArray, FASHION_MNIST_CLASSES};
-pub(crate) use loader::fits;
 pub use loader::{permutation, permutation_from_seed, Batches, DataLoader, Placement};
 pub use synthetic::{make_classification, make_regression, synthetic_classification, synthetic_regression};
 

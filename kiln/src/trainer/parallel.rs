@@ -37,7 +37,7 @@
 use super::fit::owned_input;
 use super::metrics::Sums;
 use crate::autograd::backward_lockstep;
-use crate::data::{DataLoader, Placement};
+use crate::data::DataLoader;
 use crate::nn::parallel::replicate;
 use crate::nn::{Loss, Module};
 use crate::optim::{Optimizer, OptimizerConfig};
@@ -61,10 +61,11 @@ pub(super) struct Replicas {
     check: bool,
 }
 
-/// A loader's first two tensors (features, targets) held on every device
-/// for a fit, so that each device cuts its own piece of every batch from
-/// its own copy: no batch crosses between devices (each rank of PyTorch's
-/// DDP loads its own shard).
+/// A loader's first two tensors (features, targets) on every device of a
+/// fit (the loader's own copies, kept for the next fits), so that each
+/// device cuts its own piece of every batch from its own copy: no batch
+/// crosses between devices (each rank of PyTorch's DDP loads its own
+/// shard).
 pub(super) struct Resident {
     per_device: Vec<(Tensor, Tensor)>,
     rows: usize,
@@ -80,31 +81,21 @@ pub(super) struct ResidentEpoch<'a> {
 }
 
 impl Resident {
-    /// The loader's examples copied to every device of `devices` (booked
-    /// once), when its placement allows it and they fit on each (at most
-    /// half of what is free there, as the loader decides); `None` otherwise.
+    /// The loader's examples on every device of `devices`: the copies the
+    /// loader holds for the next fits too (made and booked once, dropped by
+    /// [`DataLoader::release_device_copy`]), when its placement allows it
+    /// and they fit on each (at most half of what is free there, as the
+    /// loader decides); `None` otherwise.
     pub(super) fn new(loader: &DataLoader, devices: &[Device]) -> Result<Option<Resident>> {
-        let tensors = loader.tensors();
-        if tensors.len() < 2 || loader.get_placement() == Placement::Stream {
+        if loader.tensors().len() < 2 {
             return Ok(None);
         }
-        let bytes = tensors[..2].iter().map(|t| t.elem_count().saturating_mul(t.dtype().size_in_bytes())).fold(0, usize::saturating_add);
-        if loader.get_placement() == Placement::Auto {
-            for d in devices {
-                if !crate::data::fits(bytes, d)? {
-                    return Ok(None);
-                }
-            }
-        }
-        let _g = no_grad();
-        let mut per_device = Vec::with_capacity(devices.len());
-        for d in devices {
-            match (tensors[0].to(d), tensors[1].to(d)) {
-                (Ok(x), Ok(y)) => per_device.push((x, y)),
-                (Err(Error::OutOfMemory { .. }), _) | (_, Err(Error::OutOfMemory { .. })) if loader.get_placement() == Placement::Auto => {
-                    return Ok(None)
-                }
-                (Err(e), _) | (_, Err(e)) => return Err(e),
+        let Some(copies) = loader.resident_on_all(devices)? else { return Ok(None) };
+        let mut per_device = Vec::with_capacity(copies.len());
+        for tensors in copies {
+            let mut first_two = tensors.into_iter().take(2);
+            if let (Some(x), Some(y)) = (first_two.next(), first_two.next()) {
+                per_device.push((x, y));
             }
         }
         Ok(Some(Resident {
