@@ -5,13 +5,14 @@
 //! devices present, with the per-device batch fixed).
 
 use super::{keep, round, Ctx, Row};
-use crate::util::Result;
+use crate::util::{CliError, Result};
 use kiln::comm::{self, ReduceOp, SimLink};
 use kiln::models::{lenet, resnet18, synthetic_image_task};
 use kiln::nn::Loss;
 use kiln::optim::OptimizerConfig;
 use kiln::trainer::{Learner, Progress, Trainer};
 use kiln::{Device, DeviceKind, Tensor};
+use std::sync::mpsc;
 use std::time::Duration;
 
 /// Simulated GPUs for the scaling runs: four of their own, after any that
@@ -136,6 +137,70 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// A one-device training of `m` on `device` from a host thread of its own,
+/// run on demand: with the first device's in the same round it makes two
+/// independent trainings at once (no communication, no lockstep, one host
+/// thread each), what this machine gives two replicas at best: the ceiling
+/// of a data-parallel speedup here.
+struct Partner {
+    go: mpsc::Sender<bool>,
+    done: mpsc::Receiver<kiln::Result<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Partner {
+    /// Builds and warms the partner's training (an error is returned here).
+    fn start(m: &Model, device: Device) -> Result<Partner> {
+        let (go, go_rx) = mpsc::channel::<bool>();
+        let (done_tx, done) = mpsc::channel::<kiln::Result<()>>();
+        let (make, batch, steps, lr) = (m.make, m.per_device_batch, m.steps, m.lr);
+        let thread = std::thread::Builder::new()
+            .name("kiln-bench-partner".into())
+            .spawn(move || {
+                let setup = || -> kiln::Result<_> {
+                    let data = synthetic_image_task(batch * steps, 0, batch, 1)?;
+                    let mut model = Learner::new(make(), Loss::CrossEntropy, OptimizerConfig::sgd(lr));
+                    let mut trainer = Trainer::builder().max_epochs(1).progress(Progress::Off).device(device).build()?;
+                    trainer.fit(&mut model, &data)?;
+                    Ok((data, model, trainer))
+                };
+                let (data, mut model, mut trainer) = match setup() {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = done_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = done_tx.send(Ok(()));
+                while let Ok(true) = go_rx.recv() {
+                    if done_tx.send(trainer.fit(&mut model, &data).map(|_| ())).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| CliError(format!("bench: cannot start the partner thread: {e}")))?;
+        let partner = Partner { go, done, thread: Some(thread) };
+        partner.wait()?;
+        Ok(partner)
+    }
+
+    fn wait(&self) -> Result<()> {
+        match self.done.recv() {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(CliError("bench: the partner thread stopped".into())),
+        }
+    }
+}
+
+impl Drop for Partner {
+    fn drop(&mut self) {
+        let _ = self.go.send(false);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 pub(super) fn dp_bench(ctx: &mut Ctx) -> Result<()> {
     // LeNet at the book's batch of 256 (per device here: weak scaling);
     // ResNet-18 at 16 per device, which two cores can time in seconds.
@@ -165,6 +230,16 @@ pub(super) fn dp_bench(ctx: &mut Ctx) -> Result<()> {
             trainer.fit(&mut model, &data)?;
             setups.push(Setup { devices: devices.clone(), kind, batch, data, model, trainer, samples: Vec::new(), last: None });
         }
+        // The ceiling: the 1-GPU training beside an independent one on the
+        // second simulated GPU.
+        let partner = match (setups.first(), groups.iter().find(|g| g.len() >= 2)) {
+            (Some(one), Some(two)) if one.kind == DeviceKind::Simulated && one.devices.len() == 1 => {
+                ctx.progress.set(format!("{} {} beside an independent training: warm-up", ctx.label, m.name));
+                Some(Partner::start(m, two[1])?)
+            }
+            _ => None,
+        };
+        let mut pair_samples = Vec::new();
         // Rounds interleave the device counts (1, 2, 4, then again), and each
         // speedup is the median over rounds of the ratio within a round: this
         // machine's cores change speed over seconds (up to a third, the same
@@ -177,7 +252,19 @@ pub(super) fn dp_bench(ctx: &mut Ctx) -> Result<()> {
                 s.last = Some(s.trainer.fit(&mut s.model, &s.data)?);
                 s.samples.push(start.elapsed().as_secs_f64() * 1e3);
             }
+            if let Some(p) = &partner {
+                ctx.progress.set(format!("{} {} beside an independent training: round {}/{runs}", ctx.label, m.name, r + 1));
+                let s = &mut setups[0];
+                let start = std::time::Instant::now();
+                let _ = p.go.send(true);
+                let own = s.trainer.fit(&mut s.model, &s.data);
+                let theirs = p.wait();
+                own?;
+                theirs?;
+                pair_samples.push(start.elapsed().as_secs_f64() * 1e3);
+            }
         }
+        drop(partner);
         for i in 0..setups.len() {
             let s = &setups[i];
             let n = s.devices.len();
@@ -197,7 +284,13 @@ pub(super) fn dp_bench(ctx: &mut Ctx) -> Result<()> {
             if let Some(base) = setups[..i].iter().find(|b| b.kind == s.kind && b.devices.len() == 1) {
                 let ratios =
                     base.samples.iter().zip(&s.samples).map(|(one, this)| (one / base.batch as f64) / (this / s.batch as f64)).collect();
-                row = row.with("speedup", round(median(ratios), 3));
+                let speedup = median(ratios);
+                row = row.with("speedup", round(speedup, 3));
+                if s.kind == DeviceKind::Simulated && pair_samples.len() == base.samples.len() {
+                    // Two trainings' images in the pair's time over one's in its own, per round.
+                    let ceiling = median(base.samples.iter().zip(&pair_samples).map(|(one, pair)| 2.0 * one / pair).collect());
+                    row = row.with("ceiling", round(ceiling, 3)).with("efficiency", round(speedup / ceiling.max(1e-12), 3));
+                }
             }
             if let Some(p) = keep(s.last.clone()).as_ref().and_then(|h| h.epochs.last()).and_then(|e| e.parallel.clone()) {
                 row = row.with("comm_bytes", p.comm_bytes);
@@ -210,9 +303,25 @@ pub(super) fn dp_bench(ctx: &mut Ctx) -> Result<()> {
             }
             ctx.emit(row);
         }
+        if let (Some(base), false) = (setups.first(), pair_samples.is_empty()) {
+            let stats = super::Stats::from_samples(pair_samples.clone());
+            let images = (2 * base.batch * m.steps) as f64;
+            let ceiling = median(base.samples.iter().zip(&pair_samples).map(|(one, pair)| 2.0 * one / pair).collect());
+            let row = Row::new(
+                "Dp",
+                format!("{} epoch, 2 independent 1-GPU trainings at once (the ceiling), {} images/step each", m.name, m.per_device_batch),
+                base.devices[0],
+                stats,
+                images / (stats.median_ms * 1e-3),
+                "images/s",
+            )
+            .with("devices", 2)
+            .with("speedup", round(ceiling, 3));
+            ctx.emit(row);
+        }
     }
     ctx.note(format!(
-        "Dp: weak scaling (the per-device batch is fixed); the device counts run in interleaved rounds, and speedup is the median over rounds of images/s against the 1-device run of the same kind in that round. Simulated GPUs each run on one core of this {}-core machine.",
+        "Dp: weak scaling (the per-device batch is fixed); the device counts run in interleaved rounds, and speedup is the median over rounds of images/s against the 1-device run of the same kind in that round. ceiling: two independent 1-GPU trainings at once, each from its own host thread, against one (what this machine gives two replicas with no communication); efficiency = speedup / ceiling. Simulated GPUs each run on one core of this {}-core machine.",
         std::thread::available_parallelism().map_or(1, |n| n.get())
     ));
     Ok(())
