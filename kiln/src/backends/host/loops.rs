@@ -443,7 +443,8 @@ mod tests {
         // Values across the range, with the specials and subnormals.
         let mut x: Vec<f32> = (0..4099u32).map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761)) % 1e6).collect();
         x.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MIN_POSITIVE / 4.0, 1e-40, -3.5]);
-        let fns: [(&str, fn(f32) -> f32); 6] = [
+        type Case = (&'static str, fn(f32) -> f32);
+        let fns: [Case; 6] = [
             // a*b+c is where a build with FMA would fuse and round once.
             ("x*x*0.1+0.3", |v| v * v * 0.1 + 0.3),
             ("1/(1+exp(-x))", |v| 1.0 / (1.0 + (-v).exp())),
