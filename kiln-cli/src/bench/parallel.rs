@@ -127,14 +127,9 @@ struct Setup {
     last: Option<kiln::trainer::History>,
 }
 
-/// The median of `v` (0 when empty).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
-    }
+/// The median of `v` (0 when empty), as the other rows take it.
+fn median(v: Vec<f64>) -> f64 {
+    super::Stats::from_samples(v).median_ms
 }
 
 /// A one-device training of `m` on `device` from a host thread of its own,
@@ -265,6 +260,14 @@ pub(super) fn dp_bench(ctx: &mut Ctx) -> Result<()> {
             }
         }
         drop(partner);
+        // Two trainings' images in the pair's time over one's in its own, per
+        // round (the first setup is the one-GPU run the pair was made of).
+        let ceiling = match setups.first() {
+            Some(base) if !pair_samples.is_empty() => {
+                Some(median(base.samples.iter().zip(&pair_samples).map(|(one, pair)| 2.0 * one / pair).collect()))
+            }
+            _ => None,
+        };
         for i in 0..setups.len() {
             let s = &setups[i];
             let n = s.devices.len();
@@ -286,9 +289,7 @@ pub(super) fn dp_bench(ctx: &mut Ctx) -> Result<()> {
                     base.samples.iter().zip(&s.samples).map(|(one, this)| (one / base.batch as f64) / (this / s.batch as f64)).collect();
                 let speedup = median(ratios);
                 row = row.with("speedup", round(speedup, 3));
-                if s.kind == DeviceKind::Simulated && pair_samples.len() == base.samples.len() {
-                    // Two trainings' images in the pair's time over one's in its own, per round.
-                    let ceiling = median(base.samples.iter().zip(&pair_samples).map(|(one, pair)| 2.0 * one / pair).collect());
+                if let Some(ceiling) = ceiling.filter(|_| s.kind == DeviceKind::Simulated) {
                     row = row.with("ceiling", round(ceiling, 3)).with("efficiency", round(speedup / ceiling.max(1e-12), 3));
                 }
             }
@@ -303,10 +304,9 @@ pub(super) fn dp_bench(ctx: &mut Ctx) -> Result<()> {
             }
             ctx.emit(row);
         }
-        if let (Some(base), false) = (setups.first(), pair_samples.is_empty()) {
+        if let (Some(base), Some(ceiling)) = (setups.first(), ceiling) {
             let stats = super::Stats::from_samples(pair_samples.clone());
             let images = (2 * base.batch * m.steps) as f64;
-            let ceiling = median(base.samples.iter().zip(&pair_samples).map(|(one, pair)| 2.0 * one / pair).collect());
             let row = Row::new(
                 "Dp",
                 format!("{} epoch, 2 independent 1-GPU trainings at once (the ceiling), {} images/step each", m.name, m.per_device_batch),

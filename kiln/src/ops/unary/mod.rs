@@ -108,29 +108,31 @@ fn missing_output(op: UnaryOp) -> Error {
 }
 
 impl UnaryOp {
-    /// [`UnaryOp::host_float`], with powi(2) and powi(3) in loops of their
-    /// own: the member's expression matches on n at every element, which
-    /// keeps its loop scalar (W3's y³ took four instructions an element).
-    /// The same arithmetic as the member's arms, so the same bits.
+    /// powi(2) and powi(3) in loops of their own, for every dtype; `a` back
+    /// for any other op. The member's expression matches on n at every
+    /// element, which keeps its loop scalar (W3's y³ took four instructions
+    /// an element). The same arithmetic as the member's arms, so the same
+    /// bits.
     #[inline(always)]
-    fn float_loop<T: Float, A: Apply<T>>(self, a: A) -> bool {
+    fn small_powi<T: Num, A: Apply<T>>(self, a: A) -> std::result::Result<(), A> {
         match self {
             UnaryOp::Powi(2) => a.apply(|x: T| x.mul(x)),
             UnaryOp::Powi(3) => a.apply(|x: T| x.mul(x).mul(x)),
-            _ => return self.host_float(a),
+            _ => return Err(a),
         }
-        true
+        Ok(())
     }
 
-    /// [`UnaryOp::host_num`], with the same two loops.
+    /// [`UnaryOp::host_float`], after [`UnaryOp::small_powi`].
+    #[inline(always)]
+    fn float_loop<T: Float, A: Apply<T>>(self, a: A) -> bool {
+        self.small_powi(a).map_or_else(|a| self.host_float(a), |()| true)
+    }
+
+    /// [`UnaryOp::host_num`], after [`UnaryOp::small_powi`].
     #[inline(always)]
     fn num_loop<T: Num, A: Apply<T>>(self, a: A) -> bool {
-        match self {
-            UnaryOp::Powi(2) => a.apply(|x: T| x.mul(x)),
-            UnaryOp::Powi(3) => a.apply(|x: T| x.mul(x).mul(x)),
-            _ => return self.host_num(a),
-        }
-        true
+        self.small_powi(a).map_or_else(|a| self.host_num(a), |()| true)
     }
 }
 
