@@ -1,7 +1,8 @@
 //! Matrix products: 2-D, batched (leading dimensions broadcast),
 //! matrix-vector and vector-vector. On the host floats go through the gemm
 //! crate (any strides; tiny products through a plain loop, whose dispatch
-//! costs less), integers through a plain loop; on CUDA floats go through
+//! costs less; small f32 products through kiln's own AVX2 tile, which skips
+//! gemm's packing), integers through a plain loop; on CUDA floats go through
 //! cuBLAS (strided-batched) when it loads, else through kiln's own kernel.
 
 use crate::backends::cpu::on_pool;
@@ -96,6 +97,30 @@ fn matmul_gemm<T: WithDType + 'static>(
     } else {
         on_pool(products)
     }
+}
+
+/// f32 products: kiln's small-product kernel (`backends/host/small_sgemm.rs`)
+/// where it applies, else gemm.
+fn matmul_f32(a: &[f32], la: &Layout, b: &[f32], lb: &Layout, out: &mut [f32], (m, n, k): (usize, usize, usize), threads: usize) {
+    use crate::backends::host::small_sgemm::{self, View};
+    if m.saturating_mul(n).saturating_mul(k) <= small_sgemm::SMALL_MAX {
+        let r = la.dims().len();
+        let view = |data, offset, l: &Layout| View { data, offset, rs: l.strides[r - 2], cs: l.strides[r - 1] };
+        let mut all = true;
+        for (bi, (oa, ob)) in batch_offsets(la).into_iter().zip(batch_offsets(lb)).enumerate() {
+            let dst = &mut out[bi * m * n..(bi + 1) * m * n];
+            // The conditions are the same for every matrix of a batch, so a
+            // refusal comes at the first; gemm then writes every product.
+            if !small_sgemm::matmul(view(a, oa, la), view(b, ob, lb), dst, (m, n, k)) {
+                all = false;
+                break;
+            }
+        }
+        if all {
+            return;
+        }
+    }
+    matmul_gemm(a, la, b, lb, out, (m, n, k), threads)
 }
 
 fn matmul_naive<T: Num>(a: &[T], la: &Layout, b: &[T], lb: &Layout, out: &mut [T], (m, n, k): (usize, usize, usize)) {
@@ -249,7 +274,7 @@ impl CustomKernel for Matmul {
         match (lhs.buf, rhs.buf, out) {
             (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) if tiny => matmul_naive(a, la, b, lb, o, (m, n, k)),
             (CpuBuffer::F64(a), CpuBuffer::F64(b), CpuBuffer::F64(o)) if tiny => matmul_naive(a, la, b, lb, o, (m, n, k)),
-            (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) => matmul_gemm(a, la, b, lb, o, (m, n, k), threads),
+            (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) => matmul_f32(a, la, b, lb, o, (m, n, k), threads),
             (CpuBuffer::F64(a), CpuBuffer::F64(b), CpuBuffer::F64(o)) => matmul_gemm(a, la, b, lb, o, (m, n, k), threads),
             (CpuBuffer::F16(a), CpuBuffer::F16(b), CpuBuffer::F16(o)) => matmul_gemm(a, la, b, lb, o, (m, n, k), threads),
             (CpuBuffer::I64(a), CpuBuffer::I64(b), CpuBuffer::I64(o)) => matmul_naive(a, la, b, lb, o, (m, n, k)),

@@ -7,6 +7,7 @@
 mod dense;
 pub(crate) mod loops;
 pub(crate) mod num;
+pub(crate) mod small_sgemm;
 
 pub(crate) use dense::run_dense_small;
 
