@@ -98,7 +98,9 @@ impl Tensor {
         self.log_softmax(dim)?.exp()
     }
 
-    /// The Frobenius norm: √(Σ x²), a 0-d tensor on the same device.
+    /// The Frobenius norm: √(Σ x²), a 0-d tensor on the same device, in one
+    /// pass over `self` ([`ReduceOp::SumSquares`](crate::ReduceOp::SumSquares):
+    /// floats square and sum in f64, then round once).
     /// Floats only, as PyTorch's `linalg.vector_norm` ("Expected a floating
     /// point or complex tensor"): an integer tensor is `UnsupportedDType`
     /// (squaring and summing in its own dtype would wrap); convert it first.
@@ -117,7 +119,7 @@ impl Tensor {
             return Err(Error::UnsupportedDType { op: "norm".into(), dtype: self.dtype() });
         }
         crate::tensor::check_compute("norm", self.dtype())?;
-        self.sqr()?.sum_all()?.sqrt()
+        self.reduce(crate::ReduceOp::SumSquares, &self.all_dims(), false)?.sqrt()
     }
 }
 

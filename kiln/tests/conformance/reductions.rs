@@ -2,7 +2,7 @@
 
 use crate::common::{assert_close, assert_f32, assert_values, devices, f32s, on_every_device};
 use crate::t2;
-use kiln::{cpu, DType, Tensor};
+use kiln::{cpu, DType, ReduceOp, Tensor};
 
 #[test]
 fn reductions_over_all_and_axes() {
@@ -95,6 +95,41 @@ fn products_values_and_gradients() {
         // A NaN makes the product NaN.
         let n = Tensor::new(&[f32::NAN, 2.], &d)?;
         assert!(n.prod_all()?.to_vec::<f32>()?[0].is_nan());
+        Ok(())
+    });
+}
+
+#[test]
+fn sums_of_squares_and_the_norm_values_and_gradients() {
+    on_every_device(|d| {
+        let x = t2(&[&[1., -2., 3.], &[0.5, 4., -1.]], d)?;
+        let sq = |t: &Tensor, dims: &[i64], keep: bool| t.reduce(ReduceOp::SumSquares, dims, keep);
+        assert_f32(&sq(&x, &[0, 1], false)?, d, &[], &[31.25]);
+        assert_f32(&sq(&x, &[0], false)?, d, &[3], &[1.25, 20., 10.]);
+        assert_f32(&sq(&x, &[-1], true)?, d, &[2, 1], &[14., 17.25]);
+        assert_f32(&sq(&x.t()?, &[0], false)?, d, &[2], &[14., 17.25]);
+        // Empty: 0; integers square and sum in their dtype, wrapping.
+        assert_f32(&sq(&Tensor::zeros((0, 2), DType::F32, &d)?, &[0], false)?, d, &[2], &[0., 0.]);
+        assert_eq!(sq(&Tensor::new(&[[3i64, -4], [5, 6]], &d)?, &[1], false)?.to_vec::<i64>()?, vec![25, 61]);
+        assert_eq!(sq(&Tensor::new(&[16u8, 3], &d)?, &[0], false)?.to_vec::<u8>()?, vec![9]);
+        // Floats square in f64 and round once: 4097² + 1 = 16785410 exactly
+        // (squaring in f32 first would round 4097² to 16785408, and the sum
+        // to 16785408). A sum past f32's range is inf.
+        assert_eq!(sq(&Tensor::new(&[4097f32, 1.], &d)?, &[0], false)?.to_vec::<f32>()?, vec![16785410.]);
+        assert_eq!(sq(&Tensor::new(&[1e20f32, 1e20], &d)?, &[0], false)?.to_vec::<f32>()?, vec![f32::INFINITY]);
+        // NaN and infinities propagate.
+        assert!(sq(&Tensor::new(&[f32::NAN, 2.], &d)?, &[0], false)?.to_vec::<f32>()?[0].is_nan());
+        assert_eq!(sq(&Tensor::new(&[f32::NEG_INFINITY, 2.], &d)?, &[0], false)?.to_vec::<f32>()?, vec![f32::INFINITY]);
+        // The gradient is 2·x·g; the norm's is x/‖x‖ (f64 for exactness).
+        let x = Tensor::new(&[[2f64, -3.], [0., 6.]], &d)?.requires_grad_();
+        let w = Tensor::new(&[10f64, 100.], &d)?;
+        sq(&x, &[0], false)?.mul(&w)?.sum_all()?.backward()?;
+        assert_values(&x.grad().expect("sum_squares has a gradient"), d, &[2, 2], &[40., -600., 0., 1200.]);
+        let x = Tensor::new(&[2f64, -2., 2., -2.], &d)?.requires_grad_();
+        let n = x.norm()?;
+        assert_values(&n, d, &[], &[4.]);
+        n.backward()?;
+        assert_values(&x.grad().expect("norm has a gradient"), d, &[4], &[0.5, -0.5, 0.5, -0.5]);
         Ok(())
     });
 }

@@ -6,11 +6,14 @@
 /// ```text
 /// /// doc
 /// Variant => "name", init IDENTITY, host |a, b| <combine in any Num>,
-///     cuda init "<C expr of type A>" combine "<C expr of a, b>",
+///     [map |x| <Num expr, applied to each source element first>,]
+///     cuda init "<C expr of type A>" combine "<C expr of a, b>" [map "<C expr of x>"],
 ///     grad |g, x, dims [, y]| <Result<Tensor>>;
 /// ```
 ///
-/// `IDENTITY` is a constant of `Num` (ZERO, ONE, LOWEST, HIGHEST). Floats
+/// `IDENTITY` is a constant of `Num` (ZERO, ONE, LOWEST, HIGHEST). A `map`
+/// (host and CUDA together) transforms each source element, in the
+/// accumulator type, before it is combined (never a partial result). Floats
 /// accumulate in f64 (so that a sum hardly depends on how the work was
 /// split), integers in their own dtype (they wrap like every integer op).
 /// Naming `y` keeps the forward output (with the reduced dimensions kept)
@@ -21,7 +24,8 @@ macro_rules! reduce_family {
     (
         fold { $(
             $(#[$doc:meta])* $v:ident => $name:literal, init $init:ident, host |$ha:ident, $hb:ident| $host:expr,
-            cuda init $cinit:literal combine $ccomb:literal,
+            $(map |$mx:ident| $map:expr,)?
+            cuda init $cinit:literal combine $ccomb:literal $(map $cmap:literal)?,
             grad |$g:ident, $x:ident, $dims:ident $(, $y:ident)?| $grad:expr;
         )* }
         arg { $( $(#[$adoc:meta])* $av:ident => $aname:literal; )* }
@@ -53,7 +57,11 @@ macro_rules! reduce_family {
             #[inline(always)]
             fn fold<T: Accumulate>(self, s: &[T], l: &Layout, dims: &[usize], out: &mut [T], threads: usize) -> bool {
                 match self {
-                    $( ReduceOp::$v => reduce(s, l, dims, out, threads, Fold { init: <T::Acc as Num>::$init, combine: |$ha: T::Acc, $hb: T::Acc| $host }), )*
+                    $( ReduceOp::$v => reduce(s, l, dims, out, threads, Fold {
+                        init: <T::Acc as Num>::$init,
+                        combine: |$ha: T::Acc, $hb: T::Acc| $host,
+                        map: $crate::ops::reduce::family::pick!($(|$mx: T::Acc| $map)? ; |x: T::Acc| x),
+                    }), )*
                     $( ReduceOp::$av => return false, )*
                 }
                 true
@@ -80,9 +88,23 @@ macro_rules! reduce_family {
             }
         }
 
-        /// (name, CUDA identity, CUDA combination) of every folding member.
-        const MEMBERS: &[(&str, &str, &str)] = &[ $( ($name, $cinit, $ccomb), )* ];
+        /// (name, CUDA identity, CUDA combination, CUDA map of an element
+        /// `x`) of every folding member.
+        const MEMBERS: &[(&str, &str, &str, &str)] =
+            &[ $( ($name, $cinit, $ccomb, $crate::ops::reduce::family::pick!($($cmap)? ; "x")), )* ];
     };
 }
 
+/// The first of an optional item and a default: `pick!(a ; b)` is `a`,
+/// `pick!( ; b)` is `b`.
+macro_rules! pick {
+    ( ; $default:expr) => {
+        $default
+    };
+    ($given:expr ; $default:expr) => {
+        $given
+    };
+}
+
+pub(crate) use pick;
 pub(crate) use reduce_family;
