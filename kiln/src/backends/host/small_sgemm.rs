@@ -64,11 +64,15 @@ fn inside(v: &View<'_>, rows: usize, cols: usize) -> bool {
 }
 
 /// `dst` (m×n, row-major, contiguous) = `a` (m×k) · `b` (k×n), when this
-/// path applies: the product is small, `b`'s rows are contiguous and the
-/// CPU has AVX2 and FMA. Returns false, having written nothing, otherwise.
+/// path applies: the product is small, n ≥ 16 and k ≥ 8, `b`'s rows are
+/// contiguous and the CPU has AVX2 and FMA (and no AVX-512). Returns false,
+/// having written nothing, otherwise.
 pub(crate) fn matmul(a: View<'_>, b: View<'_>, dst: &mut [f32], (m, n, k): (usize, usize, usize)) -> bool {
     let work = m.saturating_mul(n).saturating_mul(k);
-    if work > SMALL_MAX || k == 0 || b.cs != 1 || !cpu_has_it() {
+    // The tile's lanes run along n: with fewer than 16 columns most of them
+    // idle (a matrix-vector product is 8× slower than gemm's). Its stores
+    // are amortised along k: with fewer than 8 steps they dominate.
+    if work > SMALL_MAX || k < 8 || n < NR || b.cs != 1 || !cpu_has_it() {
         return false;
     }
     // Soundness of the raw reads and writes below, checked in release too.
@@ -265,7 +269,20 @@ mod tests {
             return;
         }
         let mut checked = 0;
-        for (m, n, k) in [(1, 1, 1), (6, 16, 3), (7, 17, 5), (13, 33, 9), (100, 100, 100), (5, 3, 64), (12, 48, 1), (2, 15, 7)] {
+        // Rows 1 to 6 in the last tile; last strips of 16, 1, 7, 8, 9, 15 columns.
+        let shapes = [
+            (1, 16, 8),
+            (6, 16, 8),
+            (7, 17, 9),
+            (13, 33, 9),
+            (100, 100, 100),
+            (5, 25, 64),
+            (12, 48, 8),
+            (2, 31, 11),
+            (3, 24, 8),
+            (4, 23, 10),
+        ];
+        for (m, n, k) in shapes {
             // a row-major, a transposed (column-major), a broadcast row; b
             // row-major with padded rows and an offset.
             let av = ints(m * k + 3, 1);
@@ -282,21 +299,24 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 24);
+        assert_eq!(checked, 3 * shapes.len());
     }
 
     #[test]
     fn it_refuses_what_it_does_not_cover_and_writes_nothing() {
-        let v = vec![1f32; 64];
-        let row = View { data: &v, offset: 0, rs: 8, cs: 1 };
-        let col = View { data: &v, offset: 0, rs: 1, cs: 8 };
-        let mut out = vec![7f32; 64];
-        // b with columns not contiguous; k = 0; too large; a view past its slice.
-        assert!(!matmul(row, col, &mut out, (8, 8, 8)));
-        assert!(!matmul(row, row, &mut out, (8, 8, 0)));
-        assert!(!matmul(row, row, &mut out, (1 << 11, 1 << 11, 8)));
-        assert!(!matmul(View { offset: 1, ..row }, row, &mut out, (8, 8, 8)));
+        let v = vec![1f32; 256];
+        let a = View { data: &v, offset: 0, rs: 16, cs: 1 };
+        let b = a;
+        let mut out = vec![7f32; 256];
+        // Each call differs from an accepted one (2×8 · 8×16) in one way.
+        assert!(!matmul(a, View { rs: 1, cs: 16, ..b }, &mut out, (2, 16, 8)), "b's columns not contiguous");
+        assert!(!matmul(a, b, &mut out, (2, 15, 8)), "n < 16");
+        assert!(!matmul(a, b, &mut out, (2, 16, 7)), "k < 8");
+        assert!(!matmul(a, b, &mut out, (1 << 11, 1 << 11, 8)), "more than 2^20 multiply-adds");
+        assert!(!matmul(View { offset: 241, ..a }, b, &mut out, (2, 16, 8)), "a view past its slice");
+        assert!(!matmul(a, b, &mut out[..31], (2, 16, 8)), "a destination too short");
         assert!(out.iter().all(|&x| x == 7.0));
+        assert_eq!(matmul(a, b, &mut out, (2, 16, 8)), cpu_has_it());
     }
 
     #[test]
@@ -305,14 +325,20 @@ mod tests {
             eprintln!("SKIPPED: non-finite values through the tile: this CPU lacks AVX2+FMA or has AVX-512");
             return;
         }
-        let a = [f32::INFINITY, 0.0, 1.0, f32::NAN];
-        let b = [0.0f32, 1.0, 2.0, 3.0];
-        let mut out = [0f32; 4];
-        let (av, bv) = (View { data: &a, offset: 0, rs: 2, cs: 1 }, View { data: &b, offset: 0, rs: 2, cs: 1 });
-        assert!(matmul(av, bv, &mut out, (2, 2, 2)));
+        // a: 2×8, rows [inf, 0, 0…] and [1, NaN, 0…]; b: 8×16, rows [0, 1, 1…],
+        // [2, 3, 3…] and zeros.
+        let mut a = [0f32; 16];
+        (a[0], a[8], a[9]) = (f32::INFINITY, 1.0, f32::NAN);
+        let mut b = [0f32; 128];
+        b[1..16].fill(1.0);
+        b[16] = 2.0;
+        b[17..32].fill(3.0);
+        let mut out = [0f32; 32];
+        let (av, bv) = (View { data: &a, offset: 0, rs: 8, cs: 1 }, View { data: &b, offset: 0, rs: 16, cs: 1 });
+        assert!(matmul(av, bv, &mut out, (2, 16, 8)));
         // inf·0 is NaN; inf·1 + 0·3 is inf; NaN anywhere in a row is NaN.
         assert!(out[0].is_nan());
-        assert_eq!(out[1], f32::INFINITY);
-        assert!(out[2].is_nan() && out[3].is_nan());
+        assert!(out[1..16].iter().all(|&x| x == f32::INFINITY));
+        assert!(out[16..].iter().all(|x| x.is_nan()));
     }
 }
