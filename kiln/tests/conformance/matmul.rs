@@ -91,6 +91,18 @@ fn matmul_with_transposed_and_narrowed_operands() {
             expect.extend(naive_matmul(xb, &ybt, 4, 5, 6));
         }
         assert_f32(&prod, d, &[3, 4, 6], &expect);
+        // Broadcast batch dims with n ≥ 16 and k ≥ 8 (the host's small-product
+        // tile): (2, 1, 7, 9) @ (3, 9, 20) -> (2, 3, 7, 20).
+        let (xv, yv) = (ints(2 * 7 * 9, 5), ints(3 * 9 * 20, 6));
+        let x = Tensor::from_vec(xv.clone(), (2, 1, 7, 9), &d)?;
+        let y = Tensor::from_vec(yv.clone(), (3, 9, 20), &d)?;
+        let mut expect = Vec::new();
+        for bx in 0..2 {
+            for by in 0..3 {
+                expect.extend(naive_matmul(&xv[bx * 63..(bx + 1) * 63], &yv[by * 180..(by + 1) * 180], 7, 9, 20));
+            }
+        }
+        assert_f32(&x.matmul(&y)?, d, &[2, 3, 7, 20], &expect);
         Ok(())
     });
 }

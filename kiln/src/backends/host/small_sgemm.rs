@@ -72,7 +72,7 @@ pub(crate) fn matmul(a: View<'_>, b: View<'_>, dst: &mut [f32], (m, n, k): (usiz
     // The tile's lanes run along n: with fewer than 16 columns most of them
     // idle (a matrix-vector product is 8× slower than gemm's). Its stores
     // are amortised along k: with fewer than 8 steps they dominate.
-    if work > SMALL_MAX || k < 8 || n < NR || b.cs != 1 || !cpu_has_it() {
+    if work > SMALL_MAX || m == 0 || k < 8 || n < NR || b.cs != 1 || !cpu_has_it() {
         return false;
     }
     // Soundness of the raw reads and writes below, checked in release too.
@@ -170,8 +170,10 @@ mod avx2 {
                     row[0] = _mm256_fmadd_ps(x, b0, row[0]);
                     row[1] = _mm256_fmadd_ps(x, b1, row[1]);
                 }
-                ak = ak.add(self.a_cs);
-                bk = bk.add(self.b_rs);
+                // After the last step these point past the operands, where
+                // nothing reads: `add` would promise they stay inside.
+                ak = ak.wrapping_add(self.a_cs);
+                bk = bk.wrapping_add(self.b_rs);
             }
             for (r, row) in acc.iter().enumerate() {
                 let cr = c.add(r * self.c_rs);
@@ -194,8 +196,10 @@ mod avx2 {
                     row[0] = _mm256_fmadd_ps(x, b0, row[0]);
                     row[1] = _mm256_fmadd_ps(x, b1, row[1]);
                 }
-                ak = ak.add(self.a_cs);
-                bk = bk.add(self.b_rs);
+                // After the last step these point past the operands, where
+                // nothing reads: `add` would promise they stay inside.
+                ak = ak.wrapping_add(self.a_cs);
+                bk = bk.wrapping_add(self.b_rs);
             }
             for (r, row) in acc.iter().enumerate() {
                 let cr = c.add(r * self.c_rs);
@@ -216,8 +220,10 @@ mod avx2 {
                     let x = _mm256_broadcast_ss(&*ak.add(r * self.a_rs));
                     *row = _mm256_fmadd_ps(x, b0, *row);
                 }
-                ak = ak.add(self.a_cs);
-                bk = bk.add(self.b_rs);
+                // After the last step these point past the operands, where
+                // nothing reads: `add` would promise they stay inside.
+                ak = ak.wrapping_add(self.a_cs);
+                bk = bk.wrapping_add(self.b_rs);
             }
             for (r, row) in acc.iter().enumerate() {
                 _mm256_maskstore_ps(c.add(r * self.c_rs), m0, *row);
@@ -315,6 +321,8 @@ mod tests {
         assert!(!matmul(a, b, &mut out, (1 << 11, 1 << 11, 8)), "more than 2^20 multiply-adds");
         assert!(!matmul(View { offset: 241, ..a }, b, &mut out, (2, 16, 8)), "a view past its slice");
         assert!(!matmul(a, b, &mut out[..31], (2, 16, 8)), "a destination too short");
+        assert!(!matmul(View { offset: 300, ..a }, b, &mut out, (0, 16, 8)), "no rows (and a past its slice)");
+        assert!(!matmul(a, View { offset: 130, ..b }, &mut out, (2, 16, 8)), "b past its slice");
         assert!(out.iter().all(|&x| x == 7.0));
         assert_eq!(matmul(a, b, &mut out, (2, 16, 8)), cpu_has_it());
     }
