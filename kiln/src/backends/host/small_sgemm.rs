@@ -122,23 +122,23 @@ mod avx2 {
                 let rows = (m - i).min(MR);
                 let (at, bt, ct) = (ap.add(i * a.rs), bp.add(j), cp.add(i * n + j));
                 macro_rules! by_rows {
-                    ($f:ident, $($x:expr),*) => {
+                    ($f:ident $(, $flag:literal)?; $($x:expr),*) => {
                         match rows {
-                            6 => t.$f::<6>($($x),*),
-                            5 => t.$f::<5>($($x),*),
-                            4 => t.$f::<4>($($x),*),
-                            3 => t.$f::<3>($($x),*),
-                            2 => t.$f::<2>($($x),*),
-                            _ => t.$f::<1>($($x),*),
+                            6 => t.$f::<6 $(, $flag)?>($($x),*),
+                            5 => t.$f::<5 $(, $flag)?>($($x),*),
+                            4 => t.$f::<4 $(, $flag)?>($($x),*),
+                            3 => t.$f::<3 $(, $flag)?>($($x),*),
+                            2 => t.$f::<2 $(, $flag)?>($($x),*),
+                            _ => t.$f::<1 $(, $flag)?>($($x),*),
                         }
                     };
                 }
                 if cols == NR {
-                    by_rows!(full, at, bt, ct)
+                    by_rows!(two, false; at, bt, ct, masks[1])
                 } else if cols > 8 {
-                    by_rows!(part2, at, bt, ct, masks)
+                    by_rows!(two, true; at, bt, ct, masks[1])
                 } else {
-                    by_rows!(part1, at, bt, ct, masks[0])
+                    by_rows!(one; at, bt, ct, masks[0])
                 }
                 i += rows;
             }
@@ -156,15 +156,16 @@ mod avx2 {
     }
 
     impl Tile {
-        /// R rows × 16 columns.
+        /// R rows × 16 columns, or (`MASKED`) 9 to 15, the second vector
+        /// through the lane mask `m1`.
         #[target_feature(enable = "avx2,fma")]
         #[inline]
-        unsafe fn full<const R: usize>(&self, a: *const f32, b: *const f32, c: *mut f32) {
+        unsafe fn two<const R: usize, const MASKED: bool>(&self, a: *const f32, b: *const f32, c: *mut f32, m1: __m256i) {
             let mut acc = [[_mm256_setzero_ps(); 2]; R];
             let (mut ak, mut bk) = (a, b);
             for _ in 0..self.k {
                 let b0 = _mm256_loadu_ps(bk);
-                let b1 = _mm256_loadu_ps(bk.add(8));
+                let b1 = if MASKED { _mm256_maskload_ps(bk.add(8), m1) } else { _mm256_loadu_ps(bk.add(8)) };
                 for (r, row) in acc.iter_mut().enumerate() {
                     let x = _mm256_broadcast_ss(&*ak.add(r * self.a_rs));
                     row[0] = _mm256_fmadd_ps(x, b0, row[0]);
@@ -178,40 +179,18 @@ mod avx2 {
             for (r, row) in acc.iter().enumerate() {
                 let cr = c.add(r * self.c_rs);
                 _mm256_storeu_ps(cr, row[0]);
-                _mm256_storeu_ps(cr.add(8), row[1]);
-            }
-        }
-
-        /// R rows × 9 to 15 columns, the second vector through a lane mask.
-        #[target_feature(enable = "avx2,fma")]
-        #[inline]
-        unsafe fn part2<const R: usize>(&self, a: *const f32, b: *const f32, c: *mut f32, [_, m1]: [__m256i; 2]) {
-            let mut acc = [[_mm256_setzero_ps(); 2]; R];
-            let (mut ak, mut bk) = (a, b);
-            for _ in 0..self.k {
-                let b0 = _mm256_loadu_ps(bk);
-                let b1 = _mm256_maskload_ps(bk.add(8), m1);
-                for (r, row) in acc.iter_mut().enumerate() {
-                    let x = _mm256_broadcast_ss(&*ak.add(r * self.a_rs));
-                    row[0] = _mm256_fmadd_ps(x, b0, row[0]);
-                    row[1] = _mm256_fmadd_ps(x, b1, row[1]);
+                if MASKED {
+                    _mm256_maskstore_ps(cr.add(8), m1, row[1]);
+                } else {
+                    _mm256_storeu_ps(cr.add(8), row[1]);
                 }
-                // After the last step these point past the operands, where
-                // nothing reads: `add` would promise they stay inside.
-                ak = ak.wrapping_add(self.a_cs);
-                bk = bk.wrapping_add(self.b_rs);
-            }
-            for (r, row) in acc.iter().enumerate() {
-                let cr = c.add(r * self.c_rs);
-                _mm256_storeu_ps(cr, row[0]);
-                _mm256_maskstore_ps(cr.add(8), m1, row[1]);
             }
         }
 
         /// R rows × 1 to 8 columns: one vector through a lane mask.
         #[target_feature(enable = "avx2,fma")]
         #[inline]
-        unsafe fn part1<const R: usize>(&self, a: *const f32, b: *const f32, c: *mut f32, m0: __m256i) {
+        unsafe fn one<const R: usize>(&self, a: *const f32, b: *const f32, c: *mut f32, m0: __m256i) {
             let mut acc = [_mm256_setzero_ps(); R];
             let (mut ak, mut bk) = (a, b);
             for _ in 0..self.k {
