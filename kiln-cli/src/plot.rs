@@ -112,9 +112,10 @@ pub fn curves(path: &Path, title: &str, left: &[(String, Vec<f64>)], right: &[(S
     save(path, draw)
 }
 
-/// Draws with text, or without it when no font can be found, so that a
-/// machine without fonts still gets a plot.
+/// Draws with text in kiln's bundled font, or without text should that
+/// font fail to load, so that a plot is always written.
 fn save(path: &Path, draw: impl Fn(bool) -> DrawResult) -> Result<()> {
+    kiln::trainer::register_plot_font();
     match draw(true) {
         Ok(()) => Ok(()),
         Err(first) => match draw(false) {

@@ -140,7 +140,8 @@ impl History {
     #[cfg(feature = "plot")]
     pub fn save_plot(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        // Fonts may be missing on a server: fall back to a chart without text.
+        register_plot_font();
+        // Should the font not load, a chart without text still gets drawn.
         self.draw(path, true).or_else(|_| self.draw(path, false))
     }
 
@@ -263,4 +264,64 @@ pub(super) fn accumulate(acc: Option<Tensor>, t: Tensor) -> Result<Tensor> {
 /// The mean of a sum over `n` examples.
 pub(super) fn mean(sum: f64, n: usize) -> f64 {
     sum / n as f64
+}
+
+/// The font every kiln plot writes its text in: DejaVu Sans, bundled in the
+/// binary (`assets/`, under the Bitstream Vera licence), so a plot has text
+/// on a server with no fonts and the binary links no font library.
+#[cfg(feature = "plot")]
+static PLOT_FONT: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
+
+/// Makes plotters' `"sans-serif"` family (its default, and the one kiln's
+/// plots name) the bundled DejaVu Sans, in every style. Plots drawn by kiln
+/// call it themselves; call it before drawing your own charts with
+/// plotters' `ab_glyph` feature, which knows no font until one is
+/// registered. Idempotent and cheap after the first call.
+///
+/// ```
+/// kiln::trainer::register_plot_font();
+/// kiln::trainer::register_plot_font(); // again: nothing changes
+/// ```
+#[cfg(feature = "plot")]
+pub fn register_plot_font() {
+    use plotters::style::FontStyle;
+    static DONE: std::sync::Once = std::sync::Once::new();
+    DONE.call_once(|| {
+        for style in [FontStyle::Normal, FontStyle::Bold, FontStyle::Italic, FontStyle::Oblique] {
+            // The bytes are a valid TrueType font (checked by a test), so
+            // this cannot fail; were it to, plots fall back to no text.
+            let _ = plotters::style::register_font("sans-serif", style, PLOT_FONT);
+        }
+    });
+}
+
+#[cfg(all(test, feature = "plot"))]
+mod plot_font_tests {
+    use plotters::style::IntoFont;
+
+    #[test]
+    fn the_bundled_font_lays_out_text_and_a_plot_has_text() {
+        super::register_plot_font();
+        let (w, h) = ("sans-serif", 20).into_font().box_size("epoch 10").expect("the bundled font is registered and valid");
+        assert!(w > 40 && h > 10, "a laid-out caption of 8 characters at 20 px: {w}×{h}");
+        let epoch = |epoch, train_loss| super::EpochStats {
+            epoch,
+            train_loss,
+            train_metric: None,
+            val_loss: Some(train_loss * 1.1),
+            val_metric: None,
+            lr: 0.1,
+            seconds: 1.0,
+            parallel: None,
+        };
+        let history =
+            super::History { epochs: vec![epoch(0, 2.0), epoch(1, 1.0)], metric_name: None, device: crate::cpu(), stopped_by: None };
+        let dir = std::env::temp_dir().join(format!("kiln-plot-font-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("loss.png");
+        // With text, not the fallback: draw(…, true) itself succeeds.
+        history.draw(&path, true).expect("a plot with text");
+        assert!(std::fs::metadata(&path).unwrap().len() > 1000);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

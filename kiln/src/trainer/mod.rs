@@ -54,6 +54,8 @@ pub use bench::{bench_w5, W5Report};
 pub use builder::TrainerBuilder;
 pub use callbacks::{BestCheckpoint, Callback, EarlyStopping, EpochEnd, FitStart, Monitor};
 pub use learner::Learner;
+#[cfg(feature = "plot")]
+pub use metrics::register_plot_font;
 pub use metrics::{EpochStats, Evaluation, History, ParallelStats};
 pub use parallel::DEFAULT_BUCKET_BYTES;
 pub use progress::Progress;
