@@ -134,6 +134,32 @@ impl CpuBuffer {
     }
 }
 
+/// Whether this machine could ever hold `bytes` at once: its RAM and swap
+/// together, read once. A larger request is refused here, before the
+/// allocator is asked: under Linux's "always overcommit" policy the
+/// allocator says yes to any size, and the first writes then wait on the
+/// OOM killer instead of failing.
+pub(crate) fn host_could_hold(bytes: usize) -> bool {
+    // Below 1 GiB the allocator's answer is good enough, and no lookup runs.
+    if bytes < 1 << 30 {
+        return true;
+    }
+    static CEILING: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let ceiling = *CEILING.get_or_init(|| {
+        use sysinfo::{MemoryRefreshKind, System};
+        let mut sys = System::new();
+        sys.refresh_memory_specifics(MemoryRefreshKind::nothing().with_ram().with_swap());
+        let total = sys.total_memory().saturating_add(sys.total_swap());
+        // 0 where the OS does not tell: then only the allocator decides.
+        if total == 0 {
+            usize::MAX
+        } else {
+            usize::try_from(total).unwrap_or(usize::MAX)
+        }
+    });
+    bytes <= ceiling
+}
+
 /// `len` zeroed elements straight from the allocator (large ones are fresh
 /// zero pages, touched only when written), or `None` when it refuses.
 fn zeroed_vec<T: WithDType>(len: usize) -> Option<Vec<T>> {
@@ -141,6 +167,9 @@ fn zeroed_vec<T: WithDType>(len: usize) -> Option<Vec<T>> {
         return Some(Vec::new());
     }
     let layout = std::alloc::Layout::array::<T>(len).ok()?;
+    if !host_could_hold(layout.size()) {
+        return None;
+    }
     // SAFETY: the layout has a non-zero size; every dtype of kiln is valid as
     // all-zero bits (0.0, 0, +0 half); the pointer comes from the global
     // allocator with T's layout, as Vec::from_raw_parts requires.
@@ -150,5 +179,16 @@ fn zeroed_vec<T: WithDType>(len: usize) -> Option<Vec<T>> {
             return None;
         }
         Some(Vec::from_raw_parts(ptr, len, len))
+    }
+}
+
+#[cfg(test)]
+mod host_ceiling_tests {
+    #[test]
+    fn more_than_the_machine_holds_is_refused_before_the_allocator_is_asked() {
+        // 1 EiB: no machine has it, whatever the overcommit policy.
+        assert!(!super::host_could_hold(1 << 60));
+        assert!(super::CpuBuffer::try_zeros(crate::DType::F32, 1 << 58).is_none());
+        assert!(super::host_could_hold(1 << 20));
     }
 }

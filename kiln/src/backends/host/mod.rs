@@ -146,6 +146,9 @@ pub(crate) fn host_oom(bytes: usize) -> Error {
 /// (a `Vec` that grows infallibly would abort the process instead).
 pub(crate) fn try_vec<T>(len: usize) -> Result<Vec<T>> {
     let mut v = Vec::new();
+    if !crate::base::buffer::host_could_hold(len.saturating_mul(std::mem::size_of::<T>())) {
+        return Err(host_oom(len.saturating_mul(std::mem::size_of::<T>())));
+    }
     v.try_reserve_exact(len).map_err(|_| host_oom(len.saturating_mul(std::mem::size_of::<T>())))?;
     Ok(v)
 }
