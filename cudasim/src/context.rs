@@ -394,11 +394,17 @@ pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut c_int) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     let ctx = tri!(current());
+    wait_for_every_stream(ctx);
+    ctx.sticky()
+}
+
+/// Waits until the work queued so far on every stream of `ctx` has run
+/// (what cuCtxSynchronize, and implicitly cuMemFree, wait for).
+pub(crate) fn wait_for_every_stream(ctx: &'static Ctx) {
     let streams: Vec<Arc<Stream>> = registry().streams.values().filter(|s| std::ptr::eq(s.ctx, ctx)).cloned().collect();
     for s in streams.iter().chain(std::iter::once(&ctx.default_stream())) {
         s.wait_for(s.ticket());
     }
-    ctx.sticky()
 }
 
 #[no_mangle]

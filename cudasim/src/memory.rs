@@ -123,7 +123,7 @@ pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     if ptr == 0 {
         return SUCCESS;
     }
-    let mut mem = lock(&sim.mem);
+    let mem = lock(&sim.mem);
     let Some(&(len, dev)) = mem.dev.get(&ptr) else {
         let why = resolve(&mem, ptr).err().unwrap_or_else(|| format!("0x{ptr:x} is not the start of an allocation"));
         drop(mem);
@@ -134,6 +134,18 @@ pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
         drop(mem);
         log(&format!("cuMemFree of device {dev} memory while device {}'s context is current", ctx.dev));
         return INVALID_CONTEXT;
+    }
+    drop(mem);
+    // As on a GPU, freeing device memory synchronises the device: it waits
+    // for the work queued on every stream of the context (with the memory
+    // table unlocked, since that work may allocate).
+    crate::context::wait_for_every_stream(ctx);
+    let mut mem = lock(&sim.mem);
+    if !mem.dev.contains_key(&ptr) {
+        // Freed by another thread while this one waited.
+        drop(mem);
+        log(&format!("cuMemFree: 0x{ptr:x} was freed twice"));
+        return INVALID_VALUE;
     }
     if injected_failure("cuMemFree_v2") {
         // The block stays allocated, as after a failed free on a GPU.

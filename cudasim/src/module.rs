@@ -100,6 +100,10 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut *mut c_void, image: *cons
     if module.is_null() || image.is_null() {
         return INVALID_VALUE;
     }
+    // Loading a module waits for the device to be idle, as on a GPU (seen
+    // on an H200 with lazy and with eager loading: the first use of a kernel
+    // waited for a stream held by cuStreamWaitValue32).
+    crate::context::wait_for_every_stream(ctx);
     let bytes = match image_bytes(image) {
         Ok(b) => b,
         Err(e) => {

@@ -82,6 +82,21 @@ fn bad_indices_and_labels_on_a_gpu_are_reported_by_the_next_synchronising_call()
             assert!(matches!(kiln::nn::cross_entropy(&logits, &bad_labels), Err(Error::InvalidArgument { .. })));
             return Ok(());
         }
+        // The first use of a kernel loads it into the device's context, and
+        // loading waits for the device to be idle (on a GPU as in the CUDA
+        // simulator): each op runs once on good indices, with the index
+        // dtypes used below, before any queue is held.
+        let ones = Tensor::ones((1, 2), DType::F32, &d)?;
+        kiln::nn::cross_entropy(&logits, &Tensor::new(&[1i64, 0], &d)?)?;
+        kiln::nn::one_hot(&Tensor::new(&[0i32, 2], &d)?, 3, DType::F32)?;
+        x.index_select(&Tensor::new(&[0i64, 2], &d)?, 0)?;
+        x.index_select(&Tensor::new(&[1i32], &d)?, -1)?;
+        x.index_add(&Tensor::new(&[2u8], &d)?, &ones, 0)?;
+        x.gather(1, &Tensor::new(&[[0i64], [1], [1]], &d)?)?;
+        x.scatter(0, &Tensor::new(&[[0i64, 2]], &d)?, &ones)?;
+        x.scatter_add(-2, &Tensor::new(&[[2i32, 0]], &d)?, &ones)?;
+        kiln::nn::embedding(&Tensor::new(&[[1i64, 2]], &d)?, &x)?;
+        kiln::synchronize(&d)?;
         // cross_entropy with label 7 of 3 classes, called while the device's
         // queue is held: it returns at once (no read of the labels, no wait),
         // moves nothing to the host, and its failure comes with the next
@@ -130,7 +145,6 @@ fn bad_indices_and_labels_on_a_gpu_are_reported_by_the_next_synchronising_call()
         let ids = Tensor::new(&[[0i64], [2], [1]], &d)?;
         let got = launched(&|| x.gather(1, &ids))?;
         reported(got.to_vec::<f32>(), d, "gather", "index 2 is out of range for dimension 1 of size 2");
-        let ones = Tensor::ones((1, 2), DType::F32, &d)?;
         let ids = Tensor::new(&[[0i64, 4]], &d)?;
         let put = launched(&|| x.scatter(0, &ids, &ones))?;
         reported(put.to_vec::<f32>(), d, "scatter", "index 4 is out of range for dimension 0 of size 3");

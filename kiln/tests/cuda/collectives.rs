@@ -16,7 +16,7 @@ use kiln::comm::{self, ReduceOp};
 fn two_cuda() -> std::result::Result<(Device, Device), Skip> {
     let devs = cuda_devices();
     if devs.len() < 2 {
-        return Err(common::skip_no_cuda(format!("needs two CUDA devices, has {}", devs.len())));
+        return Err(common::skip_too_few_cuda(2, format!("needs two CUDA devices, has {}", devs.len())));
     }
     Ok((devs[0], devs[1]))
 }
@@ -187,6 +187,9 @@ pub(crate) fn cuda_collectives_return_before_they_run() -> Ran {
     let run = || -> Result<()> {
         let parts = [ramp(100_000, 0.0, a)?, ramp(100_000, 3.0, b)?];
         let expected: Vec<f32> = (0..100_000).map(|i| 2.0 * (((i * 7) % 13) as f32 - 6.0) + 3.0).collect();
+        // One all-reduce first loads the kernels of the peer-copy path
+        // (loading waits for an idle device).
+        comm::all_reduce(&parts, ReduceOp::Sum)?;
         kiln::synchronize(&a)?;
         kiln::synchronize(&b)?;
         let before = nccl_done();

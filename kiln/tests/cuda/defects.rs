@@ -109,6 +109,7 @@ pub(crate) fn cuda_cached_bytes_are_reported_and_empty_cache_returns_them_from_a
 pub(crate) fn cuda_empty_cache_waits_for_queued_kernels_that_used_cached_blocks() -> Ran {
     on_cuda_alone("free vs queue", |d| {
         let x = Tensor::full(1.5, 1 << 16, DType::F32, &d)?;
+        x.add_scalar(1.0)?; // loads the kernel: loading waits for an idle device
         kiln::synchronize(&d)?;
         let hold = kiln::hold_queue(&d)?.expect("a CUDA device has a queue to hold");
         let y = x.add_scalar(1.0)?; // queued behind the hold, reads x
@@ -130,6 +131,7 @@ pub(crate) fn cuda_empty_cache_does_not_free_blocks_reused_while_it_waits() -> R
         let n = 1 << 16;
         let x = Tensor::full(1.5, n, DType::F32, &d)?;
         let z = Tensor::zeros(n, DType::F32, &d)?;
+        x.add_scalar(1.0)?; // loads the kernel: loading waits for an idle device
         kiln::synchronize(&d)?;
         let first = kiln::hold_queue(&d)?.expect("a CUDA device has a queue to hold");
         drop(z); // its block goes to the cache
@@ -143,11 +145,14 @@ pub(crate) fn cuda_empty_cache_does_not_free_blocks_reused_while_it_waits() -> R
         let w = y.add_scalar(1.0)?; // reads y
         drop(y); // y's block returns to the cache while both kernels wait
         drop(first);
-        // empty_cache returns once the work queued before it ran; the two
-        // kernels still wait for the second hold.
-        let emptied = rx.recv_timeout(std::time::Duration::from_secs(20));
+        // Freeing device memory synchronises a CUDA device (cuMemFree waits
+        // for every stream, the simulator's as a GPU's): empty_cache returns
+        // only once the second hold is released and both kernels have run.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(rx.try_recv().is_err(), "empty_cache returned while work was still queued: its frees did not synchronise");
         drop(second);
-        emptied.expect("empty_cache did not return once the work queued before it had run")?;
+        let emptied = rx.recv_timeout(std::time::Duration::from_secs(20));
+        emptied.expect("empty_cache did not return once the device's queue had drained")?;
         assert!(w.to_vec::<f32>()?.iter().all(|&v| v == 3.5), "a kernel used a block that empty_cache freed");
         Ok(())
     })
@@ -155,6 +160,8 @@ pub(crate) fn cuda_empty_cache_does_not_free_blocks_reused_while_it_waits() -> R
 
 pub(crate) fn cuda_uploads_do_not_wait_for_earlier_work() -> Ran {
     on_cuda_alone("uploads overlap compute", |d| {
+        Tensor::full(0.0, 1000, DType::F32, &d)?; // any kernel a fill uses is loaded before the hold
+        kiln::synchronize(&d)?;
         let hold = kiln::hold_queue(&d)?.expect("a CUDA device has a queue to hold");
         // Three uploads while the queue is stopped: each must return once
         // its bytes are staged, not wait for the stream.
@@ -262,13 +269,17 @@ pub(crate) fn cuda_to_cuda_copies_are_peer_copies_that_do_not_block_the_host() -
     let _alone = DEVICES.write().unwrap_or_else(|e| e.into_inner());
     let devs = cuda_devices();
     if devs.len() < 2 {
-        return Err(common::skip_no_cuda(format!("needs two CUDA devices, has {}", devs.len())));
+        return Err(common::skip_too_few_cuda(2, format!("needs two CUDA devices, has {}", devs.len())));
     }
     let (a, b) = (devs[0], devs[1]);
     let run = || -> Result<()> {
         let host = Tensor::from_vec((0..300_000).map(|i| i as f32 * 0.5).collect::<Vec<_>>(), (600, 500), &cpu())?;
         let x = host.to(&a)?;
+        // The kernels of the held part, loaded first (loading waits for an
+        // idle device).
+        x.add_scalar(1.0)?.t()?.copy_to(&b)?;
         kiln::synchronize(&a)?;
+        kiln::synchronize(&b)?;
         let hold = kiln::hold_queue(&a)?.expect("a CUDA device has a queue to hold");
         // Queued behind the hold: each copy must come after it, and return
         // without waiting for it.

@@ -110,14 +110,17 @@ pub(crate) fn cuda_a_driver_out_of_memory_empties_the_cache_and_retries_before_f
 pub(crate) fn cuda_a_lone_pinned_staging_chunk_and_its_event_are_not_leaked() -> Ran {
     let check = |d: Device| -> Result<()> {
         let events = stat("events");
-        assert_eq!(stat("pinned_bytes"), 0, "pinned memory before the first transfer");
+        // Before the first transfer only each device's fault record (made
+        // with the device, 40 bytes) is pinned.
+        let pinned = (stat("pinned_bytes"), stat("pinned_blocks"));
+        assert!(pinned.0 <= 40 * pinned.1 && pinned.1 <= kiln::num_gpus() as i64, "pinned memory before the first transfer: {pinned:?}");
         for i in 0..3 {
             let host: Vec<f32> = (0..100_000).map(|j| (i * 100_000 + j) as f32).collect();
             let x = Tensor::from_vec(host.clone(), host.len(), &d)?;
             assert_eq!(x.to_vec::<f32>()?, host, "transfer {i} without staging");
         }
         kiln::synchronize(&d)?;
-        assert_eq!((stat("pinned_bytes"), stat("pinned_blocks")), (0, 0), "a pinned staging chunk was leaked");
+        assert_eq!((stat("pinned_bytes"), stat("pinned_blocks")), pinned, "a pinned staging chunk was leaked");
         assert_eq!(stat("events"), events, "a staging chunk's event was leaked");
         Ok(())
     };

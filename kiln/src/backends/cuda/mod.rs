@@ -203,7 +203,7 @@ impl CudaBackend {
             let mut stream: cu::CUstream = std::ptr::null_mut();
             // 1 = CU_STREAM_NON_BLOCKING: no implicit sync with the legacy stream.
             ck(cu::cuStreamCreate(&mut stream, 1), "cuStreamCreate")?;
-            Ok(CudaBackend {
+            let backend = CudaBackend {
                 device,
                 ordinal,
                 name,
@@ -225,7 +225,14 @@ impl CudaBackend {
                 functions: Mutex::new(HashMap::new()),
                 blas: Mutex::new(None),
                 peers: Mutex::new(HashMap::new()),
-            })
+            };
+            // The fault record is page-locked host memory, made now, while
+            // nothing is queued: on a GPU such an allocation waits for the
+            // device's work in flight (CUDA's implicit synchronisation), so
+            // made at the first index-checking op it would make that op wait.
+            // Should it fail here, the first such op tries again.
+            let _ = backend.fault_ptr();
+            Ok(backend)
         }
     }
 
