@@ -6,7 +6,9 @@
 #     cargo build --release                      # target/release/kiln
 #     cargo test --release --no-run              # target/release/deps/<test>-<hash>
 # then carry the repository (or at least target/release/kiln and
-# target/release/deps/*) to the GPU machine and run there:
+# target/release/deps/*) to the GPU machine, at the path it was built at or
+# with a link from there (test binaries name the `kiln` binary and their
+# data files by that path), and run there:
 #     bash scripts/gpu-check.sh                  # everything
 #     bash scripts/gpu-check.sh --tests-only     # conformance + CUDA tests only
 #     bash scripts/gpu-check.sh --bench-only     # kiln bench on cuda and cpu only
@@ -26,7 +28,8 @@
 # `kiln bench` on the first CUDA device and on the CPU. Everything goes to
 # stdout; the exit status is non-zero when a test binary failed.
 #
-# Environment: KILN_TARGET_DIR (default: target), KILN_BENCH_ARGS (extra
+# Environment: KILN_TARGET_DIR (default: target), KILN_TEST_TIMEOUT (seconds
+# per test binary, 600), KILN_BENCH_ARGS (extra
 # arguments for `kiln bench`, e.g. "--quick" or "W1 W3"), KILN_ALLREDUCE_MAX
 # (largest all-reduce measured, 256MiB), CUDA_HOME.
 set -u
@@ -121,14 +124,23 @@ if [ "$mode" != "--bench-only" ]; then
         echo "no test binaries under $target/{release,debug}/deps: build them with 'cargo test --release --no-run'"
         status=1
     fi
+    # Every suite that runs on CUDA devices must find one here (a skip
+    # would be a silent pass); the report counts what ran on the GPU.
+    report="$(mktemp)"
+    export KILN_TEST_REPORT="$report" KILN_REQUIRE_CUDA=1
     for t in $tests; do
         name="$(basename "$t")"
         section "test $name"
-        if ! "$t" --test-threads=4 2>&1; then
+        # A hung binary is stopped (10 minutes) and counted as failed.
+        if ! timeout "${KILN_TEST_TIMEOUT:-600}" "$t" --test-threads=4 2>&1; then
             echo "FAILED: $name"
             status=1
         fi
     done
+    section "tests on CUDA"
+    echo "$(grep '^RAN-CUDA ' "$report" | awk '{print $3}' | sort -u | wc -l) tests ran on a CUDA device ($(grep -c '^RAN-CUDA ' "$report") test x device runs); skipped, with reasons:"
+    grep '^SKIPPED: ' "$report" | sort -u | sed 's/^/  /'
+    unset KILN_TEST_REPORT KILN_REQUIRE_CUDA
     # Collectives again through peer copies, when there are two GPUs.
     if [ "$gpus" -ge 2 ]; then
         for t in $tests; do

@@ -68,8 +68,8 @@ pub use ops::unary::UnaryOp;
 #[doc(hidden)]
 pub use registry::hold_queue;
 pub use registry::{
-    default_device, default_device_scope, devices, empty_cache, ensure_simulated_gpus, memory_stats, num_gpus, reset_peak_memory,
-    synchronize, try_all_gpus, try_ensure_simulated_gpus, try_gpu, why_no_cuda_device, why_not_gpu, DefaultDeviceGuard,
+    add_simulated_gpus, default_device, default_device_scope, devices, empty_cache, ensure_simulated_gpus, memory_stats, num_gpus,
+    reset_peak_memory, synchronize, try_all_gpus, try_ensure_simulated_gpus, try_gpu, why_no_cuda_device, why_not_gpu, DefaultDeviceGuard,
 };
 #[doc(hidden)]
 pub use runtime::faults::inject_kernel_failure;

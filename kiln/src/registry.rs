@@ -92,6 +92,32 @@ pub fn try_ensure_simulated_gpus(n: usize, capacity: usize) -> Result<Vec<Device
     Ok(add_gpus(|gpus| sim::add_simulated(gpus, n, capacity)))
 }
 
+/// Adds `n` new simulated GPUs of `capacity` bytes each, whatever exist
+/// already, and returns them: devices that no other caller was given, for a
+/// test that measures memory exactly while other threads make simulated
+/// GPUs of their own (counting what exists, then asking
+/// [`ensure_simulated_gpus`] for more, races with them). More than
+/// [`MAX_SIM_GPUS`] simulated GPUs in all is an error, and adds none.
+///
+/// ```
+/// let mine = kiln::add_simulated_gpus(1, 64 << 20)?;
+/// assert_eq!(mine[0].memory_stats()?.capacity, Some(64 << 20));
+/// assert!(!kiln::add_simulated_gpus(1, 64 << 20)?.contains(&mine[0]));
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn add_simulated_gpus(n: usize, capacity: usize) -> Result<Vec<Device>> {
+    add_gpus(|gpus| {
+        let have = gpus.iter().filter(|b| b.kind() == DeviceKind::Simulated).count();
+        if have.saturating_add(n) > MAX_SIM_GPUS {
+            return Err(Error::invalid(
+                "simulated GPUs",
+                format!("{have} simulated GPUs exist and {n} more were asked for; at most {MAX_SIM_GPUS} are supported"),
+            ));
+        }
+        Ok(sim::add_simulated(gpus, have + n, capacity).split_off(have))
+    })
+}
+
 /// Why the GPU backend `name` found no device, if it found none.
 fn why_absent(name: &str) -> Option<FallbackReason> {
     registry().absent.iter().find(|(n, _)| *n == name).map(|(_, why)| why.clone())
@@ -238,6 +264,17 @@ pub fn reset_peak_memory(device: &Device) -> Result<()> {
 }
 
 /// Frees the buffers kiln keeps for reuse on a device.
+///
+/// On a CUDA device this waits for all the device's queued work, as
+/// `torch.cuda.empty_cache` does: freeing device memory synchronises a CUDA
+/// device. Buffers given back to the cache while it waits stay cached.
+///
+/// ```
+/// let x = kiln::Tensor::zeros(1000, kiln::DType::F32, &kiln::cpu())?;
+/// drop(x);
+/// kiln::empty_cache(&kiln::cpu())?;
+/// # Ok::<(), kiln::Error>(())
+/// ```
 pub fn empty_cache(device: &Device) -> Result<()> {
     backend(*device)?.empty_cache()
 }

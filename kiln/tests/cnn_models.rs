@@ -34,17 +34,24 @@ fn lenet_and_bn_lenet_train_on_the_synthetic_images_with_the_same_curve_on_every
     let (bn_curve, acc) = fit(bn_lenet(SYNTHETIC_CLASSES), 8, cpu())?;
     eprintln!("LeNet {curve:?}; BN-LeNet {bn_curve:?}, accuracy {acc}");
     assert!(acc >= ACCURACY, "BN-LeNet on the CPU reached {acc} training accuracy (curve {bn_curve:?})");
-    let mut others = vec![sims()[0]];
-    others.extend(cuda_devices());
-    for d in others {
+    // A simulated GPU runs the host's kernels: its curves match the CPU's to
+    // 1e-4. A CUDA device sums its products (cuBLAS) and reductions in
+    // another order, and eight epochs of Adam carry that rounding on: an
+    // H200's BN-LeNet loss was 1.1e-4 from the CPU's at epoch 2 of 8. Its
+    // curves are held to 1e-3 of the loss (a wrong gradient or kernel moves
+    // them by far more).
+    let mut others = vec![(sims()[0], 1e-4)];
+    others.extend(cuda_devices().into_iter().map(|d| (d, 1e-3)));
+    for (d, tolerance) in others {
+        let close = |x: f64, y: f64| (x - y).abs() <= tolerance * x.abs().max(1.0);
         let (c, _) = fit(lenet(SYNTHETIC_CLASSES), 3, d)?;
         for (i, (x, y)) in curve.iter().zip(&c).enumerate() {
-            assert!((x - y).abs() <= 1e-4, "LeNet epoch {i}: loss {y} on {d}, {x} on the CPU");
+            assert!(close(*x, *y), "LeNet epoch {i}: loss {y} on {d}, {x} on the CPU");
         }
         let (c, a) = fit(bn_lenet(SYNTHETIC_CLASSES), 8, d)?;
         assert!(a >= ACCURACY, "BN-LeNet on {d} reached {a}");
         for (i, (x, y)) in bn_curve.iter().zip(&c).enumerate() {
-            assert!((x - y).abs() <= 1e-4, "BN-LeNet epoch {i}: loss {y} on {d}, {x} on the CPU");
+            assert!(close(*x, *y), "BN-LeNet epoch {i}: loss {y} on {d}, {x} on the CPU");
         }
     }
     Ok(())

@@ -10,9 +10,17 @@ mod common;
 use kiln::comm::{self, ReduceOp};
 use kiln::{DType, Device, Direction, Error, GuardLevel, Result, Tensor};
 
-/// Four simulated GPUs of this binary's own, 256 MiB each.
+/// Four simulated GPUs of this binary's own, 256 MiB each, shared by the
+/// tests that run beside each other.
 fn sims() -> &'static [Device] {
-    common::own_sims(4, 256 << 20)
+    &all_sims()[..4]
+}
+
+/// The four, and two more that only the test measuring memory uses (it
+/// fills one: a test beside it on the same device would see memory that is
+/// not its own, or run out).
+fn all_sims() -> &'static [Device] {
+    common::own_sims(6, 256 << 20)
 }
 
 /// The groups every collective is checked on: ring groups of 2, 3 and 4
@@ -229,7 +237,7 @@ fn scatter_gather_and_split_batch_cut_as_pytorch_and_carry_gradients() -> Result
     assert_eq!(pieces.iter().map(|p| p.dims()[0]).collect::<Vec<_>>(), vec![2, 2, 1]);
     assert_eq!(pieces.iter().map(|p| p.device()).collect::<Vec<_>>(), group.to_vec());
     // Fewer pieces than devices for a small batch: 5 rows over 4 devices.
-    assert_eq!(comm::scatter(&x, sims(), None)?.iter().map(|p| p.dims()[0]).collect::<Vec<_>>(), vec![2, 2, 1]);
+    assert_eq!(comm::scatter(&x, &sims()[..4], None)?.iter().map(|p| p.dims()[0]).collect::<Vec<_>>(), vec![2, 2, 1]);
     assert_eq!(comm::scatter(&x.narrow(0, 0, 0)?, group, None)?.len(), 3);
     let sized = comm::scatter(&x, group, Some(&[0, 4, 1]))?;
     assert_eq!(sized[1].to_vec::<f32>()?, vec![0., 1., 2., 3., 4., 5., 6., 7.]);
@@ -327,7 +335,7 @@ fn collectives_return_before_they_run_and_the_next_read_waits() -> Result<()> {
 
 #[test]
 fn memory_returns_to_its_baseline_and_a_staging_buffer_that_does_not_fit_queues_nothing() -> Result<()> {
-    let s = &sims()[2..4];
+    let s = &all_sims()[4..6];
     kiln::synchronize(&s[0])?;
     let base: Vec<usize> = s.iter().map(|d| d.memory_stats().map(|m| m.in_use)).collect::<Result<_>>()?;
     {

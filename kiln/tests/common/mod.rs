@@ -16,12 +16,12 @@ pub fn sims() -> Vec<Device> {
 }
 
 /// Every real CUDA device of this machine (none without a GPU). With
-/// `KILN_REQUIRE_CUDA=1` having none is a failure: every suite that runs on
+/// `KILN_REQUIRE_CUDA` set to 1 or more, having none is a failure: every suite that runs on
 /// CUDA devices asks here.
 pub fn cuda_devices() -> Vec<Device> {
     let found: Vec<Device> = kiln::devices().into_iter().filter(|d| d.kind == DeviceKind::Cuda).map(|d| d.device).collect();
     if found.is_empty() && cuda_required() {
-        panic!("KILN_REQUIRE_CUDA=1 but there is no CUDA device: {}", why_no_cuda());
+        panic!("KILN_REQUIRE_CUDA is set but there is no CUDA device: {}", why_no_cuda());
     }
     found
 }
@@ -44,9 +44,9 @@ pub fn devices() -> Vec<Device> {
 pub fn own_sims(n: usize, capacity: usize) -> &'static [Device] {
     static OWN: OnceLock<(usize, usize, Vec<Device>)> = OnceLock::new();
     let (count, cap, list) = OWN.get_or_init(|| {
-        let existing = kiln::devices().iter().filter(|d| d.kind == DeviceKind::Simulated).count();
-        let all = kiln::ensure_simulated_gpus(existing + n, capacity);
-        (n, capacity, all[existing..].to_vec())
+        // Added in one step under the registry's lock: counting the existing
+        // ones first raced with tests making theirs.
+        (n, capacity, kiln::add_simulated_gpus(n, capacity).expect("room for this binary's own simulated GPUs"))
     });
     assert_eq!((*count, *cap), (n, capacity), "own_sims must be called with the same arguments in one binary");
     list
@@ -147,11 +147,19 @@ pub fn why_no_cuda() -> String {
     kiln::why_no_cuda_device().map(|w| w.to_string()).unwrap_or_else(|| "there is one".into())
 }
 
-/// Whether `KILN_REQUIRE_CUDA=1` (CI on the CUDA simulator): then a test that
-/// would run on CUDA devices fails when there is none, instead of running on
-/// the others only or being skipped.
+/// Whether `KILN_REQUIRE_CUDA` is 1 or more (CI on the CUDA simulator sets
+/// 2): then a test that would run on CUDA devices fails when there is none,
+/// instead of running on the others only or being skipped.
 pub fn cuda_required() -> bool {
-    required("KILN_REQUIRE_CUDA")
+    cuda_devices_required() >= 1
+}
+
+/// How many CUDA devices `KILN_REQUIRE_CUDA=N` requires (0 when unset): a
+/// test that needs more devices than the machine has fails when it needs at
+/// most N, and is skipped otherwise (a one-GPU machine runs with
+/// `KILN_REQUIRE_CUDA=1`, and skips the two-device tests with their reason).
+pub fn cuda_devices_required() -> usize {
+    std::env::var("KILN_REQUIRE_CUDA").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0)
 }
 
 /// Whether the environment variable `var` is `1`.
@@ -178,9 +186,16 @@ pub fn skip(reason: impl Into<String>) -> Skip {
 /// A skip for want of a CUDA device, or a failure when one is required
 /// ([`cuda_required`]).
 pub fn skip_no_cuda(reason: impl Into<String>) -> Skip {
+    skip_too_few_cuda(1, reason)
+}
+
+/// A skip for want of `need` CUDA devices, or a failure when
+/// `KILN_REQUIRE_CUDA` requires at least that many.
+pub fn skip_too_few_cuda(need: usize, reason: impl Into<String>) -> Skip {
     let reason = reason.into();
-    if cuda_required() {
-        panic!("KILN_REQUIRE_CUDA=1 but {}: {reason}", test_name());
+    let required = cuda_devices_required();
+    if required >= need {
+        panic!("KILN_REQUIRE_CUDA={required} but {}: {reason}", test_name());
     }
     skip(reason)
 }

@@ -83,7 +83,7 @@ fn cuda_devices() -> Vec<Device> {
 static DEVICES: RwLock<()> = RwLock::new(());
 
 /// Runs `f` on every CUDA device, or reports the test skipped (a failure
-/// with KILN_REQUIRE_CUDA=1).
+/// with KILN_REQUIRE_CUDA set).
 fn on_cuda(test: &str, f: impl Fn(Device) -> Result<()>) -> Ran {
     let _shared = DEVICES.read().unwrap_or_else(|e| e.into_inner());
     run_on_cuda(test, f)
