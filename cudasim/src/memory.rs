@@ -141,8 +141,9 @@ pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     // table unlocked, since that work may allocate).
     crate::context::wait_for_every_stream(ctx);
     let mut mem = lock(&sim.mem);
-    if !mem.dev.contains_key(&ptr) {
-        // Freed by another thread while this one waited.
+    if mem.dev.get(&ptr) != Some(&(len, dev)) {
+        // Freed by another thread while this one waited (and perhaps made
+        // again): a double free either way.
         drop(mem);
         log(&format!("cuMemFree: 0x{ptr:x} was freed twice"));
         return INVALID_VALUE;

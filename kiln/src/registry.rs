@@ -93,9 +93,10 @@ pub fn try_ensure_simulated_gpus(n: usize, capacity: usize) -> Result<Vec<Device
 }
 
 /// Adds `n` new simulated GPUs of `capacity` bytes each, whatever exist
-/// already, and returns them: devices that no other caller was given, for a
-/// test that measures memory exactly while other threads make simulated
-/// GPUs of their own (counting what exists, then asking
+/// already, and returns them, reserved for the caller: no other call of
+/// this function, and no call of [`ensure_simulated_gpus`], hands them out.
+/// For a test that measures memory exactly while other threads use
+/// simulated GPUs of their own (counting what exists, then asking
 /// [`ensure_simulated_gpus`] for more, races with them). More than
 /// [`MAX_SIM_GPUS`] simulated GPUs in all is an error, and adds none.
 ///
@@ -103,18 +104,19 @@ pub fn try_ensure_simulated_gpus(n: usize, capacity: usize) -> Result<Vec<Device
 /// let mine = kiln::add_simulated_gpus(1, 64 << 20)?;
 /// assert_eq!(mine[0].memory_stats()?.capacity, Some(64 << 20));
 /// assert!(!kiln::add_simulated_gpus(1, 64 << 20)?.contains(&mine[0]));
+/// assert!(!kiln::ensure_simulated_gpus(4, 256 << 20).contains(&mine[0]));
 /// # Ok::<(), kiln::Error>(())
 /// ```
 pub fn add_simulated_gpus(n: usize, capacity: usize) -> Result<Vec<Device>> {
     add_gpus(|gpus| {
-        let have = gpus.iter().filter(|b| b.kind() == DeviceKind::Simulated).count();
+        let have = sim::simulated_count(gpus);
         if have.saturating_add(n) > MAX_SIM_GPUS {
             return Err(Error::invalid(
                 "simulated GPUs",
                 format!("{have} simulated GPUs exist and {n} more were asked for; at most {MAX_SIM_GPUS} are supported"),
             ));
         }
-        Ok(sim::add_simulated(gpus, have + n, capacity).split_off(have))
+        Ok(sim::add_reserved(gpus, n, capacity))
     })
 }
 
@@ -265,9 +267,10 @@ pub fn reset_peak_memory(device: &Device) -> Result<()> {
 
 /// Frees the buffers kiln keeps for reuse on a device.
 ///
-/// On a CUDA device this waits for all the device's queued work, as
-/// `torch.cuda.empty_cache` does: freeing device memory synchronises a CUDA
-/// device. Buffers given back to the cache while it waits stay cached.
+/// On a CUDA device with cached blocks this waits for all the device's
+/// queued work, as `torch.cuda.empty_cache` does: freeing device memory
+/// synchronises a CUDA device. Buffers given back to the cache while it
+/// waits stay cached.
 ///
 /// ```
 /// let x = kiln::Tensor::zeros(1000, kiln::DType::F32, &kiln::cpu())?;

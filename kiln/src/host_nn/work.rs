@@ -4,18 +4,29 @@ use super::{NnError, NnFloat, NnResult};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+/// An empty vector with room for `len` elements, or `OutOfMemory`: also
+/// when the machine could never hold them (the allocator, overcommitting,
+/// would say yes and the writes that follow would wait on the OOM killer).
+fn reserved<T>(op: &'static str, len: usize) -> NnResult<Vec<T>> {
+    let bytes = len.saturating_mul(std::mem::size_of::<T>());
+    let mut v = Vec::new();
+    if !crate::base::buffer::host_could_hold(bytes) {
+        return Err(NnError::OutOfMemory { op, bytes });
+    }
+    v.try_reserve_exact(len).map_err(|_| NnError::OutOfMemory { op, bytes })?;
+    Ok(v)
+}
+
 /// `len` zeros in a new vector, or `OutOfMemory` (never an abort).
 pub(crate) fn zeroed<T: NnFloat>(op: &'static str, len: usize) -> NnResult<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| NnError::OutOfMemory { op, bytes: len.saturating_mul(std::mem::size_of::<T>()) })?;
+    let mut v = reserved(op, len)?;
     v.resize(len, T::ZERO);
     Ok(v)
 }
 
 /// `f(i)` for `i < len` in a new vector, or `OutOfMemory`.
 pub(crate) fn try_collect<T>(op: &'static str, len: usize, f: impl FnMut(usize) -> T) -> NnResult<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| NnError::OutOfMemory { op, bytes: len.saturating_mul(std::mem::size_of::<T>()) })?;
+    let mut v = reserved(op, len)?;
     v.extend((0..len).map(f));
     Ok(v)
 }

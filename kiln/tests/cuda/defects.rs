@@ -123,9 +123,11 @@ pub(crate) fn cuda_empty_cache_waits_for_queued_kernels_that_used_cached_blocks(
     })
 }
 
-/// empty_cache takes the cached blocks before it waits for the stream: a
-/// block that another thread takes from the cache, queues work on and gives
-/// back while empty_cache waits must not be freed under that work.
+/// empty_cache takes the cached blocks before it waits: a block that another
+/// thread takes from the cache, queues work on and gives back while
+/// empty_cache waits must not be freed under that work. Since a free waits
+/// for the whole device (cuMemFree, on a GPU and in the simulator), the
+/// test also checks that empty_cache returns only once the queue drained.
 pub(crate) fn cuda_empty_cache_does_not_free_blocks_reused_while_it_waits() -> Ran {
     on_cuda_alone("free vs reuse", |d| {
         let n = 1 << 16;

@@ -227,9 +227,9 @@ impl CudaBackend {
                 peers: Mutex::new(HashMap::new()),
             };
             // The fault record is page-locked host memory, made now, while
-            // nothing is queued: on a GPU such an allocation waits for the
-            // device's work in flight (CUDA's implicit synchronisation), so
-            // made at the first index-checking op it would make that op wait.
+            // nothing is queued: CUDA lists page-locked allocation among the
+            // calls that may synchronise implicitly, and made at the first
+            // index-checking op it could make that op wait for queued work.
             // Should it fail here, the first such op tries again.
             let _ = backend.fault_ptr();
             Ok(backend)

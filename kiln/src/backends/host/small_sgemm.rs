@@ -37,6 +37,7 @@ pub(crate) struct View<'a> {
 
 /// The instruction sets a tile is written in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum Isa {
     /// 8-lane AVX2 and FMA: 6 rows × 16 columns.
     Avx2,
@@ -44,30 +45,29 @@ enum Isa {
     Avx512,
 }
 
-/// Every tile this CPU can run.
-fn available() -> Vec<Isa> {
-    #[cfg(target_arch = "x86_64")]
-    {
+/// Every tile this CPU can run, narrowest first (read once).
+fn available() -> &'static [Isa] {
+    use std::sync::OnceLock;
+    static ISAS: OnceLock<Vec<Isa>> = OnceLock::new();
+    ISAS.get_or_init(|| {
+        #[allow(unused_mut)]
         let mut isas = Vec::new();
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            isas.push(Isa::Avx2);
-        }
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            isas.push(Isa::Avx512);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                isas.push(Isa::Avx2);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                isas.push(Isa::Avx512);
+            }
         }
         isas
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        Vec::new()
-    }
+    })
 }
 
 /// The tile this CPU runs, if any: the widest it has.
 fn chosen() -> Option<Isa> {
-    use std::sync::OnceLock;
-    static CHOSEN: OnceLock<Option<Isa>> = OnceLock::new();
-    *CHOSEN.get_or_init(|| available().last().copied())
+    available().last().copied()
 }
 
 /// Whether `index(rows-1, cols-1)` of a view lies inside its slice (the
@@ -93,7 +93,8 @@ pub(crate) fn matmul(a: View<'_>, b: View<'_>, dst: &mut [f32], mnk: (usize, usi
 /// [`matmul`] through the tile of `isa` (`None`: no tile, refused).
 fn matmul_on(isa: Option<Isa>, a: View<'_>, b: View<'_>, dst: &mut [f32], (m, n, k): (usize, usize, usize)) -> bool {
     let work = m.saturating_mul(n).saturating_mul(k);
-    let Some(isa) = isa else { return false };
+    // A tile runs only on a CPU that has its instructions (`available`).
+    let Some(isa) = isa.filter(|i| available().contains(i)) else { return false };
     // The tile's lanes run along n: with fewer than 16 columns most of them
     // idle (a matrix-vector product is 8× slower than gemm's). Its stores
     // are amortised along k: with fewer than 8 steps they dominate.
@@ -396,7 +397,7 @@ mod tests {
 
     /// Each tile this test can run here, and a skip line for the others.
     fn tiles_here(what: &str) -> Vec<Isa> {
-        let here = available();
+        let here = available().to_vec();
         for isa in [Isa::Avx2, Isa::Avx512] {
             if !here.contains(&isa) {
                 eprintln!("SKIPPED: {what} through the {isa:?} tile: this CPU lacks its instructions");
@@ -409,8 +410,9 @@ mod tests {
     fn every_tile_shape_and_stride_gives_the_exact_product() {
         let mut checked = 0;
         let tiles = tiles_here("the exact products");
-        // Last tiles of 1 to 8 rows; last strips of 1, 7, 8, 9, 15, 16, 17,
-        // 31 and 32 columns (both tiles' full and masked vectors).
+        // Last tiles of 1 to 8 rows and last strips of every width class of
+        // both tiles: for the 16-column one 1, 7, 8, 9, 15 and 16 columns,
+        // for the 32-column one 1, 4, 8, 16, 17, 23, 24, 25, 31 and 32.
         let shapes = [
             (1, 16, 8),
             (6, 16, 8),
@@ -426,6 +428,16 @@ mod tests {
             (15, 63, 12),
             (16, 64, 9),
             (9, 40, 8),
+            // The 32-column tile's variants by rows: one vector (1-16
+            // columns), two (32), two with a masked second (17-31).
+            (10, 16, 8),
+            (11, 48, 8),
+            (7, 48, 9),
+            (1, 20, 8),
+            (14, 20, 8),
+            (2, 32, 8),
+            (3, 64, 8),
+            (6, 32, 8),
         ];
         for &isa in &tiles {
             for (m, n, k) in shapes {
@@ -460,7 +472,7 @@ mod tests {
         let a = View { data: &v, offset: 0, rs: 16, cs: 1 };
         let b = a;
         let mut out = vec![7f32; 256];
-        for isa in available().into_iter().map(Some).chain([None]) {
+        for isa in available().iter().copied().map(Some).chain([None]) {
             // Each call differs from an accepted one (2×8 · 8×16) in one way.
             let refuse = |a, b, out: &mut [f32], mnk, why| assert!(!matmul_on(isa, a, b, out, mnk), "{isa:?}: {why}");
             refuse(a, View { rs: 1, cs: 16, ..b }, &mut out, (2, 16, 8), "b's columns not contiguous");

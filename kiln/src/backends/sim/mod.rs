@@ -35,12 +35,16 @@ pub(crate) struct SimBackend {
     /// The queue of collectives (`ring.rs`), started by the first one.
     comm: std::sync::OnceLock<Queue>,
     depth: usize,
+    /// Made by [`crate::add_simulated_gpus`] for one caller: the shared
+    /// pool of [`crate::ensure_simulated_gpus`] never hands it out.
+    reserved: bool,
 }
 
 impl SimBackend {
     pub(crate) fn new(device: Device, index: usize, capacity: usize) -> Self {
         let depth = queue_depth();
         SimBackend {
+            reserved: false,
             latency: transfer_latency(),
             device,
             index,
@@ -289,12 +293,32 @@ pub(crate) fn probe(first: usize) -> Found {
 /// [`crate::ensure_simulated_gpus`] adds devices on demand. The registry
 /// calls this; the backend does not register itself.
 pub(crate) fn add_simulated(gpus: &mut Vec<&'static dyn Backend>, n: usize, capacity: usize) -> Vec<Device> {
-    let mut sims: Vec<Device> = gpus.iter().filter(|b| b.as_any().is::<SimBackend>()).map(|b| b.device()).collect();
+    let mut sims: Vec<Device> =
+        gpus.iter().filter(|b| b.as_any().downcast_ref::<SimBackend>().is_some_and(|s| !s.reserved)).map(|b| b.device()).collect();
     while sims.len() < n {
         let device = Device::Gpu(gpus.len());
-        gpus.push(Box::leak(Box::new(SimBackend::new(device, sims.len(), capacity))));
+        let index = simulated_count(gpus);
+        gpus.push(Box::leak(Box::new(SimBackend::new(device, index, capacity))));
         sims.push(device);
     }
     sims.truncate(n);
     sims
+}
+
+/// Adds `n` simulated GPUs with `capacity` bytes each to `gpus`, reserved
+/// for the caller ([`crate::add_simulated_gpus`]), and returns them.
+pub(crate) fn add_reserved(gpus: &mut Vec<&'static dyn Backend>, n: usize, capacity: usize) -> Vec<Device> {
+    (0..n)
+        .map(|_| {
+            let device = Device::Gpu(gpus.len());
+            let index = simulated_count(gpus);
+            gpus.push(Box::leak(Box::new(SimBackend { reserved: true, ..SimBackend::new(device, index, capacity) })));
+            device
+        })
+        .collect()
+}
+
+/// How many simulated GPUs `gpus` holds, shared or reserved.
+pub(crate) fn simulated_count(gpus: &[&'static dyn Backend]) -> usize {
+    gpus.iter().filter(|b| b.as_any().is::<SimBackend>()).count()
 }
