@@ -139,12 +139,24 @@ impl CpuBuffer {
 /// allocator is asked: under Linux's "always overcommit" policy the
 /// allocator says yes to any size, and the first writes then wait on the
 /// OOM killer instead of failing.
-pub(crate) fn host_could_hold(bytes: usize) -> bool {
+fn host_could_hold(bytes: usize) -> bool {
     // Below 1 GiB the allocator's answer is good enough, and no lookup runs.
     if bytes < 1 << 30 {
         return true;
     }
     bytes <= host_ceiling()
+}
+
+/// An empty vector with room for `len` elements, or `None` when the host
+/// refuses them or could never hold them ([`host_could_hold`]): the one
+/// fallible reservation that host kernels and workspaces go through.
+pub(crate) fn try_with_capacity<T>(len: usize) -> Option<Vec<T>> {
+    if !host_could_hold(len.saturating_mul(std::mem::size_of::<T>())) {
+        return None;
+    }
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).ok()?;
+    Some(v)
 }
 
 /// The machine's RAM and swap together, in bytes, read once; `usize::MAX`

@@ -8,13 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 /// when the machine could never hold them (the allocator, overcommitting,
 /// would say yes and the writes that follow would wait on the OOM killer).
 fn reserved<T>(op: &'static str, len: usize) -> NnResult<Vec<T>> {
-    let bytes = len.saturating_mul(std::mem::size_of::<T>());
-    let mut v = Vec::new();
-    if !crate::base::buffer::host_could_hold(bytes) {
-        return Err(NnError::OutOfMemory { op, bytes });
-    }
-    v.try_reserve_exact(len).map_err(|_| NnError::OutOfMemory { op, bytes })?;
-    Ok(v)
+    crate::base::buffer::try_with_capacity(len).ok_or(NnError::OutOfMemory { op, bytes: len.saturating_mul(std::mem::size_of::<T>()) })
 }
 
 /// `len` zeros in a new vector, or `OutOfMemory` (never an abort).

@@ -145,12 +145,7 @@ pub(crate) fn host_oom(bytes: usize) -> Error {
 /// `len` elements in a new vector, or `OutOfMemory` when the host refuses
 /// (a `Vec` that grows infallibly would abort the process instead).
 pub(crate) fn try_vec<T>(len: usize) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    if !crate::base::buffer::host_could_hold(len.saturating_mul(std::mem::size_of::<T>())) {
-        return Err(host_oom(len.saturating_mul(std::mem::size_of::<T>())));
-    }
-    v.try_reserve_exact(len).map_err(|_| host_oom(len.saturating_mul(std::mem::size_of::<T>())))?;
-    Ok(v)
+    crate::base::buffer::try_with_capacity(len).ok_or_else(|| host_oom(len.saturating_mul(std::mem::size_of::<T>())))
 }
 
 /// The view's elements, contiguous, in a new host buffer (read under the

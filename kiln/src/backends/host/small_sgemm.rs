@@ -247,7 +247,7 @@ mod avx512 {
 
     /// Rows of the 16-lane tile: 8 rows × 2 vectors are 16 accumulators of
     /// the 32 registers, enough independent FMA chains to hide the latency.
-    pub(super) const MR: usize = 8;
+    const MR: usize = 8;
     /// Columns of the tile: two 16-lane vectors.
     const NR: usize = 32;
 
