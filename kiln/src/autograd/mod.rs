@@ -73,7 +73,13 @@ pub(crate) fn record(t: Tensor, inputs: &[&Tensor], keep_output: bool, backward:
 fn record_node(mut t: Tensor, inputs: &[&Tensor], keep_output: bool, backward: impl FnOnce() -> Backward) -> Tensor {
     if is_grad_enabled() {
         let output = keep_output.then(|| t.detach());
-        let inputs = inputs.iter().map(|&i| i.clone()).collect();
+        // Pushed one by one: `collect` into a SmallVec goes through its
+        // general `extend`, which costs more than these one or two clones.
+        let mut kept = SmallVec::new();
+        for &i in inputs {
+            kept.push(i.clone());
+        }
+        let inputs = kept;
         t.node = Some(Arc::new(Node { inputs, backward: Some(backward()), output, grad: Mutex::new(None), moved: Mutex::new(None) }));
     }
     t

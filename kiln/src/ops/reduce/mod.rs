@@ -223,7 +223,14 @@ template <typename T, typename Op> __device__ void reduce_final_impl(const Reduc
 /// The dimensions `dims` as indices in `0..rank` (negative ones count from
 /// the end), or an error naming `op` and the rank. Inline up to rank 4.
 pub(crate) fn resolve_dims(op: &str, dims: &[impl Dim], rank: usize) -> Result<smallvec::SmallVec<[usize; 4]>> {
-    dims.iter().map(|&d| d.index(op, rank)).collect()
+    // A loop, not `collect` into a `Result`: that goes through SmallVec's
+    // general `extend` behind an adapter, a large body of code for one or
+    // two dimensions, run by every reduction of a training step.
+    let mut out = smallvec::SmallVec::new();
+    for &d in dims {
+        out.push(d.index(op, rank)?);
+    }
+    Ok(out)
 }
 
 /// The dimensions of a reduction, as [`resolve_dims`], except that a 0-d
@@ -278,7 +285,11 @@ impl Tensor {
         if matches!(op, ReduceOp::Max | ReduceOp::Min) && dims.iter().any(|&d| self.dims()[d] == 0) {
             return Err(Error::invalid(name, format!("cannot reduce an empty dimension of shape {}", self.shape())));
         }
-        let kept: Shape = Shape((0..self.rank()).map(|d| if dims.contains(&d) { 1 } else { self.dims()[d] }).collect());
+        let mut kept = Dims::from_slice(self.dims());
+        for &d in dims {
+            kept[d] = 1;
+        }
+        let kept = Shape(kept);
         let kernel = Kernel::Reduce { op: OpRef::Borrowed(&op), src: self.src(), dims: Dims::from_slice(dims) };
         let t = self.run_new(kernel, self.dtype(), kept)?;
         let dims_kept: smallvec::SmallVec<[usize; 4]> = dims.into();
