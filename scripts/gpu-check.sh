@@ -5,13 +5,15 @@
 # On an x86-64 build machine (no GPU needed), from the repository root:
 #     cargo build --release                      # target/release/kiln
 #     cargo test --release --no-run              # target/release/deps/<test>-<hash>
-# then carry the repository (or at least target/release/kiln and
-# target/release/deps/*) to the GPU machine, at the path it was built at or
+# then carry the repository (or at least target/release/kiln,
+# target/release/deps/* and, for the simulator's own tests, which are
+# skipped without it, target/release/libkiln_cudasim.so) to the GPU machine, at the path it was built at or
 # with a link from there (test binaries name the `kiln` binary and their
 # data files by that path), and run there:
 #     bash scripts/gpu-check.sh                  # everything
 #     bash scripts/gpu-check.sh --tests-only     # conformance + CUDA tests only
 #     bash scripts/gpu-check.sh --bench-only     # kiln bench on cuda and cpu only
+#     bash scripts/gpu-check.sh --list-tests     # only list the test binaries it would run
 #
 # With two GPUs or more it also runs the collectives' suites (comm, cuda)
 # again with KILN_DISABLE_NCCL=1 (the peer-copy path; the first pass uses
@@ -40,6 +42,44 @@ target="${KILN_TARGET_DIR:-target}"
 mode="${1:-all}"
 
 section() { printf '\n===== %s =====\n' "$*"; }
+
+find_tests() {
+    # Test binaries are executables named <name>-<16 hex digits> in deps/
+    # that answer `--list` with at least one test; when a name was built
+    # several times, only the newest runs. Only harnesses count: the `kiln`
+    # command (deps/kiln-<hash>) and its empty unit-test harness share the
+    # name of the library's unit tests, and used to hide them when newer.
+    for profile in release debug; do
+        local dir="$target/$profile/deps"
+        [ -d "$dir" ] || continue
+        local found
+        found="$(find "$dir" -maxdepth 1 -type f -perm -u+x -regextype posix-extended \
+            -regex '.*/[a-z_0-9]+-[0-9a-f]{16}' -printf '%T@ %p\n' | sort -rn | cut -d' ' -f2-)"
+        [ -n "$found" ] || continue
+        local f n seen=" "
+        while IFS= read -r f; do
+            n="$(basename "$f")"
+            n="${n%-*}"
+            case "$seen" in *" $n "*) continue ;; esac
+            timeout 60 "$f" --list 2>/dev/null | grep -q ': test$' || continue
+            seen="$seen$n "
+            echo "$f"
+        done <<<"$found" | sort
+        return 0
+    done
+}
+
+# The simulator's own tests (cudasim/tests: jit, nccl) load the simulator
+# library from the folder they were built in; without it they cannot run.
+needs_sim_library() {
+    case "$(basename "$1")" in jit-* | nccl-*) return 0 ;; *) return 1 ;; esac
+}
+
+# --list-tests: only print the test binaries that would run (CI checks it).
+if [ "$mode" = "--list-tests" ]; then
+    find_tests
+    exit 0
+fi
 
 section "machine"
 uname -a
@@ -103,21 +143,6 @@ gpus="$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | grep -c
 gpus="${gpus:-0}"
 
 # ---- tests -------------------------------------------------------------------
-find_tests() {
-    # Test binaries are executables named <name>-<16 hex digits> in deps/;
-    # when a name was built several times, only the newest one runs.
-    for profile in release debug; do
-        local dir="$target/$profile/deps"
-        [ -d "$dir" ] || continue
-        local found
-        found="$(find "$dir" -maxdepth 1 -type f -perm -u+x -regextype posix-extended \
-            -regex '.*/[a-z_0-9]+-[0-9a-f]{16}' -printf '%T@ %p\n' | sort -rn | cut -d' ' -f2-)"
-        [ -n "$found" ] || continue
-        echo "$found" | awk '{ n = $0; sub(/.*\//, "", n); sub(/-[0-9a-f]+$/, "", n); if (!seen[n]++) print }' | sort
-        return 0
-    done
-}
-
 if [ "$mode" != "--bench-only" ]; then
     tests="$(find_tests)"
     if [ -z "$tests" ]; then
@@ -131,6 +156,12 @@ if [ "$mode" != "--bench-only" ]; then
     for t in $tests; do
         name="$(basename "$t")"
         section "test $name"
+        sim_lib="$(dirname "$(dirname "$t")")/libkiln_cudasim.so"
+        if needs_sim_library "$t" && [ ! -f "$sim_lib" ]; then
+            echo "SKIPPED: $name needs $sim_lib (the CUDA simulator's library): carry it with the test binaries to run the simulator's own tests"
+            echo "SKIPPED: $name: needs $sim_lib" >>"$report"
+            continue
+        fi
         # A hung binary is stopped (10 minutes) and counted as failed.
         if ! timeout "${KILN_TEST_TIMEOUT:-600}" "$t" --test-threads=4 2>&1; then
             echo "FAILED: $name"
