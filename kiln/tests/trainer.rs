@@ -35,10 +35,11 @@ fn ran(device: Device) {
     common::report_ran(device);
 }
 
+/// A file in the temporary folder, named for this process (no folder of
+/// its own: nothing would know when the last test is done with it, and
+/// every run used to leave an empty one behind).
 fn temp_path(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kiln-trainer-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    std::env::temp_dir().join(format!("kiln-trainer-{}-{name}", std::process::id()))
 }
 
 fn trainer(epochs: usize, device: Device) -> Result<Trainer> {
