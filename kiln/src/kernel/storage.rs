@@ -94,18 +94,36 @@ pub(crate) struct BufferRead<'a> {
 
 /// The two inputs of a kernel whose output is fresh, under read locks taken
 /// in address order (one lock when the two are the same storage), as
-/// [`OperandLocks`] takes them.
+/// [`OperandLocks`] takes them, and under one busy mark for both.
 #[inline]
-pub(crate) fn read_two<'a>(a: &'a Storage, b: &'a Storage) -> (BufferRead<'a>, Option<BufferRead<'a>>) {
-    if std::ptr::eq(a, b) {
-        return (a.read(), None);
-    }
-    if addr(a) < addr(b) {
-        let ga = a.read();
-        (ga, Some(b.read()))
+pub(crate) fn read_two<'a>(a: &'a Storage, b: &'a Storage) -> ReadPair<'a> {
+    let busy = Busy::enter();
+    let (first, second) = if std::ptr::eq(a, b) {
+        (a.buffer.read(), None)
+    } else if addr(a) < addr(b) {
+        let ga = a.buffer.read();
+        (ga, Some(b.buffer.read()))
     } else {
-        let gb = b.read();
-        (a.read(), Some(gb))
+        let gb = b.buffer.read();
+        (a.buffer.read(), Some(gb))
+    };
+    ReadPair { a: first, b: second, _busy: busy }
+}
+
+/// What [`read_two`] holds: `a`'s guard, and `b`'s unless `b` is `a`.
+pub(crate) struct ReadPair<'a> {
+    a: RwLockReadGuard<'a, Option<Buffer>>,
+    b: Option<RwLockReadGuard<'a, Option<Buffer>>>,
+    /// Dropped last, after both locks (field order): see `fork.rs`.
+    _busy: Busy,
+}
+
+impl ReadPair<'_> {
+    /// The two inputs' host elements, in the order `read_two` was given them.
+    #[inline]
+    pub(crate) fn hosts(&self) -> (&CpuBuffer, &CpuBuffer) {
+        let a = host_of(&self.a);
+        (a, self.b.as_ref().map_or(a, |g| host_of(g)))
     }
 }
 
@@ -440,7 +458,8 @@ mod tests {
     /// Each input reads its own storage, whatever the order of the storages'
     /// addresses and however often one repeats: the one- and two-input
     /// paths of `OperandLocks::new` and the general one; with a fresh
-    /// output, a locked one, and an output that is also an input (refused).
+    /// output, a locked one, and an output that is also an input (refused);
+    /// and `read_two`, the dense path's pair.
     #[test]
     fn operand_locks_give_each_input_its_own_storage() {
         let ts: Vec<Tensor> = (0..4).map(|i| Tensor::new(&[i as f32], &cpu()).unwrap()).collect();
@@ -464,6 +483,11 @@ mod tests {
             }
             assert_eq!(first(w), 3.0);
             drop(locks);
+            if let [i, j] = *pick {
+                let pair = read_two(s[i], s[j]);
+                let (a, b) = pair.hosts();
+                assert_eq!((first(a), first(b)), (i as f32, j as f32), "read_two of {pick:?}");
+            }
             if let Some(&i) = pick.first() {
                 let err = OperandLocks::new(&inputs, Out::Storage(s[i])).err().expect("an output that is an input is refused");
                 assert!(err.to_string().contains("also one of its inputs"), "{err}");

@@ -27,8 +27,8 @@ pub(crate) fn run_dense_small(kernel: &Kernel<'_>, out: &mut CpuBuffer) -> Optio
     match kernel {
         Kernel::Binary { op, lhs, rhs } => {
             let (a0, b0) = (dense_start(&lhs.layout, len)?, dense_start(&rhs.layout, len)?);
-            let (ga, gb) = read_two(&lhs.storage, &rhs.storage);
-            let (a, b) = (ga.host(), gb.as_ref().map_or(ga.host(), |g| g.host()));
+            let pair = read_two(&lhs.storage, &rhs.storage);
+            let (a, b) = pair.hosts();
             op.host_dense(a, a0, b, b0, out).then_some(())
         }
         Kernel::Unary { op, src } => {
