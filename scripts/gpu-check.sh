@@ -6,8 +6,8 @@
 #     cargo build --release                      # target/release/kiln
 #     cargo test --release --no-run              # target/release/deps/<test>-<hash>
 # then carry the repository (or at least target/release/kiln,
-# target/release/deps/* and, for the simulator's own tests, which are
-# skipped without it, target/release/libkiln_cudasim.so) to the GPU machine, at the path it was built at or
+# target/release/deps/*, which holds libkiln_cudasim.so for the simulator's
+# own tests, skipped without it) to the GPU machine, at the path it was built at or
 # with a link from there (test binaries name the `kiln` binary and their
 # data files by that path), and run there:
 #     bash scripts/gpu-check.sh                  # everything
@@ -44,28 +44,40 @@ mode="${1:-all}"
 section() { printf '\n===== %s =====\n' "$*"; }
 
 find_tests() {
-    # Test binaries are executables named <name>-<16 hex digits> in deps/
-    # that answer `--list` with at least one test; when a name was built
-    # several times, only the newest runs. Only harnesses count: the `kiln`
-    # command (deps/kiln-<hash>) and its empty unit-test harness share the
-    # name of the library's unit tests, and used to hide them when newer.
+    # Test binaries are executables named <name>-<16 hex digits> in deps/;
+    # when a name was built several times, only the newest runs. Three
+    # files share the name of the library's unit tests (deps/kiln-<hash>):
+    # the `kiln` command itself and its unit-test harness, which has no
+    # tests, beside the library's; the newest of them used to hide the
+    # others. So the command (which answers `--version` with "kiln ...")
+    # and harnesses that list no tests are passed over; any other binary
+    # counts, even one whose `--list` fails: it then fails when it runs,
+    # rather than an older build of it running in its place.
+    local profile dir found f n list seen=" " picked
     for profile in release debug; do
-        local dir="$target/$profile/deps"
+        dir="$target/$profile/deps"
         [ -d "$dir" ] || continue
-        local found
         found="$(find "$dir" -maxdepth 1 -type f -perm -u+x -regextype posix-extended \
             -regex '.*/[a-z_0-9]+-[0-9a-f]{16}' -printf '%T@ %p\n' | sort -rn | cut -d' ' -f2-)"
         [ -n "$found" ] || continue
-        local f n seen=" "
-        while IFS= read -r f; do
-            n="$(basename "$f")"
-            n="${n%-*}"
-            case "$seen" in *" $n "*) continue ;; esac
-            timeout 60 "$f" --list 2>/dev/null | grep -q ': test$' || continue
-            seen="$seen$n "
-            echo "$f"
-        done <<<"$found" | sort
-        return 0
+        picked="$(
+            while IFS= read -r f; do
+                n="$(basename "$f")"
+                n="${n%-*}"
+                case "$seen" in *" $n "*) continue ;; esac
+                if list="$(timeout 60 "$f" --list </dev/null 2>/dev/null)"; then
+                    printf '%s\n' "$list" | grep -q ': test$' || continue
+                elif timeout 10 "$f" --version </dev/null 2>/dev/null | grep -q '^kiln '; then
+                    continue
+                fi
+                seen="$seen$n "
+                echo "$f"
+            done <<<"$found" | sort
+        )"
+        if [ -n "$picked" ]; then
+            echo "$picked"
+            return 0
+        fi
     done
 }
 
@@ -135,7 +147,8 @@ done
 [ "${#lib_dirs[@]}" -gt 0 ] || echo "no NVRTC/cuBLAS found outside the default loader path; kernels need libnvrtc (pip install nvidia-cuda-nvrtc-cu12)"
 
 # The kernel cache lives next to the binaries, so repeated runs skip NVRTC.
-export KILN_CACHE_DIR="${KILN_CACHE_DIR:-$here/$target/kiln-cache}"
+case "$target" in /*) target_abs="$target" ;; *) target_abs="$here/$target" ;; esac
+export KILN_CACHE_DIR="${KILN_CACHE_DIR:-$target_abs/kiln-cache}"
 status=0
 
 # GPUs the driver sees (0 without nvidia-smi).
@@ -156,10 +169,12 @@ if [ "$mode" != "--bench-only" ]; then
     for t in $tests; do
         name="$(basename "$t")"
         section "test $name"
-        sim_lib="$(dirname "$(dirname "$t")")/libkiln_cudasim.so"
-        if needs_sim_library "$t" && [ ! -f "$sim_lib" ]; then
-            echo "SKIPPED: $name needs $sim_lib (the CUDA simulator's library): carry it with the test binaries to run the simulator's own tests"
-            echo "SKIPPED: $name: needs $sim_lib" >>"$report"
+        # The simulator's tests look for its library beside them in deps/,
+        # then in the profile's folder.
+        deps_dir="$(dirname "$t")"
+        if needs_sim_library "$t" && [ ! -f "$deps_dir/libkiln_cudasim.so" ] && [ ! -f "$(dirname "$deps_dir")/libkiln_cudasim.so" ]; then
+            echo "SKIPPED: $name needs libkiln_cudasim.so (the CUDA simulator's library) in $deps_dir or its parent: carry it with the test binaries to run the simulator's own tests"
+            echo "SKIPPED: $name: needs libkiln_cudasim.so beside it" >>"$report"
             continue
         fi
         # A hung binary is stopped (10 minutes) and counted as failed.
