@@ -39,6 +39,7 @@ fn main() -> std::process::ExitCode {
         a_header_naming_a_tensor_twice_is_refused,
         kills_mid_save_leave_no_torn_file_and_no_leftovers,
         a_gzipped_idx_file_that_inflates_past_its_header_is_refused,
+        report_lines_from_many_threads_arrive_whole,
     ])
 }
 
@@ -415,4 +416,30 @@ fn a_gzipped_idx_file_that_inflates_past_its_header_is_refused() {
         other => panic!("expected a Format error, got {:?}", other.map(|a| a.dims)),
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// CI counts the tests that ran on CUDA devices from lines that tests on
+/// many threads append to one report file (`KILN_TEST_REPORT`): each line
+/// must arrive whole. Written with `writeln!`, text and newline went out in
+/// two calls, and two tests' lines sometimes merged into one.
+fn report_lines_from_many_threads_arrive_whole() {
+    let path = std::env::temp_dir().join(format!("kiln-report-lines-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let path = &path;
+            s.spawn(move || {
+                for i in 0..400 {
+                    common::append_line(path, &format!("RAN-CUDA gpu({t}) test_{i:04}_with_a_name_of_some_length suite"));
+                }
+            });
+        }
+    });
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 8 * 400);
+    let distinct: std::collections::HashSet<&str> = lines.iter().copied().collect();
+    assert_eq!(distinct.len(), 8 * 400);
+    assert!(lines.iter().all(|l| l.starts_with("RAN-CUDA gpu(") && l.ends_with(" suite") && l.matches("RAN-CUDA").count() == 1));
 }

@@ -110,12 +110,21 @@ pub fn test_name() -> String {
     RUNNING.with(|r| r.borrow().clone()).unwrap_or_else(|| std::thread::current().name().unwrap_or("?").to_string())
 }
 
+/// Appends `line` to the report file in one `write`: tests run on several
+/// threads (and binaries), and `writeln!` on a file writes the text and its
+/// newline in separate calls, so two tests' lines could interleave into one
+/// that CI's count then missed.
 fn report_line(line: &str) {
     if let Ok(path) = std::env::var("KILN_TEST_REPORT") {
-        use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-            let _ = writeln!(f, "{line}");
-        }
+        append_line(std::path::Path::new(&path), line);
+    }
+}
+
+/// Appends `line` and a newline to the file at `path` in one `write`.
+pub fn append_line(path: &std::path::Path, line: &str) {
+    use std::io::Write;
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = f.write_all(format!("{line}\n").as_bytes());
     }
 }
 
