@@ -59,42 +59,31 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize) -> Result<(
             // lock is held twice, and overlapping views read the values they
             // had before the call.
             let aliased = |s: &Src<'_>| matches!(&out, Out::Storage(o) if std::ptr::eq(&**s.storage, *o));
-            if !inputs.iter().any(aliased) {
-                // The common case, without the bookkeeping below: every
-                // input is locked, in its own place.
-                let mut locked: SmallVec<[&Storage; 3]> = SmallVec::new();
-                for s in inputs.iter() {
-                    locked.push(&**s.storage);
-                }
-                let mut locks = OperandLocks::new(&locked, out)?;
-                let (held, w) = locks.split();
-                let mut ins: SmallVec<[HostIn<'_>; 3]> = SmallVec::new();
-                for (i, s) in inputs.iter().enumerate() {
-                    ins.push(HostIn { buf: held.host(i), layout: &s.layout });
-                }
-                return op.host(&ins, w, threads);
-            }
             let mut gathered: SmallVec<[(usize, CpuBuffer, Layout); 1]> = SmallVec::new();
+            let mut locked: SmallVec<[&Storage; 3]> = SmallVec::new();
             for (i, s) in inputs.iter().enumerate() {
                 if aliased(s) {
                     gathered.push((i, try_gather(s)?, Layout::contiguous(s.layout.shape().clone())));
+                } else {
+                    locked.push(&**s.storage);
                 }
             }
-            let locked: SmallVec<[&Storage; 3]> = inputs.iter().filter(|s| !aliased(s)).map(|s| &**s.storage).collect();
             let mut locks = OperandLocks::new(&locked, out)?;
             let (held, w) = locks.split();
+            // Push loops, and no search when nothing was gathered (the
+            // common case): this is on every custom kernel's launch.
+            let mut ins: SmallVec<[HostIn<'_>; 3]> = SmallVec::new();
             let mut next = 0;
-            let ins: SmallVec<[HostIn<'_>; 3]> = inputs
-                .iter()
-                .enumerate()
-                .map(|(i, s)| match gathered.iter().find(|(j, ..)| *j == i) {
-                    Some((_, buf, layout)) => HostIn { buf, layout },
+            for (i, s) in inputs.iter().enumerate() {
+                let own = if gathered.is_empty() { None } else { gathered.iter().find(|(j, ..)| *j == i) };
+                match own {
+                    Some((_, buf, layout)) => ins.push(HostIn { buf, layout }),
                     None => {
+                        ins.push(HostIn { buf: held.host(next), layout: &s.layout });
                         next += 1;
-                        HostIn { buf: held.host(next - 1), layout: &s.layout }
                     }
-                })
-                .collect();
+                }
+            }
             op.host(&ins, w, threads)?;
         }
     }
