@@ -41,7 +41,11 @@ def t(case, key, shape=None, grad=True, exact=False):
     return v.requires_grad_(grad)
 
 
-def compare(failures, case, what, kiln, ref, tol=None):
+def compare(failures, case, what, kiln, ref, tol=None, peer=None):
+    """kiln's result against `ref`. `peer` is PyTorch's own result in the case's dtype where
+    `ref` is computed in f64: an error beyond the tolerance passes when PyTorch's own error
+    on the same inputs is at least half as large (an ill-conditioned case, such as batch
+    norm over two samples whose invstd is 60, where f32 rounding is amplified for anyone)."""
     tol = TOL[case["dtype"]] if tol is None else tol
     k = torch.tensor(kiln, dtype=torch.float64).flatten()
     r = ref.detach().to(torch.float64).flatten()
@@ -66,6 +70,13 @@ def compare(failures, case, what, kiln, ref, tol=None):
         key = (case["op"], case["dtype"])
         if err / scale >= WORST.get(key, (0.0, ""))[0]:
             WORST[key] = (err / scale, what)
+        if err > tol * scale and peer is not None:
+            p = peer.detach().to(torch.float64).flatten()
+            peer_err = (p[fin] - r[fin]).abs().nan_to_num(0.0, posinf=0.0, neginf=0.0).max().item()
+            if err <= 2 * peer_err:
+                why = f"{case['op']} {what} [{case['dtype']}]: beyond {tol:.0e} of the scale, within twice PyTorch's own {case['dtype']} error"
+                DOCUMENTED[why] = DOCUMENTED.get(why, 0) + 1
+                return
         if err > tol * scale:
             i = int(((k - r).abs().nan_to_num(0.0) * fin).argmax())
             failures.append((case["op"], what, f"max error {err:.3e} > {tol:.0e} x {scale:.3g} (element {i}: kiln {k[i].item()!r}, PyTorch {r[i].item()!r})"))
@@ -178,7 +189,18 @@ def adaptive_avg_pool2d(c, fail):
 # where the exact one, and kiln's, is 0).
 
 
+def batch_norm_in_dtype(c):
+    """PyTorch's batch norm in the case's own dtype: the forward and the gradients."""
+    x = t(c, "x", c["x_shape"])
+    w, b = (t(c, "w"), t(c, "b")) if c["affine"] else (None, None)
+    rm, rv = t(c, "rm", grad=False), t(c, "rv", grad=False)
+    y = F.batch_norm(x, rm, rv, w, b, training=c["training"], momentum=c["momentum"], eps=c["eps"])
+    dy = t(c, "dy", y.shape, grad=False)
+    return (y, *grads(y, dy, x, w, b))
+
+
 def batch_norm(c, fail):
+    peer = batch_norm_in_dtype(c) if c["dtype"] != "f64" else (None, None, None, None)
     x = t(c, "x", c["x_shape"], exact=True)
     w, b = (t(c, "w", exact=True), t(c, "b", exact=True)) if c["affine"] else (None, None)
     rm, rv = t(c, "rm", grad=False, exact=True), t(c, "rv", grad=False, exact=True)
@@ -188,15 +210,15 @@ def batch_norm(c, fail):
         compare(fail, c, "saved mean", c["mean"], mean)
         compare(fail, c, "saved invstd", c["invstd"], invstd)
     y = F.batch_norm(x, rm, rv, w, b, training=c["training"], momentum=c["momentum"], eps=c["eps"])
-    compare(fail, c, "forward", c["y"], y)
+    compare(fail, c, "forward", c["y"], y, peer=peer[0])
     compare(fail, c, "running mean", c["rm_after"], rm)
     compare(fail, c, "running var", c["rv_after"], rv)
     dy = t(c, "dy", y.shape, grad=False, exact=True)
     gx, gw, gb = grads(y, dy, x, w, b)
-    compare(fail, c, "grad input", c["gx"], gx)
+    compare(fail, c, "grad input", c["gx"], gx, peer=peer[1])
     if w is not None:
-        compare(fail, c, "grad weight", c["gw"], gw)
-        compare(fail, c, "grad bias", c["gb"], gb)
+        compare(fail, c, "grad weight", c["gw"], gw, peer=peer[2])
+        compare(fail, c, "grad bias", c["gb"], gb, peer=peer[3])
 
 
 def layer_norm(c, fail):
