@@ -4,9 +4,11 @@
 #
 # On an x86-64 build machine (no GPU needed), from the repository root:
 #     cargo build --release                      # target/release/kiln
-#     cargo test --release --no-run              # target/release/deps/<test>-<hash>
+#     cargo test --profile release-tests --no-run   # target/release-tests/deps/<test>-<hash>
+# (release-tests is the release profile without LTO: `cargo test --release`
+# works too, but links each harness with fat LTO, which takes far longer)
 # then carry the repository (or at least target/release/kiln,
-# target/release/deps/*, which holds libkiln_cudasim.so for the simulator's
+# target/release-tests/deps/*, which holds libkiln_cudasim.so for the simulator's
 # own tests, skipped without it) to the GPU machine, at the path it was built at or
 # with a link from there (test binaries name the `kiln` binary and their
 # data files by that path), and run there:
@@ -19,8 +21,8 @@
 # again with KILN_DISABLE_NCCL=1 (the peer-copy path; the first pass uses
 # NCCL when it is found: pip's nvidia-nccl-cu12 beside PyTorch, or apt's
 # libnccl2), and measures all-reduce bus bandwidth with the allreduce_bw
-# example (target/release/examples/allreduce_bw, built by `cargo test
-# --release --no-run`), to set beside nccl-tests' all_reduce_perf busbw.
+# example (target/release-tests/examples/allreduce_bw, built by `cargo test
+# --profile release-tests --no-run`), to set beside nccl-tests' all_reduce_perf busbw.
 #
 # It prints the GPU (nvidia-smi), finds the CUDA user-space libraries the
 # machine has (NVRTC and cuBLAS: a CUDA toolkit's lib64, or the lib folders
@@ -54,7 +56,7 @@ find_tests() {
     # counts, even one whose `--list` fails: it then fails when it runs,
     # rather than an older build of it running in its place.
     local profile dir found f n list seen=" " picked
-    for profile in release debug; do
+    for profile in release-tests release debug; do
         dir="$target/$profile/deps"
         [ -d "$dir" ] || continue
         found="$(find "$dir" -maxdepth 1 -type f -perm -u+x -regextype posix-extended \
@@ -159,7 +161,7 @@ gpus="${gpus:-0}"
 if [ "$mode" != "--bench-only" ]; then
     tests="$(find_tests)"
     if [ -z "$tests" ]; then
-        echo "no test binaries under $target/{release,debug}/deps: build them with 'cargo test --release --no-run'"
+        echo "no test binaries under $target/{release-tests,release,debug}/deps: build them with 'cargo test --profile release-tests --no-run'"
         status=1
     fi
     # Every suite that runs on CUDA devices must find one here (a skip
@@ -204,6 +206,7 @@ fi
 # ---- kiln devices and bench ---------------------------------------------------
 if [ "$mode" != "--tests-only" ]; then
     kiln="$target/release/kiln"
+    [ -x "$kiln" ] || kiln="$target/release-tests/kiln"
     [ -x "$kiln" ] || kiln="$target/debug/kiln"
     if [ -x "$kiln" ]; then
         section "kiln devices"
@@ -218,17 +221,18 @@ if [ "$mode" != "--tests-only" ]; then
         "$kiln" bench --device cpu ${KILN_BENCH_ARGS:-} 2>&1 || status=1
         if [ "$gpus" -ge 2 ]; then
             bw="$(dirname "$kiln")/examples/allreduce_bw"
+            [ -x "$bw" ] || bw="$target/release-tests/examples/allreduce_bw"
             if [ -x "$bw" ]; then
                 section "all-reduce bus bandwidth over $gpus GPUs (compare nccl-tests: all_reduce_perf -b 1K -e 256M -f 4 -g $gpus)"
                 "$bw" --max "${KILN_ALLREDUCE_MAX:-256MiB}" 2>&1 || status=1
                 section "all-reduce bus bandwidth with KILN_DISABLE_NCCL=1 (peer copies)"
                 KILN_DISABLE_NCCL=1 "$bw" --max 64MiB --iters 5 2>&1 || status=1
             else
-                echo "no $bw: build it with 'cargo test --release --no-run' (or cargo build --release --examples)"
+                echo "no $bw: build it with 'cargo test --profile release-tests --no-run' (or cargo build --release --examples)"
             fi
         fi
     else
-        echo "no kiln binary under $target/{release,debug}: build it with 'cargo build --release'"
+        echo "no kiln binary under $target/{release,release-tests,debug}: build it with 'cargo build --release'"
         status=1
     fi
 fi
