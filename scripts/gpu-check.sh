@@ -4,10 +4,13 @@
 #
 # On an x86-64 build machine (no GPU needed), from the repository root:
 #     cargo build --release                      # target/release/kiln
-#     cargo test --profile release-tests --no-run   # target/release-tests/deps/<test>-<hash>
-# (release-tests is the release profile without LTO: `cargo test --release`
-# works too, but links each harness with fat LTO, which takes far longer)
+#     cargo test --workspace --profile release-tests --no-run   # target/release-tests/deps/<test>-<hash>
+# (--workspace: the default member is the kiln command alone. release-tests
+# is the release profile without LTO: `cargo test --workspace --release`
+# works too, but links each harness with fat LTO, which takes far longer;
+# the profile whose newest harness is newest is the one that runs)
 # then carry the repository (or at least target/release/kiln,
+# target/release-tests/kiln, which the command's tests run,
 # target/release-tests/deps/*, which holds libkiln_cudasim.so for the simulator's
 # own tests, skipped without it) to the GPU machine, at the path it was built at or
 # with a link from there (test binaries name the `kiln` binary and their
@@ -22,7 +25,8 @@
 # NCCL when it is found: pip's nvidia-nccl-cu12 beside PyTorch, or apt's
 # libnccl2), and measures all-reduce bus bandwidth with the allreduce_bw
 # example (target/release-tests/examples/allreduce_bw, built by `cargo test
-# --profile release-tests --no-run`), to set beside nccl-tests' all_reduce_perf busbw.
+# --workspace --profile release-tests --no-run`), to set beside nccl-tests'
+# all_reduce_perf busbw.
 #
 # It prints the GPU (nvidia-smi), finds the CUDA user-space libraries the
 # machine has (NVRTC and cuBLAS: a CUDA toolkit's lib64, or the lib folders
@@ -56,7 +60,13 @@ find_tests() {
     # counts, even one whose `--list` fails: it then fails when it runs,
     # rather than an older build of it running in its place.
     local profile dir found f n list seen=" " picked
-    for profile in release-tests release debug; do
+    # The profile folders in order of their newest harness, newest first, so
+    # that an old build in one profile cannot shadow a fresh one in another.
+    for profile in $(for p in release-tests release debug; do
+        [ -d "$target/$p/deps" ] || continue
+        find "$target/$p/deps" -maxdepth 1 -type f -perm -u+x -regextype posix-extended \
+            -regex '.*/[a-z_0-9]+-[0-9a-f]{16}' -printf "%T@ $p\n" | sort -rn | head -1
+    done | sort -rn | cut -d' ' -f2); do
         dir="$target/$profile/deps"
         [ -d "$dir" ] || continue
         found="$(find "$dir" -maxdepth 1 -type f -perm -u+x -regextype posix-extended \
@@ -161,7 +171,7 @@ gpus="${gpus:-0}"
 if [ "$mode" != "--bench-only" ]; then
     tests="$(find_tests)"
     if [ -z "$tests" ]; then
-        echo "no test binaries under $target/{release-tests,release,debug}/deps: build them with 'cargo test --profile release-tests --no-run'"
+        echo "no test binaries under $target/{release-tests,release,debug}/deps: build them with 'cargo test --workspace --profile release-tests --no-run'"
         status=1
     fi
     # Every suite that runs on CUDA devices must find one here (a skip
@@ -186,8 +196,15 @@ if [ "$mode" != "--bench-only" ]; then
         fi
     done
     section "tests on CUDA"
-    echo "$(grep '^RAN-CUDA ' "$report" | awk '{print $3}' | sort -u | wc -l) tests ran on a CUDA device ($(grep -c '^RAN-CUDA ' "$report") test x device runs); skipped, with reasons:"
+    ran_cuda="$(grep '^RAN-CUDA ' "$report" | awk '{print $3}' | sort -u | wc -l)"
+    echo "$ran_cuda tests ran on a CUDA device ($(grep -c '^RAN-CUDA ' "$report") test x device runs); skipped, with reasons:"
     grep '^SKIPPED: ' "$report" | sort -u | sed 's/^/  /'
+    # A GPU machine on which no test reached the GPU proves nothing: most
+    # likely only the command's harnesses were built (no --workspace).
+    if [ "$gpus" -ge 1 ] && [ "$ran_cuda" -eq 0 ]; then
+        echo "FAILED: $gpus GPU(s) present but no test ran on a CUDA device; build the harnesses with 'cargo test --workspace --profile release-tests --no-run'"
+        status=1
+    fi
     unset KILN_TEST_REPORT KILN_REQUIRE_CUDA
     # Collectives again through peer copies, when there are two GPUs.
     if [ "$gpus" -ge 2 ]; then
@@ -220,15 +237,16 @@ if [ "$mode" != "--tests-only" ]; then
         section "kiln bench --device cpu ${KILN_BENCH_ARGS:-}"
         "$kiln" bench --device cpu ${KILN_BENCH_ARGS:-} 2>&1 || status=1
         if [ "$gpus" -ge 2 ]; then
-            bw="$(dirname "$kiln")/examples/allreduce_bw"
-            [ -x "$bw" ] || bw="$target/release-tests/examples/allreduce_bw"
+            # The newest build of the example, from either optimised profile.
+            bw="$(ls -t "$target/release-tests/examples/allreduce_bw" "$target/release/examples/allreduce_bw" 2>/dev/null | head -1)"
+            bw="${bw:-$target/release-tests/examples/allreduce_bw}"
             if [ -x "$bw" ]; then
                 section "all-reduce bus bandwidth over $gpus GPUs (compare nccl-tests: all_reduce_perf -b 1K -e 256M -f 4 -g $gpus)"
                 "$bw" --max "${KILN_ALLREDUCE_MAX:-256MiB}" 2>&1 || status=1
                 section "all-reduce bus bandwidth with KILN_DISABLE_NCCL=1 (peer copies)"
                 KILN_DISABLE_NCCL=1 "$bw" --max 64MiB --iters 5 2>&1 || status=1
             else
-                echo "no $bw: build it with 'cargo test --profile release-tests --no-run' (or cargo build --release --examples)"
+                echo "no $bw: build it with 'cargo test --workspace --profile release-tests --no-run' (or cargo build --release -p kiln --examples)"
             fi
         fi
     else

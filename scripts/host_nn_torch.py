@@ -43,9 +43,10 @@ def t(case, key, shape=None, grad=True, exact=False):
 
 def compare(failures, case, what, kiln, ref, tol=None, peer=None):
     """kiln's result against `ref`. `peer` is PyTorch's own result in the case's dtype where
-    `ref` is computed in f64: an error beyond the tolerance passes when PyTorch's own error
-    on the same inputs is at least half as large (an ill-conditioned case, such as batch
-    norm over two samples whose invstd is 60, where f32 rounding is amplified for anyone)."""
+    `ref` is computed in f64: an error beyond the tolerance passes when, element by element,
+    it is within the tolerance plus twice PyTorch's own error on the same inputs (an
+    ill-conditioned case, such as batch norm over two samples whose invstd is 60, where f32
+    rounding is amplified for anyone)."""
     tol = TOL[case["dtype"]] if tol is None else tol
     k = torch.tensor(kiln, dtype=torch.float64).flatten()
     r = ref.detach().to(torch.float64).flatten()
@@ -71,10 +72,13 @@ def compare(failures, case, what, kiln, ref, tol=None, peer=None):
         if err / scale >= WORST.get(key, (0.0, ""))[0]:
             WORST[key] = (err / scale, what)
         if err > tol * scale and peer is not None:
+            # Element by element: each of kiln's errors within the tolerance plus twice
+            # PyTorch's own error at that element, so that an ill-conditioned channel
+            # cannot excuse an error in a well-conditioned one.
             p = peer.detach().to(torch.float64).flatten()
-            peer_err = (p[fin] - r[fin]).abs().nan_to_num(0.0, posinf=0.0, neginf=0.0).max().item()
-            if err <= 2 * peer_err:
-                why = f"{case['op']} {what} [{case['dtype']}]: beyond {tol:.0e} of the scale, within twice PyTorch's own {case['dtype']} error"
+            peer_err = (p - r).abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
+            if bool(((k - r).abs()[fin] <= tol * scale + 2 * peer_err[fin]).all()):
+                why = f"{case['op']} {what} [{case['dtype']}]: beyond {tol:.0e} of the scale, within twice PyTorch's own {case['dtype']} error element by element"
                 DOCUMENTED[why] = DOCUMENTED.get(why, 0) + 1
                 return
         if err > tol * scale:
@@ -196,11 +200,11 @@ def batch_norm_in_dtype(c):
     rm, rv = t(c, "rm", grad=False), t(c, "rv", grad=False)
     y = F.batch_norm(x, rm, rv, w, b, training=c["training"], momentum=c["momentum"], eps=c["eps"])
     dy = t(c, "dy", y.shape, grad=False)
-    return (y, *grads(y, dy, x, w, b))
+    return (y, *grads(y, dy, x, w, b))[:3]
 
 
 def batch_norm(c, fail):
-    peer = batch_norm_in_dtype(c) if c["dtype"] != "f64" else (None, None, None, None)
+    peer = batch_norm_in_dtype(c) if c["dtype"] != "f64" else (None, None, None)
     x = t(c, "x", c["x_shape"], exact=True)
     w, b = (t(c, "w", exact=True), t(c, "b", exact=True)) if c["affine"] else (None, None)
     rm, rv = t(c, "rm", grad=False, exact=True), t(c, "rv", grad=False, exact=True)
@@ -218,7 +222,8 @@ def batch_norm(c, fail):
     compare(fail, c, "grad input", c["gx"], gx, peer=peer[1])
     if w is not None:
         compare(fail, c, "grad weight", c["gw"], gw, peer=peer[2])
-        compare(fail, c, "grad bias", c["gb"], gb, peer=peer[3])
+        # The bias gradient is a sum of dy, which invstd does not touch: no excuse.
+        compare(fail, c, "grad bias", c["gb"], gb)
 
 
 def layer_norm(c, fail):
