@@ -70,13 +70,12 @@ pub(crate) fn run(kernel: &Kernel<'_>, out: Out<'_>, threads: usize) -> Result<(
             }
             let mut locks = OperandLocks::new(&locked, out)?;
             let (held, w) = locks.split();
-            // Push loops, and no search when nothing was gathered (the
-            // common case): this is on every custom kernel's launch.
+            // Push loops: this is on every custom kernel's launch, and
+            // `gathered` is empty in the common case.
             let mut ins: SmallVec<[HostIn<'_>; 3]> = SmallVec::new();
             let mut next = 0;
             for (i, s) in inputs.iter().enumerate() {
-                let own = if gathered.is_empty() { None } else { gathered.iter().find(|(j, ..)| *j == i) };
-                match own {
+                match gathered.iter().find(|(j, ..)| *j == i) {
                     Some((_, buf, layout)) => ins.push(HostIn { buf, layout }),
                     None => {
                         ins.push(HostIn { buf: held.host(next), layout: &s.layout });
