@@ -49,6 +49,13 @@ mode="${1:-all}"
 
 section() { printf '\n===== %s =====\n' "$*"; }
 
+# "<mtime> <path>" of each test harness in a deps folder, newest first.
+harnesses() {
+    [ -d "$1" ] || return 0
+    find "$1" -maxdepth 1 -type f -perm -u+x -regextype posix-extended \
+        -regex '.*/[a-z_0-9]+-[0-9a-f]{16}' -printf '%T@ %p\n' | sort -rn
+}
+
 find_tests() {
     # Test binaries are executables named <name>-<16 hex digits> in deps/;
     # when a name was built several times, only the newest runs. Three
@@ -59,18 +66,13 @@ find_tests() {
     # and harnesses that list no tests are passed over; any other binary
     # counts, even one whose `--list` fails: it then fails when it runs,
     # rather than an older build of it running in its place.
-    local profile dir found f n list seen=" " picked
+    local profile found f n list seen=" " picked
     # The profile folders in order of their newest harness, newest first, so
     # that an old build in one profile cannot shadow a fresh one in another.
     for profile in $(for p in release-tests release debug; do
-        [ -d "$target/$p/deps" ] || continue
-        find "$target/$p/deps" -maxdepth 1 -type f -perm -u+x -regextype posix-extended \
-            -regex '.*/[a-z_0-9]+-[0-9a-f]{16}' -printf "%T@ $p\n" | sort -rn | head -1
+        harnesses "$target/$p/deps" | head -1 | sed "s|^\([^ ]*\) .*|\1 $p|"
     done | sort -rn | cut -d' ' -f2); do
-        dir="$target/$profile/deps"
-        [ -d "$dir" ] || continue
-        found="$(find "$dir" -maxdepth 1 -type f -perm -u+x -regextype posix-extended \
-            -regex '.*/[a-z_0-9]+-[0-9a-f]{16}' -printf '%T@ %p\n' | sort -rn | cut -d' ' -f2-)"
+        found="$(harnesses "$target/$profile/deps" | cut -d' ' -f2-)"
         [ -n "$found" ] || continue
         picked="$(
             while IFS= read -r f; do
