@@ -336,7 +336,17 @@ fn summary(ctx: &Ctx) -> String {
                 .extra
                 .iter()
                 .filter(|(k, _)| {
-                    ["transfers", "speedup", "bytes", "gpu_wins_from", "measured_over_model", "comm_share"].contains(&k.as_str())
+                    [
+                        "transfers",
+                        "speedup",
+                        "bytes",
+                        "gpu_wins_from",
+                        "measured_over_model",
+                        "device_over_model",
+                        "comm_share",
+                        "device_speedup",
+                    ]
+                    .contains(&k.as_str())
                 })
                 .filter(|(_, v)| !v.is_null())
                 .map(|(k, v)| format!("{k}={v}"))

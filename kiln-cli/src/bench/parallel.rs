@@ -54,13 +54,16 @@ pub(super) fn comm_bench(ctx: &mut Ctx) -> Result<()> {
                 for &bytes in sizes {
                     let parts: Vec<Tensor> =
                         devices.iter().map(|d| Tensor::ones(bytes / 4, kiln::DType::F32, d)).collect::<kiln::Result<_>>()?;
+                    // The wall time, and the time on the devices' own
+                    // clocks (`simulated_elapsed`: transfers at the modelled
+                    // link's pace, whatever this host's copies take).
+                    let mut on_devices = Vec::new();
                     let stats = ctx.measure(&format!("all_reduce {} MiB on {n} simulated GPUs", bytes >> 20), 1, ctx.runs(5), || {
-                        comm::all_reduce_(&parts, ReduceOp::Sum)?;
-                        for d in &devices {
-                            kiln::synchronize(d)?;
-                        }
+                        let ((), took) = comm::simulated_elapsed(&devices, || comm::all_reduce_(&parts, ReduceOp::Sum))?;
+                        on_devices.push(took.as_secs_f64() * 1e3);
                         Ok(())
                     })?;
+                    let device_ms = median(on_devices);
                     let model = ring_model(n, bytes, link).as_secs_f64() * 1e3;
                     let busbw = 2.0 * (n - 1) as f64 / n as f64 * bytes as f64 / (stats.median_ms * 1e-3) / 1e9;
                     ctx.emit(
@@ -74,6 +77,8 @@ pub(super) fn comm_bench(ctx: &mut Ctx) -> Result<()> {
                         )
                         .with("model_ms", round(model, 3))
                         .with("measured_over_model", round(stats.median_ms / model, 3))
+                        .with("device_ms", round(device_ms, 3))
+                        .with("device_over_model", round(device_ms / model, 4))
                         .with("bytes", bytes),
                     );
                 }
@@ -124,6 +129,8 @@ struct Setup {
     model: Learner<kiln::nn::Sequential>,
     trainer: Trainer,
     samples: Vec<f64>,
+    /// Simulated GPUs: each epoch's time on their device clocks.
+    device_samples: Vec<f64>,
     last: Option<kiln::trainer::History>,
 }
 
@@ -223,7 +230,17 @@ pub(super) fn dp_bench(ctx: &mut Ctx) -> Result<()> {
             // A first epoch makes the lazy layers and warms every cache.
             ctx.progress.set(format!("{} {} on {n} {kind:?} device(s): warm-up", ctx.label, m.name));
             trainer.fit(&mut model, &data)?;
-            setups.push(Setup { devices: devices.clone(), kind, batch, data, model, trainer, samples: Vec::new(), last: None });
+            setups.push(Setup {
+                devices: devices.clone(),
+                kind,
+                batch,
+                data,
+                model,
+                trainer,
+                samples: Vec::new(),
+                device_samples: Vec::new(),
+                last: None,
+            });
         }
         // The ceiling: the 1-GPU training beside an independent one on the
         // second simulated GPU.
@@ -244,8 +261,15 @@ pub(super) fn dp_bench(ctx: &mut Ctx) -> Result<()> {
             for s in setups.iter_mut() {
                 ctx.progress.set(format!("{} {} on {} device(s): round {}/{runs}", ctx.label, m.name, s.devices.len(), r + 1));
                 let start = std::time::Instant::now();
-                s.last = Some(s.trainer.fit(&mut s.model, &s.data)?);
-                s.samples.push(start.elapsed().as_secs_f64() * 1e3);
+                if s.kind == DeviceKind::Simulated {
+                    let (history, took) = comm::simulated_elapsed(&s.devices, || s.trainer.fit(&mut s.model, &s.data))?;
+                    s.samples.push(start.elapsed().as_secs_f64() * 1e3);
+                    s.device_samples.push(took.as_secs_f64() * 1e3);
+                    s.last = Some(history);
+                } else {
+                    s.last = Some(s.trainer.fit(&mut s.model, &s.data)?);
+                    s.samples.push(start.elapsed().as_secs_f64() * 1e3);
+                }
             }
             if let Some(p) = &partner {
                 ctx.progress.set(format!("{} {} beside an independent training: round {}/{runs}", ctx.label, m.name, r + 1));
@@ -289,6 +313,18 @@ pub(super) fn dp_bench(ctx: &mut Ctx) -> Result<()> {
                     base.samples.iter().zip(&s.samples).map(|(one, this)| (one / base.batch as f64) / (this / s.batch as f64)).collect();
                 let speedup = median(ratios);
                 row = row.with("speedup", round(speedup, 3));
+                if !s.device_samples.is_empty() && base.device_samples.len() == s.device_samples.len() {
+                    // The same on the devices' clocks: what GPUs of their
+                    // own would give, this host's cores and its own
+                    // overhead left out.
+                    let ratios = base
+                        .device_samples
+                        .iter()
+                        .zip(&s.device_samples)
+                        .map(|(one, this)| (one / base.batch as f64) / (this / s.batch as f64))
+                        .collect();
+                    row = row.with("device_speedup", round(median(ratios), 3));
+                }
                 if let Some(ceiling) = ceiling.filter(|_| s.kind == DeviceKind::Simulated) {
                     row = row.with("ceiling", round(ceiling, 3)).with("efficiency", round(speedup / ceiling.max(1e-12), 3));
                 }

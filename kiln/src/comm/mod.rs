@@ -112,6 +112,92 @@ pub fn set_simulated_link(link: SimLink) -> Result<()> {
     ring::set_link(link)
 }
 
+/// Runs `work` and returns, with its result, how long the work it queued
+/// on the simulated GPUs `devices` took on their own clocks: what GPUs of
+/// their own would take, free of this host's cores and memory.
+///
+/// A simulated GPU computes on the host, so its wall time is the host's:
+/// on a machine with fewer cores than simulated GPUs, or when the host
+/// copies a collective's chunks slower than the modelled link would carry
+/// them, the wall time is the host's limit, not the GPUs'. Each simulated
+/// GPU therefore also keeps a device clock: a kernel advances it by the
+/// time it ran for (for a kernel that reads and writes 256K elements or
+/// more, its CPU time: one core's time, leaving out any wait for a core
+/// that other simulated GPUs held); a transfer between devices by the link's
+/// modelled time ([`SimLink::transfer_time`]) alone; a wait for another
+/// device by moving it to when that device got there. The host's own
+/// delays (a late launch, a descheduled thread) do not count. So an
+/// all-reduce of S bytes over n devices takes exactly the ring's
+/// 2(n − 1)·(latency + ⌈S/n⌉ / bandwidth) on these clocks, and a
+/// training step its compute plus the communication it does not hide.
+///
+/// The clocks of all `devices` start together when `work` starts; the
+/// interval ends when the last of them has finished the work queued on it
+/// by then (this call waits for it, and reports a failed kernel as
+/// [`crate::synchronize`] does). List every device the work uses: a wait
+/// for a device outside the list reads a clock that did not start with
+/// them. Errors when `devices` is empty, names a device twice, or names
+/// one that is not a simulated GPU (time CUDA work with
+/// [`crate::synchronize`] and [`std::time::Instant`]).
+///
+/// ```
+/// use kiln::comm::{self, ReduceOp, SimLink};
+/// use kiln::{DType, Tensor};
+/// use std::time::Duration;
+///
+/// let gpus = kiln::ensure_simulated_gpus(2, 256 << 20);
+/// let before = comm::simulated_link();
+/// let link = SimLink { bandwidth: 12e9, latency: Duration::from_micros(10) };
+/// comm::set_simulated_link(link)?;
+/// let grads = [Tensor::ones(1 << 20, DType::F32, &gpus[0])?, Tensor::ones(1 << 20, DType::F32, &gpus[1])?];
+/// let ((), took) = comm::simulated_elapsed(&gpus, || comm::all_reduce_(&grads, ReduceOp::Sum))?;
+/// // A ring over 2 devices: 2 steps of one 2 MiB half each.
+/// let ring = 2 * link.transfer_time(2 << 20);
+/// assert!(took >= ring && took < ring + Duration::from_micros(20), "{took:?} against {ring:?}");
+/// comm::set_simulated_link(before)?;
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn simulated_elapsed<R>(devices: &[Device], work: impl FnOnce() -> Result<R>) -> Result<(R, std::time::Duration)> {
+    const OP: &str = "simulated_elapsed";
+    check_devices(OP, devices)?;
+    let mut sims = Vec::with_capacity(devices.len());
+    for d in devices {
+        let backend = crate::registry::backend(*d)?;
+        let Some(sim) = backend.as_any().downcast_ref::<crate::backends::sim::SimBackend>() else {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "{d} is a {} device, and only simulated GPUs keep a modelled clock; time other devices' work on the wall clock: \
+                     `let t = std::time::Instant::now(); work()?; kiln::synchronize(&device)?; let took = t.elapsed();`",
+                    backend.kind()
+                ),
+            ));
+        };
+        sims.push(sim);
+    }
+    for d in devices {
+        crate::synchronize(d)?;
+    }
+    let start = crate::backends::sim::now_ns();
+    for sim in &sims {
+        sim.mark_clocks(Some(start))?;
+    }
+    let result = work();
+    let ends: Result<Vec<_>> = sims.iter().map(|sim| sim.mark_clocks(None)).collect();
+    // Wait for every device even after a failure, then report the first.
+    let mut synced: Result<()> = Ok(());
+    for d in devices {
+        let next = crate::synchronize(d);
+        if synced.is_ok() {
+            synced = next;
+        }
+    }
+    let (result, ends) = (result?, ends?);
+    synced?;
+    let end = ends.iter().flatten().map(|slot| slot.load(std::sync::atomic::Ordering::Acquire)).max().unwrap_or(start);
+    Ok((result, std::time::Duration::from_nanos(end.saturating_sub(start))))
+}
+
 /// The group's checks: at least one tensor, one per device, one dtype, and
 /// (`same_shape`) one shape.
 fn check_group(op: &str, tensors: &[Tensor], same_shape: bool) -> Result<()> {

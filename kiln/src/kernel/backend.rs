@@ -39,6 +39,12 @@ pub(crate) struct QueueTimes {
 /// before it was recorded.
 pub(crate) trait Event: Send + Sync {
     fn wait(&self);
+    /// Where the device keeps a modelled clock (simulated GPUs), its time
+    /// in nanoseconds when the work before the event completed; `None`
+    /// elsewhere, or when the event is no longer known.
+    fn device_time_ns(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// What a device must provide. Validation is done before any of these is

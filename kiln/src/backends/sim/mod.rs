@@ -17,6 +17,7 @@ use crate::kernel::backend::{Backend, Event, QueueHold};
 use crate::kernel::storage::{Buffer, Storage};
 use crate::kernel::{Kernel, Src};
 use crate::runtime::memory::MemoryPool;
+pub(crate) use queue::now_ns;
 use queue::{gone_after_fork, Job, Queue};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -67,6 +68,19 @@ impl SimBackend {
     /// The compute queue.
     fn compute_queue(&self) -> &Queue {
         &self.queue
+    }
+
+    /// Queues a mark of the device clock on each of the device's queues
+    /// (the collective queue only once started), first moving the clock up
+    /// to `at` when given; the slots hold the clocks once the marks ran.
+    pub(crate) fn mark_clocks(&self, at: Option<u64>) -> Result<Vec<Arc<std::sync::atomic::AtomicU64>>> {
+        let mut slots = Vec::with_capacity(2);
+        for q in std::iter::once(&self.queue).chain(self.comm.get()) {
+            let slot = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            q.submit(Job::Mark(at, slot.clone()))?;
+            slots.push(slot);
+        }
+        Ok(slots)
     }
 
     /// A host<->device copy pays the bus's round-trip latency, as on a real

@@ -3,6 +3,18 @@
 //! events wait for. A simulated GPU has a compute queue, and a second queue
 //! for collectives (started by the first one), as a GPU has a stream for
 //! NCCL beside its compute stream: communication then overlaps compute.
+//!
+//! Each queue also keeps a *device clock*: the time its work would take on
+//! a GPU of its own, in nanoseconds on [`now_ns`]'s scale. A large kernel
+//! advances it by the CPU time it ran for (not the time its thread waited
+//! for one of the host's cores), a small one or a read by the wall time it
+//! took; a transfer over the
+//! modelled link ([`Job::Transfer`], [`Job::Arrive`]) by the link's modelled
+//! time, whatever the host's own copy took; a wait on another queue's event
+//! moves it to that event's device time. Waiting in wall time (a queue
+//! whose host thread is late, a hold) does not advance it. So an interval
+//! between two [`Job::Mark`]s is what the devices would take, free of this
+//! host's core count: `comm::simulated_elapsed` reads it.
 
 use super::super::host;
 use crate::base::buffer::CpuBuffer;
@@ -28,7 +40,65 @@ pub(super) enum Job {
     /// A wait for another queue's event, timed: what a compute queue spends
     /// waiting on communication (see [`QueueTimes`]).
     Wait(Arc<dyn Event>),
+    /// A kernel that moves data over the modelled link (a ring step's send
+    /// or combine, a collective's local copy): run as a kernel, but not
+    /// charged to the device clock, which the link's modelled time
+    /// ([`Job::Arrive`]) covers instead. A send carries a [`Stamp`] of when
+    /// it started.
+    Transfer(Box<(Kernel<'static>, Arc<Storage>)>, Option<Arc<Stamp>>),
+    /// The end of a transfer, on its receiver: waits until the modelled
+    /// transfer time (nanoseconds) since the send's [`Stamp`] has passed,
+    /// on the wall clock and on the device clock. Nothing when the send did
+    /// not run (a poisoned queue).
+    Arrive(Arc<Stamp>, u64),
+    /// Stores the device clock in the slot, after moving the clock up to
+    /// `at` (a [`now_ns`] time) when given: the bounds of a timed interval.
+    Mark(Option<u64>, Arc<AtomicU64>),
 }
+
+/// When a send started: on the wall clock ([`now_ns`]) and on its queue's
+/// device clock; 0 until it runs.
+#[derive(Default)]
+pub(super) struct Stamp {
+    wall_ns: AtomicU64,
+    device_ns: AtomicU64,
+}
+
+/// Nanoseconds since the first call, at least 1: the scale of the device
+/// clocks and of the modelled transfers' deadlines.
+pub(crate) fn now_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    u64::try_from(EPOCH.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Sleeps until `deadline_ns` (on the [`now_ns`] clock). The queues' threads
+/// ask Linux for a timer slack of 1 ns so that the modelled transfer times
+/// hold to a few microseconds.
+fn sleep_until(deadline_ns: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        thread_local!(static SLACK_SET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+        SLACK_SET.with(|s| {
+            if !s.get() {
+                // SAFETY: PR_SET_TIMERSLACK takes one integer argument and
+                // only changes this thread's timer slack.
+                unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+                s.set(true);
+            }
+        });
+    }
+    loop {
+        let now = now_ns();
+        if now >= deadline_ns {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_nanos(deadline_ns - now));
+    }
+}
+
+/// How many completed jobs' device times a queue remembers for the events
+/// that other queues wait on.
+const CLOCK_HISTORY: usize = 1024;
 
 /// Time a queue's worker spent, in nanoseconds, since it started.
 #[derive(Default)]
@@ -59,6 +129,9 @@ pub(super) struct Progress {
     /// Live `hold_queue` holds: an allocation does not wait for a held queue.
     pub holds: AtomicUsize,
     pub timers: Timers,
+    /// The device clock when job `seq` completed, at `seq % CLOCK_HISTORY`;
+    /// written by the worker before it counts the job as done.
+    clock_at: Box<[AtomicU64]>,
 }
 
 impl Progress {
@@ -73,7 +146,21 @@ impl Progress {
             poisoned: AtomicBool::new(false),
             holds: AtomicUsize::new(0),
             timers: Timers::default(),
+            clock_at: (0..CLOCK_HISTORY).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// The device clock when job `seq` completed: `None` before it has, and
+    /// once `CLOCK_HISTORY` later jobs have reused its slot.
+    fn device_time(&self, seq: u64) -> Option<u64> {
+        if seq == 0 {
+            return None;
+        }
+        let t = self.clock_at[(seq % CLOCK_HISTORY as u64) as usize].load(Ordering::Acquire);
+        // Read after `t`: had `t` come from job seq + CLOCK_HISTORY, the
+        // worker would have counted seq + CLOCK_HISTORY − 1 jobs before it.
+        let completed = self.completed.load(Ordering::SeqCst);
+        (completed >= seq && completed < seq + CLOCK_HISTORY as u64 - 1).then_some(t)
     }
 
     pub fn wait_for(&self, seq: u64) {
@@ -136,6 +223,9 @@ impl Event for SimEvent {
     fn wait(&self) {
         self.progress.wait_for(self.seq);
     }
+    fn device_time_ns(&self) -> Option<u64> {
+        self.progress.device_time(self.seq)
+    }
 }
 
 /// An in-order queue served by its own worker thread.
@@ -148,6 +238,9 @@ pub(super) struct Queue {
 impl Queue {
     /// A queue of at most `depth` waiting jobs, served by a thread called `name`.
     pub fn start(device: Device, name: String, depth: usize) -> Queue {
+        // The device clock counts from `now_ns`'s epoch: fix it before any
+        // job runs, so that a clock never reads ahead of the wall.
+        now_ns();
         let (sender, receiver) = crossbeam_channel::bounded::<Job>(depth);
         let progress = Arc::new(Progress::new());
         let worker_progress = progress.clone();
@@ -210,30 +303,99 @@ fn elapsed_ns(start: Instant) -> u64 {
     u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// The CPU time this thread has used, in nanoseconds (Linux; elsewhere
+/// `None`).
+fn thread_cpu_ns() -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes one timespec, which `ts` is.
+        if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0 {
+            return Some((ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64));
+        }
+    }
+    None
+}
+
+/// Kernels that read and write at least this many elements in all are
+/// charged to the device clock by their CPU time; smaller ones by their wall
+/// time. Reading a thread's CPU clock is a system call, a microsecond or
+/// more on a virtual machine: more than a small kernel takes, and a small
+/// kernel is rarely descheduled midway.
+const CPU_TIMED_ELEMENTS: usize = 1 << 18;
+
+/// Elements a kernel reads and writes, counted by whole storages.
+fn elements_touched(kernel: &Kernel<'_>, out: &Storage) -> usize {
+    let inputs = match kernel {
+        Kernel::Unary { src, .. } | Kernel::Reduce { src, .. } => src.storage.len,
+        Kernel::Binary { lhs, rhs, .. } => lhs.storage.len.saturating_add(rhs.storage.len),
+        Kernel::Custom { inputs, .. } => inputs.iter().fold(0usize, |n, i| n.saturating_add(i.storage.len)),
+    };
+    inputs.saturating_add(out.len)
+}
+
+/// Runs a kernel job unless the queue is poisoned (after a failure the
+/// queue skips kernels until the failure is reported: their inputs may be
+/// unwritten); returns what it costs on the device clock: the CPU time it
+/// ran for when it is large ([`CPU_TIMED_ELEMENTS`]), which leaves out any
+/// wait for one of the host's cores while other simulated GPUs held them,
+/// and its wall time otherwise.
+fn run_kernel(device: Device, progress: &Progress, work: Box<(Kernel<'static>, Arc<Storage>)>) -> u64 {
+    let mut took = 0;
+    if !progress.poisoned.load(Ordering::Acquire) {
+        let (kernel, out) = &*work;
+        let cpu = if elements_touched(kernel, out) >= CPU_TIMED_ELEMENTS { thread_cpu_ns() } else { None };
+        let start = Instant::now();
+        if let Err(err) = host::run_caught(kernel, Out::Storage(out), 1, device) {
+            progress.fail(err);
+        }
+        let wall = elapsed_ns(start);
+        took = match (cpu, cpu.and_then(|_| thread_cpu_ns())) {
+            (Some(before), Some(after)) => after.saturating_sub(before).min(wall),
+            _ => wall,
+        };
+        progress.timers.kernels_ns.fetch_add(wall, Ordering::Relaxed);
+    }
+    // The kernel's storages are released here, before the job counts as
+    // done: a waiting allocation then finds them free.
+    drop(work);
+    took
+}
+
 fn worker(device: Device, receiver: Receiver<Job>, progress: Arc<Progress>) {
+    // The device clock (see the module's documentation) and the number of
+    // jobs done.
+    let mut clock: u64 = 0;
+    let mut seq: u64 = 0;
     while let Ok(job) = receiver.recv() {
         match job {
-            Job::Kernel(kernel) => {
-                // After a failure the queue skips kernels until the failure
-                // is reported: their inputs may be unwritten.
-                if !progress.poisoned.load(Ordering::Acquire) {
-                    let start = Instant::now();
-                    let (kernel, out) = &*kernel;
-                    if let Err(err) = host::run_caught(kernel, Out::Storage(out), 1, device) {
-                        progress.fail(err);
-                    }
-                    progress.timers.kernels_ns.fetch_add(elapsed_ns(start), Ordering::Relaxed);
+            Job::Kernel(work) => clock = clock.saturating_add(run_kernel(device, &progress, work)),
+            Job::Transfer(work, stamp) => {
+                if let Some(stamp) = &stamp {
+                    stamp.device_ns.store(clock, Ordering::Release);
+                    stamp.wall_ns.store(now_ns(), Ordering::Release);
                 }
-                // The kernel's storages are released here, before the job
-                // counts as done: a waiting allocation then finds them free.
-                drop(kernel);
+                run_kernel(device, &progress, work);
+            }
+            Job::Arrive(stamp, modelled_ns) => {
+                let start = stamp.wall_ns.load(Ordering::Acquire);
+                if start > 0 {
+                    sleep_until(start.saturating_add(modelled_ns));
+                    clock = clock.max(stamp.device_ns.load(Ordering::Acquire).saturating_add(modelled_ns));
+                }
+            }
+            Job::Mark(at, slot) => {
+                clock = clock.max(at.unwrap_or(0));
+                slot.store(clock, Ordering::Release);
             }
             Job::Read(src, reply) => {
+                let start = Instant::now();
                 let result = match progress.take_failure() {
                     Some(err) => Err(err),
                     None => host::gather_caught(&src, device),
                 };
                 drop(src);
+                clock = clock.saturating_add(elapsed_ns(start));
                 let _ = reply.send(result);
             }
             Job::Control(f) => {
@@ -249,8 +411,11 @@ fn worker(device: Device, receiver: Receiver<Job>, progress: Arc<Progress>) {
                 let start = Instant::now();
                 event.wait();
                 progress.timers.waits_ns.fetch_add(elapsed_ns(start), Ordering::Relaxed);
+                clock = clock.max(event.device_time_ns().unwrap_or(0));
             }
         }
+        seq += 1;
+        progress.clock_at[(seq % CLOCK_HISTORY as u64) as usize].store(clock, Ordering::Release);
         progress.job_done();
     }
 }

@@ -19,13 +19,16 @@
 //! all-gather of n − 1 steps each, so on an idle machine it takes about
 //! 2(n − 1)·(latency + S / (n·bandwidth)): the textbook ring cost, which
 //! `kiln bench Comm` measures. Where the host's own copies take longer than
-//! the modelled link (a fast link, a large buffer), the host's time shows.
+//! the modelled link (a fast link, a large buffer), the host's time shows
+//! in wall time; the devices' clocks (`queue.rs`) charge a transfer its
+//! modelled time only, so `comm::simulated_elapsed` gives the ring's time
+//! on GPUs of their own, whatever this host's cores and memory allow.
 //!
 //! The link is `KILN_SIM_LINK_BANDWIDTH` (default 12 GB/s, a PCIe 3.0 ×16
 //! link as NCCL measures it) and `KILN_SIM_LINK_LATENCY` (default 10 µs,
 //! in microseconds), or [`set_link`] at run time.
 
-use super::queue::{Job, SimEvent};
+use super::queue::{Job, SimEvent, Stamp};
 use super::SimBackend;
 use crate::base::buffer::CpuBuffer;
 use crate::base::dtype::DType;
@@ -37,9 +40,8 @@ use crate::kernel::cuda::CudaDevice;
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 /// The simulated GPUs' communicator (every simulated GPU returns it).
 pub(crate) static RING: SimRing = SimRing;
@@ -105,47 +107,14 @@ pub(crate) fn set_link(link: SimLink) -> Result<()> {
     Ok(())
 }
 
-/// Nanoseconds since the first collective: when a send started.
-fn now_ns() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    u64::try_from(EPOCH.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX).max(1)
-}
-
-/// Sleeps until `deadline_ns` (on the [`now_ns`] clock). The collective
-/// queues' threads ask Linux for a timer slack of 1 ns so that the modelled
-/// transfer times hold to a few microseconds.
-fn sleep_until(deadline_ns: u64) {
-    #[cfg(target_os = "linux")]
-    {
-        thread_local!(static SLACK_SET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
-        SLACK_SET.with(|s| {
-            if !s.get() {
-                // SAFETY: PR_SET_TIMERSLACK takes one integer argument and
-                // only changes this thread's timer slack.
-                unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
-                s.set(true);
-            }
-        });
-    }
-    loop {
-        let now = now_ns();
-        if now >= deadline_ns {
-            return;
-        }
-        std::thread::sleep(Duration::from_nanos(deadline_ns - now));
-    }
-}
-
 /// `out[to..to + len] = combine(out[to..], input[from..from + len])`, or a
-/// copy without `combine`; records when it started in `started` (the
-/// start of a transfer, for the modelled time).
+/// copy without `combine`.
 #[derive(Clone)]
 struct Move {
     from: usize,
     to: usize,
     len: usize,
     combine: Option<Combine>,
-    started: Option<Arc<AtomicU64>>,
 }
 
 fn combine_into<T: Copy>(out: &mut [T], input: &[T], f: impl Fn(T, T) -> T) {
@@ -199,9 +168,6 @@ impl CustomKernel for Move {
         "collective"
     }
     fn host(&self, inputs: &[HostIn<'_>], out: &mut CpuBuffer, _threads: usize) -> Result<()> {
-        if let Some(started) = &self.started {
-            started.store(now_ns(), Ordering::Release);
-        }
         let (from, to, len) = (self.from, self.to, self.len);
         let input = inputs[0].buf;
         if from + len > input.len() || to + len > out.len() {
@@ -311,9 +277,9 @@ impl<'a> Steps<'a> {
         if len == 0 {
             return Ok(());
         }
-        let op = Move { from, to, len, combine: None, started: None };
+        let op = Move { from, to, len, combine: None };
         let kernel = Kernel::Custom { op: OpRef::Shared(Arc::new(op)), inputs: smallvec::smallvec![whole(src)] };
-        self.devs[rank].comm_queue().submit(Job::Kernel(Box::new((kernel, dst.clone()))))?;
+        self.devs[rank].comm_queue().submit(Job::Transfer(Box::new((kernel, dst.clone())), None))?;
         Ok(())
     }
 
@@ -330,26 +296,21 @@ impl<'a> Steps<'a> {
             if let Some(done) = &self.received[s.dst] {
                 q.wait_event(done.clone())?;
             }
-            let started = Arc::new(AtomicU64::new(0));
-            let op = Move { from: self.offsets[s.src] + s.from, to: 0, len: s.len, combine: None, started: Some(started.clone()) };
+            let started = Arc::new(Stamp::default());
+            let op = Move { from: self.offsets[s.src] + s.from, to: 0, len: s.len, combine: None };
             let kernel = Kernel::Custom { op: OpRef::Shared(Arc::new(op)), inputs: smallvec::smallvec![whole(self.storages[s.src])] };
-            q.submit(Job::Kernel(Box::new((kernel, staging.clone()))))?;
+            q.submit(Job::Transfer(Box::new((kernel, staging.clone())), Some(started.clone())))?;
             in_flight.push((*s, staging, q.record_event(), started));
         }
         for (s, staging, sent, started) in in_flight {
             let q = self.devs[s.dst].comm_queue();
             q.wait_event(sent)?;
-            let op = Move { from: 0, to: self.offsets[s.dst] + s.to, len: s.len, combine, started: None };
+            let op = Move { from: 0, to: self.offsets[s.dst] + s.to, len: s.len, combine };
             let kernel = Kernel::Custom { op: OpRef::Shared(Arc::new(op)), inputs: smallvec::smallvec![whole(&staging)] };
-            q.submit(Job::Kernel(Box::new((kernel, self.storages[s.dst].clone()))))?;
+            q.submit(Job::Transfer(Box::new((kernel, self.storages[s.dst].clone())), None))?;
             // The rest of the modelled transfer time, from the send's start.
             let modelled = u64::try_from(self.link.transfer_time(s.len * size).as_nanos()).unwrap_or(u64::MAX);
-            q.submit(Job::Control(Box::new(move || {
-                let start = started.load(Ordering::Acquire);
-                if start > 0 {
-                    sleep_until(start.saturating_add(modelled));
-                }
-            })))?;
+            q.submit(Job::Arrive(started, modelled))?;
             self.received[s.dst] = Some(q.record_event());
         }
         Ok(())
