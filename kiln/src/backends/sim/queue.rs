@@ -8,10 +8,10 @@
 //! a GPU of its own, in nanoseconds on [`now_ns`]'s scale. A large kernel
 //! advances it by the CPU time it ran for (not the time its thread waited
 //! for one of the host's cores), a small one or a read by the wall time it
-//! took; a transfer over the
-//! modelled link ([`Job::Transfer`], [`Job::Arrive`]) by the link's modelled
-//! time, whatever the host's own copy took; a wait on another queue's event
-//! moves it to that event's device time. Waiting in wall time (a queue
+//! took; a transfer over the modelled link ([`Job::Transfer`],
+//! [`Job::Arrive`]) by the link's modelled time, whatever the host's own
+//! copy took; a wait on another queue's event moves it to that event's
+//! device time. Waiting in wall time (a queue
 //! whose host thread is late, a hold) does not advance it. So an interval
 //! between two [`Job::Mark`]s is what the devices would take, free of this
 //! host's core count: `comm::simulated_elapsed` reads it.
@@ -115,10 +115,12 @@ pub(super) struct Progress {
     pub submitted: AtomicU64,
     /// Jobs completed; written by the worker only.
     completed: AtomicU64,
-    /// Threads blocked in `wait_for`: the worker takes `lock` and wakes
-    /// them only when there are some (a futex wake on every job costs more
-    /// than a small kernel).
-    waiters: AtomicUsize,
+    /// The smallest job number a thread blocked in `wait_for` waits for
+    /// (`u64::MAX`: none): the worker takes `lock` and wakes the waiters
+    /// only once that job is done. A futex wake on every job costs more
+    /// than a small kernel, and wakes a thread that waits for a later job
+    /// onto a core another simulated GPU is computing on.
+    wake_at: AtomicU64,
     lock: Mutex<()>,
     done: Condvar,
     /// Set by the worker when a kernel fails (CUDA's sticky error); taken,
@@ -139,7 +141,7 @@ impl Progress {
         Progress {
             submitted: AtomicU64::new(0),
             completed: AtomicU64::new(0),
-            waiters: AtomicUsize::new(0),
+            wake_at: AtomicU64::new(u64::MAX),
             lock: Mutex::new(()),
             done: Condvar::new(),
             failure: Mutex::new(None),
@@ -170,21 +172,27 @@ impl Progress {
             return;
         }
         let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        // SeqCst with `job_done`: either the worker sees this waiter, or
-        // this check sees the worker's new count (no lost wake-up).
-        self.waiters.fetch_add(1, Ordering::SeqCst);
-        while self.completed.load(Ordering::SeqCst) < seq {
+        loop {
+            // SeqCst with `job_done`: either the worker sees this target
+            // once it has counted job `seq`, or this check sees the count
+            // (no lost wake-up). The worker resets the target only under
+            // `lock` and wakes every waiter then, and each registers again.
+            self.wake_at.fetch_min(seq, Ordering::SeqCst);
+            if self.completed.load(Ordering::SeqCst) >= seq {
+                return;
+            }
             guard = self.done.wait(guard).unwrap_or_else(|e| e.into_inner());
         }
-        self.waiters.fetch_sub(1, Ordering::SeqCst);
     }
-    /// Counts one job as done and wakes the threads waiting, if any.
+    /// Counts one job as done and wakes the waiting threads when one of
+    /// them waits for it (or for an earlier job).
     fn job_done(&self) {
-        self.completed.fetch_add(1, Ordering::SeqCst);
-        if self.waiters.load(Ordering::SeqCst) > 0 {
+        let completed = self.completed.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.wake_at.load(Ordering::SeqCst) <= completed {
             // Taking the lock orders this wake-up after a waiter that saw
             // the old count has gone to sleep.
             let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.wake_at.store(u64::MAX, Ordering::SeqCst);
             self.done.notify_all();
         }
     }
@@ -261,6 +269,18 @@ impl Queue {
         // queue order when several threads submit at once.
         let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
         let seq = self.progress.submitted.fetch_add(1, Ordering::AcqRel) + 1;
+        let job = match sender.try_send(job) {
+            Ok(()) => return Ok(seq),
+            // A full queue: wait until half of it has run before sending
+            // again. Sending as soon as one job leaves would wake this
+            // thread once per job, onto a core a simulated GPU computes on.
+            Err(crossbeam_channel::TrySendError::Full(job)) => {
+                let depth = sender.capacity().unwrap_or(1) as u64;
+                self.progress.wait_for(seq.saturating_sub(1 + depth / 2));
+                job
+            }
+            Err(crossbeam_channel::TrySendError::Disconnected(job)) => job,
+        };
         if sender.send(job).is_err() {
             // Nothing was queued: take the number back, or synchronize would
             // wait for it forever.
@@ -371,7 +391,9 @@ fn worker(device: Device, receiver: Receiver<Job>, progress: Arc<Progress>) {
         match job {
             Job::Kernel(work) => clock = clock.saturating_add(run_kernel(device, &progress, work)),
             Job::Transfer(work, stamp) => {
-                if let Some(stamp) = &stamp {
+                // A send that a poisoned queue skips leaves its stamp at 0,
+                // and its arrival waits for nothing.
+                if let Some(stamp) = stamp.as_ref().filter(|_| !progress.poisoned.load(Ordering::Acquire)) {
                     stamp.device_ns.store(clock, Ordering::Release);
                     stamp.wall_ns.store(now_ns(), Ordering::Release);
                 }
