@@ -134,6 +134,12 @@ struct Setup {
     last: Option<kiln::trainer::History>,
 }
 
+/// The median over rounds of the time per image of the baseline (`one`
+/// samples of `one_batch` images) over that of `this`: a speedup.
+fn per_image_speedup(one: &[f64], one_batch: usize, this: &[f64], this_batch: usize) -> f64 {
+    median(one.iter().zip(this).map(|(a, b)| (a / one_batch as f64) / (b / this_batch as f64)).collect())
+}
+
 /// The median of `v` (0 when empty), as the other rows take it.
 fn median(v: Vec<f64>) -> f64 {
     super::Stats::from_samples(v).median_ms
@@ -309,21 +315,14 @@ pub(super) fn dp_bench(ctx: &mut Ctx) -> Result<()> {
             .with("devices", n);
             // The first group of the same kind with one device is the baseline.
             if let Some(base) = setups[..i].iter().find(|b| b.kind == s.kind && b.devices.len() == 1) {
-                let ratios =
-                    base.samples.iter().zip(&s.samples).map(|(one, this)| (one / base.batch as f64) / (this / s.batch as f64)).collect();
-                let speedup = median(ratios);
+                let speedup = per_image_speedup(&base.samples, base.batch, &s.samples, s.batch);
                 row = row.with("speedup", round(speedup, 3));
                 if !s.device_samples.is_empty() && base.device_samples.len() == s.device_samples.len() {
                     // The same on the devices' clocks: what GPUs of their
                     // own would give, this host's cores and its own
                     // overhead left out.
-                    let ratios = base
-                        .device_samples
-                        .iter()
-                        .zip(&s.device_samples)
-                        .map(|(one, this)| (one / base.batch as f64) / (this / s.batch as f64))
-                        .collect();
-                    row = row.with("device_speedup", round(median(ratios), 3));
+                    let speedup = per_image_speedup(&base.device_samples, base.batch, &s.device_samples, s.batch);
+                    row = row.with("device_speedup", round(speedup, 3));
                 }
                 if let Some(ceiling) = ceiling.filter(|_| s.kind == DeviceKind::Simulated) {
                     row = row.with("ceiling", round(ceiling, 3)).with("efficiency", round(speedup / ceiling.max(1e-12), 3));
