@@ -147,6 +147,39 @@ fn binary_ops_with_broadcasting_match_finite_differences() {
     };
     check("maximum", &[a.clone(), shifted.clone()], |t| t[0].maximum(&t[1]));
     check("minimum", &[a.clone(), shifted], |t| t[0].minimum(&t[1]));
+    // The fused gradients of sigmoid and tanh, as ops of their own (g, y).
+    let y = input(&[3, 4], -0.9, 0.9, &[], 0.0);
+    for (name, op) in [("sigmoid_backward", kiln::BinaryOp::SigmoidBackward), ("tanh_backward", kiln::BinaryOp::TanhBackward)] {
+        check(name, &[a.clone(), y.clone()], |t| t[0].binary(&t[1], op));
+        check(&format!("{name} (3,4)x(4)"), &[a.clone(), row.clone()], |t| t[0].binary(&t[1], op));
+    }
+}
+
+/// sigmoid and tanh take their gradients from the fused ops: the same
+/// values, to the bit, as the composite rules g·(y·(1−y)) and g·(1−y²).
+#[test]
+fn sigmoid_and_tanh_gradients_are_the_composite_rules_bit_for_bit() -> Result<()> {
+    kiln::manual_seed(3);
+    for dtype in [DType::F32, DType::F64] {
+        let x = Tensor::randn_with(0.0, 3.0, vec![257], dtype, &cpu())?;
+        let g = Tensor::randn_with(0.0, 1.0, vec![257], dtype, &cpu())?;
+        for tanh in [false, true] {
+            let leaf = x.requires_grad_();
+            let y = if tanh { leaf.tanh()? } else { leaf.sigmoid()? };
+            y.mul(&g)?.sum_all()?.backward()?;
+            let got = leaf.grad().expect("a gradient").to_vec_f64()?;
+            let _g = no_grad();
+            let y = y.detach();
+            let want = if tanh {
+                g.mul(&y.sqr()?.unary(kiln::UnaryOp::RSubScalar(1.0))?)?
+            } else {
+                g.mul(&y.mul(&y.unary(kiln::UnaryOp::RSubScalar(1.0))?)?)?
+            };
+            let want = want.to_vec_f64()?;
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "tanh {tanh}, {dtype:?}");
+        }
+    }
+    Ok(())
 }
 
 #[test]

@@ -178,6 +178,8 @@ fn the_dense_path_computes_what_the_general_path_computes() {
         BinaryOp::Mul,
         BinaryOp::Div,
         BinaryOp::Pow,
+        BinaryOp::SigmoidBackward,
+        BinaryOp::TanhBackward,
         BinaryOp::Maximum,
         BinaryOp::Minimum,
         BinaryOp::Eq,

@@ -301,6 +301,18 @@ impl AvgPool2dParams {
         pool_shape("avg_pool2d", [self.batch, self.channels], self.input, self.kernel, self.stride, self.padding, [1, 1], self.ceil_mode)
     }
 
+    /// The divisor of every window when all windows lie whole inside the
+    /// input and none overlaps (no padding, stride ≥ kernel, no partial
+    /// last window), as LeNet's 2×2 pooling every 2: then each output's
+    /// window is a plain `kh × kw` block and each input element is in at
+    /// most one. `None` otherwise.
+    fn disjoint_divisor(&self, oh: usize, ow: usize) -> Option<i64> {
+        let ([kh, kw], [sh, sw], [h, w]) = (self.kernel, self.stride, self.input);
+        let whole =
+            self.padding == [0, 0] && sh >= kh && sw >= kw && oh >= 1 && ow >= 1 && (oh - 1) * sh + kh <= h && (ow - 1) * sw + kw <= w;
+        whole.then(|| self.divisor_override.unwrap_or((kh * kw) as i64))
+    }
+
     /// Window (oy, ox)'s input rows, columns and divisor, as PyTorch's
     /// `avg_pool2d`: the window is cut at the far padding edge, the divisor
     /// counts the padding only when `count_include_pad`.
@@ -330,24 +342,62 @@ pub fn avg_pool2d_forward<T: NnFloat>(p: &AvgPool2dParams, input: &[T], output: 
     let (h, w) = (p.input[0], p.input[1]);
     check_len(OP, "input", input.len(), n * c * h * w)?;
     check_len(OP, "output", output.len(), n * c * oh * ow)?;
-    over_planes(n * c, h * w, oh * ow, input, output, threads, |src, dst| {
-        for oy in 0..oh {
-            for ox in 0..ow {
-                let (ys, xs, div) = p.window(oy, ox);
-                if ys.is_empty() || xs.is_empty() {
-                    dst[oy * ow + ox] = T::ZERO;
-                    continue;
-                }
-                let mut sum = T::ZERO;
-                for y in ys {
-                    for &v in &src[y * w + xs.start..y * w + xs.end] {
-                        sum += v;
-                    }
-                }
-                dst[oy * ow + ox] = sum / T::from_f64(div as f64);
+    if let Some(div) = p.disjoint_divisor(oh, ow) {
+        let div = T::from_f64(div as f64);
+        return over_planes(n * c, h * w, oh * ow, input, output, threads, |src, dst| avg_disjoint_plane(p, div, ow, src, dst));
+    }
+    over_planes(n * c, h * w, oh * ow, input, output, threads, |src, dst| avg_any_plane(p, oh, ow, src, dst))
+}
+
+/// One plane of [`avg_pool2d_forward`], any windows.
+fn avg_any_plane<T: NnFloat>(p: &AvgPool2dParams, oh: usize, ow: usize, src: &[T], dst: &mut [T]) {
+    let w = p.input[1];
+    for oy in 0..oh {
+        for ox in 0..ow {
+            let (ys, xs, div) = p.window(oy, ox);
+            if ys.is_empty() || xs.is_empty() {
+                dst[oy * ow + ox] = T::ZERO;
+                continue;
             }
+            let mut sum = T::ZERO;
+            for y in ys {
+                for &v in &src[y * w + xs.start..y * w + xs.end] {
+                    sum += v;
+                }
+            }
+            dst[oy * ow + ox] = sum / T::from_f64(div as f64);
         }
-    })
+    }
+}
+
+/// One plane of [`avg_pool2d_forward`] when every window is a whole
+/// `kh × kw` block of the input ([`AvgPool2dParams::disjoint_divisor`]):
+/// the same sums in the same order as [`avg_any_plane`] (row by row from
+/// +0, then one division), so the same bits, without working out each
+/// window; 2×2 windows every 2 columns (LeNet's) in a loop the compiler
+/// vectorises.
+fn avg_disjoint_plane<T: NnFloat>(p: &AvgPool2dParams, div: T, ow: usize, src: &[T], dst: &mut [T]) {
+    let ([kh, kw], [sh, sw], w) = (p.kernel, p.stride, p.input[1]);
+    for (oy, out) in dst.chunks_exact_mut(ow).enumerate() {
+        let top = oy * sh * w;
+        if kh == 2 && kw == 2 && sw == 2 {
+            let (r0, r1) = (&src[top..top + 2 * ow], &src[top + w..top + w + 2 * ow]);
+            for ((o, a), b) in out.iter_mut().zip(r0.chunks_exact(2)).zip(r1.chunks_exact(2)) {
+                *o = (T::ZERO + a[0] + a[1] + b[0] + b[1]) / div;
+            }
+            continue;
+        }
+        for (ox, o) in out.iter_mut().enumerate() {
+            let mut sum = T::ZERO;
+            for ky in 0..kh {
+                let row = top + ky * w + ox * sw;
+                for &v in &src[row..row + kw] {
+                    sum += v;
+                }
+            }
+            *o = sum / div;
+        }
+    }
 }
 
 /// The gradient of [`avg_pool2d_forward`].
@@ -357,20 +407,58 @@ pub fn avg_pool2d_backward<T: NnFloat>(p: &AvgPool2dParams, grad_output: &[T], g
     let (h, w) = (p.input[0], p.input[1]);
     check_len(OP, "grad_output", grad_output.len(), n * c * oh * ow)?;
     check_len(OP, "grad_input", grad_input.len(), n * c * h * w)?;
-    over_planes(n * c, oh * ow, h * w, grad_output, grad_input, threads, |src, dst| {
-        dst.fill(T::ZERO);
-        for oy in 0..oh {
-            for ox in 0..ow {
-                let (ys, xs, div) = p.window(oy, ox);
-                let g = src[oy * ow + ox] / T::from_f64(div as f64);
-                for y in ys {
-                    for d in &mut dst[y * w + xs.start..y * w + xs.end] {
-                        *d += g;
-                    }
+    if let Some(div) = p.disjoint_divisor(oh, ow) {
+        let div = T::from_f64(div as f64);
+        return over_planes(n * c, oh * ow, h * w, grad_output, grad_input, threads, |src, dst| {
+            avg_disjoint_plane_backward(p, div, [oh, ow], src, dst)
+        });
+    }
+    over_planes(n * c, oh * ow, h * w, grad_output, grad_input, threads, |src, dst| avg_any_plane_backward(p, [oh, ow], src, dst))
+}
+
+/// One plane of [`avg_pool2d_backward`], any windows: each window's share
+/// of its gradient summed into zeros.
+fn avg_any_plane_backward<T: NnFloat>(p: &AvgPool2dParams, [oh, ow]: [usize; 2], src: &[T], dst: &mut [T]) {
+    let w = p.input[1];
+    dst.fill(T::ZERO);
+    for oy in 0..oh {
+        for ox in 0..ow {
+            let (ys, xs, div) = p.window(oy, ox);
+            let g = src[oy * ow + ox] / T::from_f64(div as f64);
+            for y in ys {
+                for d in &mut dst[y * w + xs.start..y * w + xs.end] {
+                    *d += g;
                 }
             }
         }
-    })
+    }
+}
+
+/// One plane of [`avg_pool2d_backward`] for disjoint whole windows: each
+/// input element gets its window's gradient (+0 + g, as the general path's
+/// sum into zeros gives) or, outside every window, zero.
+fn avg_disjoint_plane_backward<T: NnFloat>(p: &AvgPool2dParams, div: T, [oh, ow]: [usize; 2], src: &[T], dst: &mut [T]) {
+    let ([kh, kw], [sh, sw], [h, w]) = (p.kernel, p.stride, p.input);
+    if oh.checked_mul(sh) != Some(h) || ow.checked_mul(sw) != Some(w) || sh != kh || sw != kw {
+        dst.fill(T::ZERO);
+    }
+    for (oy, grads) in src.chunks_exact(ow).enumerate() {
+        for ky in 0..kh {
+            let row = &mut dst[(oy * sh + ky) * w..(oy * sh + ky + 1) * w];
+            if kw == 2 && sw == 2 {
+                for (d, &g) in row.chunks_exact_mut(2).zip(grads) {
+                    let g = T::ZERO + g / div;
+                    d[0] = g;
+                    d[1] = g;
+                }
+                continue;
+            }
+            for (ox, &g) in grads.iter().enumerate() {
+                let g = T::ZERO + g / div;
+                row[ox * sw..ox * sw + kw].fill(g);
+            }
+        }
+    }
 }
 
 // ---- adaptive average pooling ----------------------------------------------
@@ -471,4 +559,87 @@ pub fn adaptive_avg_pool2d_backward<T: NnFloat>(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The disjoint-window loops give the general loops' bits, in both
+    /// directions and both float types, on values with NaN, ±∞ and −0.
+    #[test]
+    fn disjoint_windows_give_the_general_paths_bits() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n) as usize
+        };
+        let edge = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.0, 0.0, 1e300, -3.5, 0.1];
+        let mut checked = 0;
+        for _ in 0..3000 {
+            let kernel = [1 + next(3), 1 + next(3)];
+            let p = AvgPool2dParams {
+                batch: 1,
+                channels: 1 + next(2),
+                input: [1 + next(9), 1 + next(9)],
+                kernel,
+                stride: [kernel[0] + next(2), kernel[1] + next(2)],
+                padding: [0, 0],
+                ceil_mode: next(2) == 0,
+                count_include_pad: next(2) == 0,
+                divisor_override: [None, None, Some(3), Some(-2)][next(4)],
+            };
+            let Ok([n, c, oh, ow]) = p.validate() else { continue };
+            let Some(div) = p.disjoint_divisor(oh, ow) else { continue };
+            checked += 1;
+            let plane = p.input[0] * p.input[1];
+            let x: Vec<f64> =
+                (0..n * c * plane).map(|_| if next(4) == 0 { edge[next(8)] } else { next(1000) as f64 / 7.0 - 70.0 }).collect();
+            let dy: Vec<f64> =
+                (0..n * c * oh * ow).map(|_| if next(4) == 0 { edge[next(8)] } else { next(1000) as f64 / 3.0 - 100.0 }).collect();
+            fn bits<T: NnFloat>(v: &[T]) -> Vec<u64> {
+                v.iter().map(|x| x.to_f64().to_bits()).collect()
+            }
+            fn both<T: NnFloat>(p: &AvgPool2dParams, div: i64, [oh, ow]: [usize; 2], x: &[T], dy: &[T]) {
+                let plane = p.input[0] * p.input[1];
+                for (src, g) in x.chunks_exact(plane).zip(dy.chunks_exact(oh * ow)) {
+                    let (mut fast, mut general) = (vec![T::from_f64(7.0); oh * ow], vec![T::from_f64(9.0); oh * ow]);
+                    avg_disjoint_plane(p, T::from_f64(div as f64), ow, src, &mut fast);
+                    avg_any_plane(p, oh, ow, src, &mut general);
+                    assert_eq!(bits(&fast), bits(&general), "forward of {p:?}");
+                    let (mut fast, mut general) = (vec![T::from_f64(7.0); plane], vec![T::from_f64(9.0); plane]);
+                    avg_disjoint_plane_backward(p, T::from_f64(div as f64), [oh, ow], g, &mut fast);
+                    avg_any_plane_backward(p, [oh, ow], g, &mut general);
+                    assert_eq!(bits(&fast), bits(&general), "backward of {p:?}");
+                }
+            }
+            both::<f64>(&p, div, [oh, ow], &x, &dy);
+            let (x32, dy32): (Vec<f32>, Vec<f32>) = (x.iter().map(|&v| v as f32).collect(), dy.iter().map(|&v| v as f32).collect());
+            both::<f32>(&p, div, [oh, ow], &x32, &dy32);
+        }
+        assert!(checked > 500, "only {checked} shapes had disjoint windows");
+    }
+
+    #[test]
+    fn overlapping_padded_or_partial_windows_take_the_general_path() {
+        let p = |kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2], input: [usize; 2], ceil_mode: bool| AvgPool2dParams {
+            batch: 1,
+            channels: 1,
+            input,
+            kernel,
+            stride,
+            padding,
+            ceil_mode,
+            count_include_pad: true,
+            divisor_override: None,
+        };
+        let disjoint = |q: AvgPool2dParams| q.validate().ok().and_then(|[_, _, oh, ow]| q.disjoint_divisor(oh, ow));
+        assert_eq!(disjoint(p([2, 2], [2, 2], [0, 0], [28, 28], false)), Some(4));
+        assert_eq!(disjoint(p([3, 3], [2, 2], [0, 0], [9, 9], false)), None, "overlapping");
+        assert_eq!(disjoint(p([2, 2], [2, 2], [1, 1], [4, 4], false)), None, "padded");
+        assert_eq!(disjoint(p([2, 2], [2, 2], [0, 0], [5, 5], true)), None, "a partial last window");
+        assert_eq!(disjoint(p([2, 2], [2, 2], [0, 0], [5, 5], false)), Some(4), "the last row and column in no window");
+    }
 }

@@ -2,7 +2,7 @@
 
 use crate::common::{assert_close, assert_f32, assert_values, f32s, on_every_device};
 use crate::t2;
-use kiln::{DType, Result, Tensor};
+use kiln::{BinaryOp, DType, Error, Result, Tensor};
 
 #[test]
 fn binary_ops_with_broadcasting() {
@@ -156,6 +156,47 @@ fn unary_ops() {
         assert_eq!(i.relu()?.to_vec::<i64>()?, vec![0, 0, 5]);
         assert_eq!(i.powi(3)?.to_vec::<i64>()?, vec![-27, 0, 125]);
         assert_eq!(i.sqr()?.to_vec::<i64>()?, vec![9, 0, 25]);
+        Ok(())
+    });
+}
+
+/// The fused gradients of sigmoid and tanh: exactly g·(y·(1−y)) and
+/// g·(1−y·y) rounded step by step (no fused multiply-add), on every device,
+/// broadcasting, and as the gradients sigmoid and tanh give.
+#[test]
+fn sigmoid_and_tanh_backward_ops_round_step_by_step() {
+    on_every_device(|d| {
+        let gv = [0.3f32, -1.7, 2.5, 1e-3, -0.0, 7.25];
+        let yv = [0.1f32, 0.5, 0.9, 0.999, 0.25, -0.6];
+        let (g, y) = (Tensor::new(&gv[..], &d)?, Tensor::new(&yv[..], &d)?);
+        let sig: Vec<f32> = gv.iter().zip(&yv).map(|(&g, &y)| g * (y * (1.0 - y))).collect();
+        let tanh: Vec<f32> = gv.iter().zip(&yv).map(|(&g, &y)| g * (1.0 - y * y)).collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&g.binary(&y, BinaryOp::SigmoidBackward)?.to_vec::<f32>()?), bits(&sig), "sigmoid_backward on {d}");
+        assert_eq!(bits(&g.binary(&y, BinaryOp::TanhBackward)?.to_vec::<f32>()?), bits(&tanh), "tanh_backward on {d}");
+        // A row of gradients against a column of outputs.
+        let col = Tensor::new(&[0.2f64, 0.7], &d)?.reshape((2, 1))?;
+        let row = Tensor::new(&[1.5f64, -2.0, 0.5], &d)?;
+        let got = row.binary(&col, BinaryOp::SigmoidBackward)?;
+        assert_eq!((got.dims(), got.device()), (&[2usize, 3][..], d));
+        let want: Vec<f64> = [0.2f64, 0.7].iter().flat_map(|&y| [1.5f64, -2.0, 0.5].map(|g| g * (y * (1.0 - y)))).collect();
+        assert_eq!(got.to_vec::<f64>()?, want, "broadcast sigmoid_backward on {d}");
+        assert!(matches!(
+            Tensor::new(&[1i64], &d)?.binary(&Tensor::new(&[1i64], &d)?, BinaryOp::TanhBackward),
+            Err(Error::DTypeMismatch { .. } | Error::UnsupportedDType { .. })
+        ));
+        // sigmoid's and tanh's own gradients are these ops.
+        let x = Tensor::new(&[-1.5f32, 0.25, 2.0], &d)?;
+        for tanh in [false, true] {
+            let leaf = x.requires_grad_();
+            let out = if tanh { leaf.tanh()? } else { leaf.sigmoid()? };
+            out.sum_all()?.backward()?;
+            let grad = leaf.grad().expect("a gradient");
+            assert_eq!(grad.device(), d);
+            let op = if tanh { BinaryOp::TanhBackward } else { BinaryOp::SigmoidBackward };
+            let want = out.detach().ones_like()?.binary(&out.detach(), op)?;
+            assert_eq!(bits(&grad.to_vec::<f32>()?), bits(&want.to_vec::<f32>()?), "tanh {tanh} on {d}");
+        }
         Ok(())
     });
 }

@@ -272,12 +272,14 @@ pub(crate) const UNARY: [UnaryOp; 23] = [
     UnaryOp::MinScalar(f64::NAN),
     UnaryOp::Affine(2.0, -1.0),
 ];
-pub(crate) const BINARY: [BinaryOp; 13] = [
+pub(crate) const BINARY: [BinaryOp; 15] = [
     BinaryOp::Add,
     BinaryOp::Sub,
     BinaryOp::Mul,
     BinaryOp::Div,
     BinaryOp::Pow,
+    BinaryOp::SigmoidBackward,
+    BinaryOp::TanhBackward,
     BinaryOp::Maximum,
     BinaryOp::Minimum,
     BinaryOp::Eq,

@@ -54,6 +54,21 @@ binary_family! {
                 })?;
                 Ok((ga, gb))
             };
+        /// g · y(1 − y): the gradient of sigmoid from its output `y`, in one
+        /// pass (PyTorch's `sigmoid_backward`; as `g * (y * (1 - y))`, the
+        /// same bits). Its own gradient: y(1 − y) for g, g(1 − 2y) for y.
+        SigmoidBackward => "sigmoid_backward", host |x, y| x.mul(y.mul(T::ONE.sub(y))),
+            cuda "Ar<T>::mul(x, Ar<T>::mul(y, Ar<T>::sub(Cv<T>::from(1.0), y)))",
+            grad |g, a, b| Ok((
+                need(a, || g.binary(b, BinaryOp::SigmoidBackward))?,
+                need(b, || g.mul(a)?.mul(&b.unary(super::unary::UnaryOp::Affine(-2.0, 1.0))?))?,
+            ));
+        /// g · (1 − y²): the gradient of tanh from its output `y`, in one
+        /// pass (PyTorch's `tanh_backward`; as `g * (1 - y * y)`, the same
+        /// bits). Its own gradient: 1 − y² for g, −2gy for y.
+        TanhBackward => "tanh_backward", host |x, y| x.mul(T::ONE.sub(y.mul(y))),
+            cuda "Ar<T>::mul(x, Ar<T>::sub(Cv<T>::from(1.0), Ar<T>::mul(y, y)))",
+            grad |g, a, b| Ok((need(a, || g.binary(b, BinaryOp::TanhBackward))?, need(b, || g.mul(a)?.mul(&b.mul_scalar(-2.0)?))?));
     }
     cmp {
         /// a == b, as u8 0/1.

@@ -82,11 +82,11 @@ unary_family! {
         /// Cosine.
         Cos => "cos", host |x| x.cos(), cuda "Fl<T>::cos(x)", grad |g, x| g.mul(&x.sin()?.neg()?);
         /// Hyperbolic tangent; the gradient reuses it: g · (1 − tanh²).
-        Tanh => "tanh", host |x| x.tanh(), cuda "Fl<T>::tanh(x)", grad |g, _x, y| g.mul(&y.sqr()?.unary(UnaryOp::RSubScalar(1.0))?);
+        Tanh => "tanh", host |x| x.tanh(), cuda "Fl<T>::tanh(x)", grad |g, _x, y| g.binary(y, BinaryOp::TanhBackward);
         /// Logistic sigmoid 1/(1+e⁻ˣ); the gradient reuses it: g · σ(1 − σ).
         Sigmoid => "sigmoid", host |x| T::ONE.div(T::ONE.add(x.neg().exp())),
             cuda "Ar<T>::div(Cv<T>::from(1.0), Ar<T>::add(Cv<T>::from(1.0), Fl<T>::exp(Ar<T>::neg(x))))",
-            grad |g, _x, y| g.mul(&y.mul(&y.unary(UnaryOp::RSubScalar(1.0))?)?);
+            grad |g, _x, y| g.binary(y, BinaryOp::SigmoidBackward);
         /// The error function 2/√π ∫₀ˣ e^(−t²) dt (exact GELU needs it); its gradient is 2/√π · e^(−x²).
         Erf => "erf", host |x| x.via(libm::erff, libm::erf), cuda "erff(x)" | "erf(x)",
             grad |g, x| g.mul(&x.sqr()?.neg()?.exp()?.mul_scalar(std::f64::consts::FRAC_2_SQRT_PI)?);
