@@ -117,6 +117,8 @@ struct Model {
     per_device_batch: usize,
     steps: usize,
     lr: f64,
+    /// Timed rounds when the user names no `--runs`.
+    rounds: usize,
 }
 
 /// One group of devices of the exercise, ready to time: its data, learner
@@ -212,17 +214,19 @@ impl Drop for Partner {
 pub(super) fn dp_bench(ctx: &mut Ctx) -> Result<()> {
     // LeNet at the book's batch of 256 (per device here: weak scaling);
     // ResNet-18 at 16 per device, which two cores can time in seconds.
+    // LeNet's rounds take a second each: 15 of them make its median ratio
+    // steady where this machine's cores change speed from round to round.
     let models = [
-        Model { name: "LeNet", make: || lenet(10), per_device_batch: 256, steps: if ctx.quick { 2 } else { 8 }, lr: 0.9 },
-        Model { name: "ResNet-18", make: || resnet18(10), per_device_batch: 16, steps: if ctx.quick { 1 } else { 4 }, lr: 0.05 },
+        Model { name: "LeNet", make: || lenet(10), per_device_batch: 256, steps: if ctx.quick { 2 } else { 8 }, lr: 0.9, rounds: 15 },
+        Model { name: "ResNet-18", make: || resnet18(10), per_device_batch: 16, steps: if ctx.quick { 1 } else { 4 }, lr: 0.05, rounds: 7 },
     ];
     let mut groups: Vec<Vec<Device>> = [1, 2, 4].iter().map(|&n| sims(n)).collect();
     let cuda = cuda_devices();
     for n in 1..=cuda.len() {
         groups.push(cuda[..n].to_vec());
     }
-    let runs = ctx.runs(if ctx.quick { 3 } else { 7 });
     for m in &models {
+        let runs = ctx.runs(m.rounds);
         let mut setups = Vec::with_capacity(groups.len());
         for devices in &groups {
             let n = devices.len();
