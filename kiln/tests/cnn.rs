@@ -166,6 +166,38 @@ fn layer_norm_matches_pytorch() {
     });
 }
 
+/// Batch norm at its edges, as PyTorch: training on an empty batch leaves the
+/// running statistics as they were (its mean and variance would be 0/0),
+/// and training refuses eps = 0 (evaluation takes it).
+#[test]
+fn batch_norm_on_an_empty_batch_keeps_the_running_statistics_and_training_refuses_eps_zero() {
+    on_every_device(|d| {
+        for dtype in [DType::F32, DType::F64] {
+            let rm = t(vec![0.5, -1.0], &[2], dtype, d)?;
+            let rv = t(vec![2.0, 3.0], &[2], dtype, d)?;
+            for dims in [&[0usize, 2, 3, 3][..], &[0, 2], &[0, 2, 5]] {
+                let x = Tensor::zeros(dims.to_vec(), dtype, &d)?.requires_grad_();
+                let y = x.batch_norm(Some(&rm), Some(&rv), None, None, true, 0.1, 1e-5)?;
+                assert_eq!(y.dims(), dims);
+                y.sum_all()?.backward()?;
+                assert_eq!(rm.to_vec_f64()?, vec![0.5, -1.0], "running mean after an empty batch {dims:?} on {d}");
+                assert_eq!(rv.to_vec_f64()?, vec![2.0, 3.0], "running var after an empty batch {dims:?} on {d}");
+            }
+            let x = t(vec![1.0, 2.0, 3.0, 5.0], &[2, 2], dtype, d)?;
+            invalid(x.batch_norm(Some(&rm), Some(&rv), None, None, true, 0.1, 0.0), &["eps", "positive"]);
+            assert_eq!(rm.to_vec_f64()?, vec![0.5, -1.0], "a refused call leaves the statistics");
+            let y = x.batch_norm(Some(&rm), Some(&rv), None, None, false, 0.1, 0.0)?;
+            close(
+                &y,
+                &[(1.0 - 0.5) / 2f64.sqrt(), 3.0 / 3f64.sqrt(), (3.0 - 0.5) / 2f64.sqrt(), 6.0 / 3f64.sqrt()],
+                tol(dtype),
+                "bn eval eps 0",
+            );
+        }
+        Ok(())
+    });
+}
+
 /// Central differences of `Σ f(inputs)·gy` against the analytic gradient of
 /// every input, in f64.
 fn finite_differences(d: Device, shapes: &[&[usize]], f: impl Fn(&[Tensor]) -> Result<Tensor>) -> Result<()> {
@@ -223,6 +255,109 @@ fn gradients_match_finite_differences_in_f64() {
         finite_differences(d, &[&[3, 2, 2, 1], &[2], &[2]], |v| v[0].batch_norm(None, None, Some(&v[1]), Some(&v[2]), true, 0.1, 1e-5))?;
         finite_differences(d, &[&[3, 4], &[4], &[4]], |v| v[0].batch_norm(None, None, Some(&v[1]), Some(&v[2]), true, 0.1, 1e-5))?;
         finite_differences(d, &[&[2, 2, 3], &[2, 3], &[2, 3]], |v| v[0].layer_norm(&[2, 3], Some(&v[1]), Some(&v[2]), 1e-5))?;
+        Ok(())
+    });
+}
+
+/// `conv_transpose2d` as its definition reads: every input element
+/// scatters `x · w` into the output, in f64.
+#[allow(clippy::too_many_arguments)]
+fn conv_transpose_reference(
+    x: &[f64],
+    xd: [usize; 4],
+    w: &[f64],
+    wd: [usize; 4],
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: [usize; 2],
+    output_padding: [usize; 2],
+    groups: usize,
+) -> (Vec<f64>, [usize; 4]) {
+    let [n, c, h, wi] = xd;
+    let [_, ocg, kh, kw] = wd;
+    let icg = c / groups;
+    let size = |i: usize, k: usize| {
+        ((xd[2 + i] - 1) * stride[i] + dilation[i] * (k - 1) + output_padding[i] + 1) as isize - 2 * padding[i] as isize
+    };
+    let (oh, ow) = (size(0, kh) as usize, size(1, kw) as usize);
+    let od = [n, ocg * groups, oh, ow];
+    let mut y = vec![0.0; od.iter().product()];
+    for b in 0..n {
+        for ic in 0..c {
+            let g = ic / icg;
+            for iy in 0..h {
+                for ix in 0..wi {
+                    let v = x[((b * c + ic) * h + iy) * wi + ix];
+                    for ocl in 0..ocg {
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                let oy = (iy * stride[0] + ky * dilation[0]) as isize - padding[0] as isize;
+                                let ox = (ix * stride[1] + kx * dilation[1]) as isize - padding[1] as isize;
+                                if oy < 0 || ox < 0 || oy >= oh as isize || ox >= ow as isize {
+                                    continue;
+                                }
+                                let oc = g * ocg + ocl;
+                                y[((b * od[1] + oc) * oh + oy as usize) * ow + ox as usize] +=
+                                    v * w[((ic * ocg + ocl) * kh + ky) * kw + kx];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (y, od)
+}
+
+/// output_padding may reach max(stride, dilation) − 1 (PyTorch allows it
+/// while it is below the stride or the dilation): then the input is smaller
+/// than the window count of the convolution being transposed. Every value
+/// from 0 up, with groups and dilation, on every device, forward against the
+/// definition and gradients against finite differences.
+#[test]
+fn conv_transpose2d_takes_every_output_padding_below_the_stride_or_the_dilation() {
+    on_every_device(|d| {
+        // The case a held-out test found (PyTorch's output begins −2, −1, −6, −3, 0, 0, 2, 0, 6).
+        let x = Tensor::from_vec(vec![2f64, 1., 0., -2.], (1, 1, 2, 2), &d)?;
+        let w = Tensor::from_vec(vec![-1f64, -3., -3., -3.], (1, 1, 2, 2), &d)?;
+        let y = x.conv_transpose2d(&w, None, Conv2dArgs::default().dilation(2).output_padding(1))?;
+        assert_eq!(y.dims(), &[1, 1, 5, 5]);
+        assert_eq!(&y.to_vec::<f64>()?[..9], &[-2., -1., -6., -3., 0., 0., 2., 0., 6.], "on {d}");
+        let mut cases = 0;
+        for (stride, dilation, groups, padding) in
+            [([1, 1], [2, 3], 1, [0, 0]), ([2, 1], [1, 3], 2, [1, 0]), ([3, 2], [2, 2], 1, [1, 1]), ([1, 2], [3, 1], 2, [0, 1])]
+        {
+            for op0 in 0..stride[0].max(dilation[0]) {
+                for op1 in 0..stride[1].max(dilation[1]) {
+                    let (xd, wd) = ([2, 2 * groups, 3, 2], [2 * groups, 2, 2, 3]);
+                    let xv = seq(xd.iter().product(), 7, 11, 5.0, 4.0);
+                    let wv = seq(wd.iter().product(), 5, 13, 6.0, 5.0);
+                    let args =
+                        Conv2dArgs::default().stride(stride).dilation(dilation).groups(groups).padding(padding).output_padding([op0, op1]);
+                    let (want, od) = conv_transpose_reference(&xv, xd, &wv, wd, stride, padding, dilation, [op0, op1], groups);
+                    for dtype in [DType::F64, DType::F32] {
+                        let xt = t(xv.clone(), &xd, dtype, d)?;
+                        let wt = t(wv.clone(), &wd, dtype, d)?;
+                        let y = xt.conv_transpose2d(&wt, None, args)?;
+                        assert_eq!(y.dims(), &od, "{args:?} on {d}");
+                        close(&y, &want, tol(dtype), &format!("conv_transpose2d {args:?}"));
+                    }
+                    if op0 + 1 == stride[0].max(dilation[0]) && op1 + 1 == stride[1].max(dilation[1]) {
+                        // The largest output_padding: the input is smallest against the windows.
+                        finite_differences(d, &[&xd, &wd], |v| v[0].conv_transpose2d(&v[1], None, args))?;
+                    }
+                    cases += 1;
+                }
+            }
+        }
+        assert_eq!(cases, 6 * 4);
+        // At the stride and the dilation both, it is refused, naming them.
+        let x = Tensor::zeros((1, 1, 2, 2), DType::F32, &d)?;
+        let w = Tensor::zeros((1, 1, 2, 2), DType::F32, &d)?;
+        invalid(
+            x.conv_transpose2d(&w, None, Conv2dArgs::default().stride(2).dilation(2).output_padding(2)),
+            &["output_padding", "stride", "dilation"],
+        );
         Ok(())
     });
 }

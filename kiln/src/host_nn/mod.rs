@@ -57,6 +57,7 @@ pub use conv::{
     conv2d_backward, conv2d_backward_bias, conv2d_backward_input, conv2d_backward_weight, conv2d_forward, conv_transpose2d_backward,
     conv_transpose2d_forward, Conv2dParams, ConvTranspose2dParams, Padding2d,
 };
+pub(crate) use conv::{geom_backward_input, geom_backward_weight, geom_forward, Geom as ConvGeom};
 pub use error::{NnError, NnResult};
 pub use float::NnFloat;
 pub use interp::{interpolate_backward, interpolate_forward, InterpMode, InterpParams};

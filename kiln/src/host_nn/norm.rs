@@ -38,6 +38,14 @@ impl BatchNormParams {
         if self.eps.is_nan() || self.eps < 0.0 {
             return Err(NnError::invalid(OP, format!("eps must be a non-negative number, got {}", self.eps)));
         }
+        if training && self.eps == 0.0 {
+            // As PyTorch: a channel whose values are all equal has variance
+            // 0, and 1/√(0 + 0) would turn its outputs into NaN.
+            return Err(NnError::invalid(
+                OP,
+                "eps must be positive when training, got 0 (a channel of equal values would divide by √0); the usual value is 1e-5",
+            ));
+        }
         Ok(len)
     }
 

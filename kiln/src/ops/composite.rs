@@ -99,8 +99,10 @@ impl Tensor {
     }
 
     /// The Frobenius norm: √(Σ x²), a 0-d tensor on the same device, in one
-    /// pass over `self` ([`ReduceOp::SumSquares`](crate::ReduceOp::SumSquares):
-    /// floats square and sum in f64, then round once).
+    /// pass over `self` ([`ReduceOp::Norm`](crate::ReduceOp::Norm): floats
+    /// square and sum in f64 and the root is taken there, then rounded once,
+    /// so no intermediate overflows or underflows where the norm is
+    /// representable). Its gradient at a zero tensor is 0, as in PyTorch.
     /// Floats only, as PyTorch's `linalg.vector_norm` ("Expected a floating
     /// point or complex tensor"): an integer tensor is `UnsupportedDType`
     /// (squaring and summing in its own dtype would wrap); convert it first.
@@ -109,6 +111,8 @@ impl Tensor {
     /// use kiln::{Tensor, DType, Error, cpu};
     /// let x = Tensor::new(&[[3f32, 0.], [0., 4.]], &cpu())?;
     /// assert_eq!(x.norm()?.to_scalar::<f32>()?, 5.0);
+    /// let big = Tensor::new(&[2e19f32, 0.], &cpu())?;
+    /// assert_eq!(big.norm()?.to_scalar::<f32>()?, 2e19);
     /// let b = Tensor::new(&[16u8], &cpu())?;
     /// assert!(matches!(b.norm(), Err(Error::UnsupportedDType { dtype: DType::U8, .. })));
     /// assert_eq!(b.to_dtype(DType::F32)?.norm()?.to_scalar::<f32>()?, 16.0);
@@ -119,7 +123,7 @@ impl Tensor {
             return Err(Error::UnsupportedDType { op: "norm".into(), dtype: self.dtype() });
         }
         crate::tensor::check_compute("norm", self.dtype())?;
-        self.reduce(crate::ReduceOp::SumSquares, &self.all_dims(), false)?.sqrt()
+        self.reduce(crate::ReduceOp::Norm, &self.all_dims(), false)
     }
 }
 

@@ -15,7 +15,7 @@ use crate::base::buffer::CpuBuffer;
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
-use crate::host_nn::{self, Conv2dParams, ConvTranspose2dParams, NnFloat, Padding2d};
+use crate::host_nn::{self, Conv2dParams, ConvGeom, ConvTranspose2dParams, NnFloat, Padding2d};
 use crate::kernel::cuda::{c_type, dtype_tag, CudaDevice, CudaModule, BLOCK};
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
@@ -83,6 +83,41 @@ pub(crate) fn host_dispatch(op: &impl HostNnKernel, name: &str, inputs: &[HostIn
 pub(crate) fn dptr(dev: &dyn CudaDevice, s: &Src<'_>) -> Result<u64> {
     let off = s.layout.contiguous_range().map_or(s.layout.offset(), |(a, _)| a);
     Ok(dev.ptr(&s.storage)? + (off * s.storage.dtype.size_in_bytes()) as u64)
+}
+
+/// Refuses a CUDA launch whose geometry reaches past an operand: each
+/// input must be a contiguous view of at least `needs[i]` elements inside
+/// its allocation, and the output must hold `count`. The kernels index their
+/// operands by the geometry alone, so without this a geometry that disagreed
+/// with the tensors would read or write another allocation's memory.
+pub(crate) fn check_extents(kernel: &str, inputs: &[Src<'_>], needs: &[usize], out: &Storage, count: usize) -> Result<()> {
+    let refuse = |what: String, need: usize, have: String| {
+        Err(Error::Backend {
+            device: out.device,
+            msg: format!(
+                "{kernel}: the kernel's geometry reaches {need} elements of its {what}, which holds {have}; \
+                 the launch was refused before anything was read or written (a kiln defect: please report it with the shapes)"
+            ),
+        })
+    };
+    if inputs.len() != needs.len() {
+        return refuse("inputs".into(), needs.len(), format!("{} operands", inputs.len()));
+    }
+    for (i, (s, &need)) in inputs.iter().zip(needs).enumerate() {
+        if need == 0 {
+            // Nothing of it is read (an empty layout may have no range).
+            continue;
+        }
+        let have = s.layout.contiguous_range().filter(|&(_, end)| end <= s.storage.len).map(|(start, end)| end - start);
+        if have.is_none_or(|h| h < need) {
+            let have = have.map_or_else(|| format!("a non-contiguous view of layout {:?}", s.layout), |h| format!("{h}"));
+            return refuse(format!("input {i}"), need, have);
+        }
+    }
+    if out.len < count {
+        return refuse("output".into(), count, format!("{}", out.len));
+    }
+    Ok(())
 }
 
 /// Refuses dtypes other than f32 and f64 (the kernels' types).
@@ -209,19 +244,35 @@ enum ConvKind {
     BackwardWeight,
 }
 
+/// One convolution kernel over its geometry. The geometry, not the
+/// convolution's arguments: a transposed convolution's input (the
+/// geometry's output) may have fewer rows and columns than the windows of
+/// the convolution it transposes, when output_padding ≥ stride.
 #[derive(Clone, Copy, Debug)]
 struct ConvOp {
-    p: Conv2dParams,
+    g: ConvGeom,
     kind: ConvKind,
+}
+
+impl ConvOp {
+    /// The elements of the kernel's output and of each input, in order.
+    fn extents(&self) -> (usize, [usize; 3]) {
+        let g = &self.g;
+        match self.kind {
+            ConvKind::Forward { .. } => (g.output_len(), [g.input_len(), g.weight_len(), g.c_out()]),
+            ConvKind::BackwardInput => (g.input_len(), [g.weight_len(), g.output_len(), 0]),
+            ConvKind::BackwardWeight => (g.weight_len(), [g.input_len(), g.output_len(), 0]),
+        }
+    }
 }
 
 impl HostNnKernel for ConvOp {
     fn run<T: HostFloat>(&self, ins: &[&[T]], out: &mut [T], threads: usize) -> Result<()> {
-        let p = &self.p;
+        let g = &self.g;
         match self.kind {
-            ConvKind::Forward { bias } => host_nn::conv2d_forward(p, ins[0], ins[1], bias.then(|| ins[2]), out, threads)?,
-            ConvKind::BackwardInput => host_nn::conv2d_backward_input(p, ins[0], ins[1], out, threads)?,
-            ConvKind::BackwardWeight => host_nn::conv2d_backward_weight(p, ins[0], ins[1], out, threads)?,
+            ConvKind::Forward { bias } => host_nn::geom_forward(g, ins[0], ins[1], bias.then(|| ins[2]), out, threads)?,
+            ConvKind::BackwardInput => host_nn::geom_backward_input(g, ins[0], ins[1], out, threads)?,
+            ConvKind::BackwardWeight => host_nn::geom_backward_weight(g, ins[0], ins[1], out, threads)?,
         }
         Ok(())
     }
@@ -248,17 +299,18 @@ impl CustomKernel for ConvOp {
         host_dispatch(self, self.name(), inputs, out, threads)
     }
     fn cuda(&self, dev: &dyn CudaDevice, inputs: &[Src<'_>], out: &Storage) -> Result<()> {
-        let p = &self.p;
-        let [n, _, oh, ow] = p.validate()?;
-        let g = p.groups;
-        let (icg, ocg) = (p.in_channels / g, p.out_channels / g);
-        let (x, wt, b, y, has_bias, name, count) = match self.kind {
+        let g = &self.g;
+        // The kernels index every operand by the geometry: check each
+        // allocation holds what the geometry reaches before launching.
+        let (count, needs) = self.extents();
+        check_extents(self.name(), inputs, &needs[..inputs.len()], out, count)?;
+        let (x, wt, b, y, has_bias, name) = match self.kind {
             ConvKind::Forward { bias } => {
                 let b = if bias { dptr(dev, &inputs[2])? } else { 0 };
-                (dptr(dev, &inputs[0])?, dptr(dev, &inputs[1])?, b, dev.ptr(out)?, bias as u64, "conv2d_fwd", n * p.out_channels * oh * ow)
+                (dptr(dev, &inputs[0])?, dptr(dev, &inputs[1])?, b, dev.ptr(out)?, bias as u64, "conv2d_fwd")
             }
-            ConvKind::BackwardInput => (dev.ptr(out)?, dptr(dev, &inputs[0])?, 0, dptr(dev, &inputs[1])?, 0, "conv2d_bwd_input", out.len),
-            ConvKind::BackwardWeight => (dptr(dev, &inputs[0])?, dev.ptr(out)?, 0, dptr(dev, &inputs[1])?, 0, "conv2d_bwd_weight", out.len),
+            ConvKind::BackwardInput => (dev.ptr(out)?, dptr(dev, &inputs[0])?, 0, dptr(dev, &inputs[1])?, 0, "conv2d_bwd_input"),
+            ConvKind::BackwardWeight => (dptr(dev, &inputs[0])?, dev.ptr(out)?, 0, dptr(dev, &inputs[1])?, 0, "conv2d_bwd_weight"),
         };
         let args = ConvArgs {
             x,
@@ -266,23 +318,26 @@ impl CustomKernel for ConvOp {
             b,
             y,
             has_bias,
-            n: n as u64,
-            groups: g as u64,
-            icg: icg as u64,
-            ocg: ocg as u64,
-            h: p.input[0] as u64,
-            iw: p.input[1] as u64,
-            oh: oh as u64,
-            ow: ow as u64,
-            kh: p.kernel[0] as u64,
-            kw: p.kernel[1] as u64,
-            sh: p.stride[0] as u64,
-            sw: p.stride[1] as u64,
-            dh: p.dilation[0] as u64,
-            dw: p.dilation[1] as u64,
-            pt: p.padding.top as i64,
-            pl: p.padding.left as i64,
+            n: g.n as u64,
+            groups: g.groups as u64,
+            icg: g.icg as u64,
+            ocg: g.ocg as u64,
+            h: g.h as u64,
+            iw: g.w as u64,
+            oh: g.oh as u64,
+            ow: g.ow as u64,
+            kh: g.kh as u64,
+            kw: g.kw as u64,
+            sh: g.sh as u64,
+            sw: g.sw as u64,
+            dh: g.dh as u64,
+            dw: g.dw as u64,
+            pt: g.pt as i64,
+            pl: g.pl as i64,
         };
+        if count == 0 {
+            return Ok(());
+        }
         let name = format!("{name}_{}", dtype_tag(out.dtype));
         dev.launch(&MODULE, &name, dev.grid_for(count), BLOCK, &args)
     }
@@ -407,8 +462,8 @@ template <typename T> __device__ void conv2d_bwd_weight_impl(const ConvArgs& p) 
 // ---- the front end ----------------------------------------------------------
 
 /// Runs one convolution kernel into a new tensor of `dims`.
-fn run_conv(p: Conv2dParams, kind: ConvKind, inputs: &[&Tensor], dims: Vec<usize>) -> Result<Tensor> {
-    let op = ConvOp { p, kind };
+fn run_conv(g: ConvGeom, kind: ConvKind, inputs: &[&Tensor], dims: Vec<usize>) -> Result<Tensor> {
+    let op = ConvOp { g, kind };
     let kernel = Kernel::Custom { op: OpRef::Borrowed(&op), inputs: inputs.iter().map(|t| t.src()).collect() };
     inputs[0].run_new(kernel, inputs[0].dtype(), Shape::from(dims))
 }
@@ -504,7 +559,8 @@ impl Tensor {
             let bc = bias.map(Tensor::contiguous).transpose()?;
             let mut ins = vec![&xc, &wc];
             ins.extend(bc.as_ref());
-            let y = run_conv(p, ConvKind::Forward { bias: bias.is_some() }, &ins, out.to_vec())?;
+            let geom = p.geom(out);
+            let y = run_conv(geom, ConvKind::Forward { bias: bias.is_some() }, &ins, out.to_vec())?;
             let mut rec: Vec<&Tensor> = vec![x, weight];
             rec.extend(bias);
             Ok(crate::autograd::record(y, &rec, false, || {
@@ -512,8 +568,13 @@ impl Tensor {
                     let g = c.g.contiguous()?;
                     let (x, w) = (&c.inputs[0], &c.inputs[1]);
                     let mut grads = smallvec::smallvec![
-                        crate::ops::need(x, || run_conv(p, ConvKind::BackwardInput, &[&w.contiguous()?, &g], p.input_shape().to_vec()))?,
-                        crate::ops::need(w, || run_conv(p, ConvKind::BackwardWeight, &[&x.contiguous()?, &g], p.weight_shape().to_vec()))?,
+                        crate::ops::need(x, || run_conv(geom, ConvKind::BackwardInput, &[&w.contiguous()?, &g], p.input_shape().to_vec()))?,
+                        crate::ops::need(w, || run_conv(
+                            geom,
+                            ConvKind::BackwardWeight,
+                            &[&x.contiguous()?, &g],
+                            p.weight_shape().to_vec()
+                        ))?,
                     ];
                     if let Some(b) = c.inputs.get(2) {
                         grads.push(crate::ops::need(b, || g.sum_dims(&[0, 2, 3], false))?);
@@ -570,18 +631,9 @@ impl Tensor {
                 groups,
             };
             let out = tp.validate().map_err(|e| with_shapes(e, x, weight))?;
-            // The convolution this one transposes: its input is our output.
-            let p = Conv2dParams {
-                batch: xd[0],
-                in_channels: out[1],
-                out_channels: xd[1],
-                input: [out[2], out[3]],
-                kernel: [wd[2], wd[3]],
-                stride: args.stride,
-                padding: Padding2d::symmetric(padding),
-                dilation: args.dilation,
-                groups,
-            };
+            // The convolution this one transposes: its input is our output,
+            // and its output (our input) may be smaller than its window count.
+            let p = tp.geom(out);
             let (xc, wc) = (x.contiguous()?, weight.contiguous()?);
             let y = run_conv(p, ConvKind::BackwardInput, &[&wc, &xc], out.to_vec())?;
             let y = crate::autograd::record(y, &[x, weight], false, || {

@@ -107,7 +107,7 @@ pub(crate) fn sum_to(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
             dims.push(extra + i);
         }
     }
-    g.sum_dims(&dims, true)?.reshape(shape)
+    g.sum_over(&dims, true)?.reshape(shape)
 }
 
 impl Tensor {

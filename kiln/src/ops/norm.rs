@@ -7,7 +7,7 @@
 //! thread per channel or row for the statistics and input gradients, f64
 //! sums).
 
-use super::conv::{check_float, dptr, host_dispatch, instantiate, HostFloat, HostNnKernel};
+use super::conv::{check_extents, check_float, dptr, host_dispatch, instantiate, HostFloat, HostNnKernel};
 use crate::backends::host::try_vec;
 use crate::base::buffer::CpuBuffer;
 use crate::base::error::{Error, Result};
@@ -177,6 +177,33 @@ impl CustomKernel for NormOp {
                 ("ln_back_input", p.rows)
             }
         };
+        // Check every allocation against what the kernel reaches before
+        // launching (the batch statistics read are the mean and invstd rows).
+        let (bn_len, c) = ((a.batch * a.channels * a.spatial) as usize, a.channels as usize);
+        let mut needs: smallvec::SmallVec<[usize; 4]> = smallvec::smallvec![bn_len];
+        let out_len = match *self {
+            NormOp::BnStats(_) => 3 * c,
+            NormOp::BnApply { weight, bias, .. } => {
+                needs.push(2 * c);
+                needs.extend(std::iter::repeat_n(c, weight as usize + bias as usize));
+                bn_len
+            }
+            NormOp::BnBackInput { weight, .. } => {
+                needs.extend([bn_len, 2 * c]);
+                needs.extend(std::iter::repeat_n(c, weight as usize));
+                bn_len
+            }
+            NormOp::LnForward { weight, bias, .. } => {
+                needs.extend(std::iter::repeat_n(a.spatial as usize, weight as usize + bias as usize));
+                bn_len
+            }
+            NormOp::LnBackInput { weight, .. } => {
+                needs.push(bn_len);
+                needs.extend(std::iter::repeat_n(a.spatial as usize, weight as usize));
+                bn_len
+            }
+        };
+        check_extents(self.name(), inputs, &needs, out, out_len)?;
         let name = format!("{kernel}_{}", dtype_tag(out.dtype));
         dev.launch(&MODULE, &name, dev.grid_for(count), BLOCK, &a)
     }
@@ -337,15 +364,17 @@ impl Tensor {
     /// Training normalises by the batch mean and biased variance and, when
     /// the running statistics are given, updates them in place:
     /// `running = (1 − momentum)·running + momentum·batch`, with the
-    /// unbiased batch variance. Evaluation (`training = false`) normalises
-    /// by the running statistics, which it then requires.
+    /// unbiased batch variance; an empty batch leaves them as they were.
+    /// Training refuses `eps = 0`, as PyTorch does. Evaluation (`training =
+    /// false`) normalises by the running statistics, which it then requires.
     ///
     /// ```
     /// use kiln::{Tensor, cpu};
     /// let x = Tensor::new(&[[1f32], [3.]], &cpu())?;
     /// let (rm, rv) = (Tensor::new(&[0f32], &cpu())?, Tensor::new(&[1f32], &cpu())?);
-    /// let y = x.batch_norm(Some(&rm), Some(&rv), None, None, true, 0.1, 0.0)?;
-    /// assert_eq!(y.to_vec::<f32>()?, vec![-1., 1.]);
+    /// let y = x.batch_norm(Some(&rm), Some(&rv), None, None, true, 0.1, 1e-5)?;
+    /// let y = y.to_vec::<f32>()?;
+    /// assert!((y[0] + 1.0).abs() < 1e-5 && (y[1] - 1.0).abs() < 1e-5);
     /// assert_eq!(rm.to_vec::<f32>()?, vec![0.2]);
     /// assert_eq!(rv.to_vec::<f32>()?, vec![0.9 + 0.1 * 2.]);
     /// # Ok::<(), kiln::Error>(())
@@ -379,7 +408,9 @@ impl Tensor {
         let x = self.contiguous()?;
         let stats = if training {
             let stats = run_norm(NormOp::BnStats(p), &[&x], &[3, c])?;
-            if let (Some(rm), Some(rv)) = (running_mean, running_var) {
+            // An empty batch has no statistics (its mean and variance are
+            // 0/0): the running ones stay as they were, as in PyTorch.
+            if let (Some(rm), Some(rv), true) = (running_mean, running_var, p.count() > 0) {
                 let _g = crate::no_grad();
                 let count = p.count() as f64;
                 let (mean, var) = (stats.narrow(0, 0, 1)?.reshape(c)?, stats.narrow(0, 2, 1)?.reshape(c)?);
@@ -422,11 +453,11 @@ impl Tensor {
                     grads.push(crate::ops::need(&cx.inputs[1], || {
                         let mean = stats.narrow(0, 0, 1)?.reshape(shape.as_slice())?;
                         let inv = stats.narrow(0, 1, 1)?.reshape(shape.as_slice())?;
-                        (&g * ((&x - &mean)? * &inv)?)?.sum_dims(&sum_dims, false)
+                        (&g * ((&x - &mean)? * &inv)?)?.sum_over(&sum_dims, false)
                     })?);
                 }
                 if has_b {
-                    grads.push(crate::ops::need(&cx.inputs[1 + has_w as usize], || g.sum_dims(&sum_dims, false))?);
+                    grads.push(crate::ops::need(&cx.inputs[1 + has_w as usize], || g.sum_over(&sum_dims, false))?);
                 }
                 Ok(grads)
             })
@@ -487,11 +518,11 @@ impl Tensor {
                 if has_w {
                     grads.push(crate::ops::need(&cx.inputs[1], || {
                         let xhat = run_norm(NormOp::LnForward { p, weight: false, bias: false }, &[&x], x.dims())?;
-                        (&g * &xhat)?.sum_dims(&lead, false)
+                        (&g * &xhat)?.sum_over(&lead, false)
                     })?);
                 }
                 if has_b {
-                    grads.push(crate::ops::need(&cx.inputs[1 + has_w as usize], || g.sum_dims(&lead, false))?);
+                    grads.push(crate::ops::need(&cx.inputs[1 + has_w as usize], || g.sum_over(&lead, false))?);
                 }
                 Ok(grads)
             })

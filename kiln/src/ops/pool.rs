@@ -5,7 +5,7 @@
 //! output element forward, one thread per image plane backward (the plane's
 //! gradient is scattered in the host's order, with no atomics).
 
-use super::conv::{check_float, dptr, host_dispatch, instantiate, HostFloat, HostNnKernel, Pair};
+use super::conv::{check_extents, check_float, dptr, host_dispatch, instantiate, HostFloat, HostNnKernel, Pair};
 use crate::backends::host::try_vec;
 use crate::base::buffer::CpuBuffer;
 use crate::base::error::{Error, Result};
@@ -198,6 +198,14 @@ impl CustomKernel for PoolOp {
                 (geom(p.validate()?, p.input, [1, 1], [1, 1], [0, 0]), "adaptive_pool", matches!(self, PoolOp::AdaptiveBackward(_)))
             }
         };
+        // Check every allocation against the geometry before launching.
+        let (image, pooled) = ((a.planes * a.h * a.w) as usize, (a.planes * a.oh * a.ow) as usize);
+        let (needs, out_len): (&[usize], usize) = match (self, backward) {
+            (PoolOp::MaxBackward(_), _) => (&[image, pooled], image),
+            (_, true) => (&[pooled], image),
+            (_, false) => (&[image], pooled),
+        };
+        check_extents(self.name(), inputs, needs, out, out_len)?;
         match (self, backward) {
             (PoolOp::MaxBackward(_), _) => (a.x, a.dy) = (dptr(dev, &inputs[0])?, dptr(dev, &inputs[1])?),
             (_, true) => a.dy = dptr(dev, &inputs[0])?,

@@ -15,7 +15,12 @@ fn reductions_over_all_and_axes() {
         assert_f32(&x.sum_keepdim(0)?, d, &[1, 3], &[8., 5., 9.]);
         assert_f32(&x.sum_dims(&[0, 1], true)?, d, &[1, 1], &[22.]);
         assert_f32(&x.sum_dims(&[1, 0], false)?, d, &[], &[22.]);
-        assert_f32(&x.sum_dims(&[0usize; 0], false)?, d, &[2, 3], &[1., 5., 2., 7., 0., 7.]);
+        // An empty list reduces every dimension, as PyTorch's sum(x, dim=[]).
+        assert_f32(&x.sum_dims(&[0usize; 0], false)?, d, &[], &[22.]);
+        assert_f32(&x.sum_dims(&[0usize; 0], true)?, d, &[1, 1], &[22.]);
+        assert_f32(&x.mean_dims(&[0usize; 0], false)?, d, &[], &[22. / 6.]);
+        assert_f32(&x.reduce(ReduceOp::Max, &[0usize; 0], false)?, d, &[], &[7.]);
+        assert!(x.reduce(ReduceOp::ArgMax, &[0usize; 0], false).is_err(), "argmax names one dimension");
         assert_f32(&x.mean_all()?, d, &[], &[22. / 6.]);
         assert_f32(&x.mean(0)?, d, &[3], &[4., 2.5, 4.5]);
         assert_f32(&x.mean_keepdim(1)?, d, &[2, 1], &[8. / 3., 14. / 3.]);
@@ -130,6 +135,71 @@ fn sums_of_squares_and_the_norm_values_and_gradients() {
         assert_values(&n, d, &[], &[4.]);
         n.backward()?;
         assert_values(&x.grad().expect("norm has a gradient"), d, &[4], &[0.5, -0.5, 0.5, -0.5]);
+        Ok(())
+    });
+}
+
+/// The norm at its extremes, as PyTorch's: its gradient at a zero tensor is
+/// 0 (not NaN: weight decay through the norm of zero parameters), and in
+/// f32 the squares sum and the root is taken in f64 before the one
+/// rounding, so a norm whose squares overflow or underflow f32 is exact.
+#[test]
+fn the_norm_of_zeros_has_gradient_zero_and_f32_norms_neither_overflow_nor_underflow() {
+    on_every_device(|d| {
+        for dtype in [DType::F32, DType::F64] {
+            let x = Tensor::zeros((2, 3), dtype, &d)?.requires_grad_();
+            let n = x.norm()?;
+            assert_eq!(n.to_vec_f64()?, vec![0.0]);
+            n.mul_scalar(3.0)?.backward()?;
+            assert_eq!(x.grad().expect("norm has a gradient").to_vec_f64()?, vec![0.0; 6], "{dtype} on {d}");
+            // A zero tensor's gradient is 0 also through a sum with other terms.
+            let p = Tensor::zeros(4, dtype, &d)?.requires_grad_();
+            (p.norm()? + p.sum_all()?)?.backward()?;
+            assert_eq!(p.grad().unwrap().to_vec_f64()?, vec![1.0; 4]);
+        }
+        let norm = |v: &[f32]| -> kiln::Result<f32> { Tensor::new(v, &d)?.norm()?.to_scalar::<f32>() };
+        assert_eq!(norm(&[2e19])?, 2e19);
+        assert_eq!(norm(&[-2e19, 0.0])?, 2e19);
+        assert_eq!(norm(&[1e-25])?, 1e-25);
+        assert_eq!(norm(&[3e-30, 4e-30])?, 5e-30);
+        assert_eq!(norm(&[3e30, 4e30])?, 5e30);
+        // Past f32's range the norm itself is inf; NaN propagates.
+        assert_eq!(norm(&[3e38, 3e38])?, f32::INFINITY);
+        assert!(norm(&[f32::NAN, 1.0])?.is_nan());
+        // Many elements and over a strided view, with the gradient x/‖x‖.
+        let big = Tensor::full(1e20, (64, 65), DType::F32, &d)?.t()?.requires_grad_();
+        let n = big.norm()?;
+        assert_eq!(n.to_scalar::<f32>()?, ((1e20f32 as f64).powi(2) * 4160.0).sqrt() as f32);
+        n.backward()?;
+        let g = big.grad().unwrap().to_vec::<f32>()?;
+        let want = (1.0 / (64.0f64 * 65.0).sqrt()) as f32;
+        assert!(g.iter().all(|&v| (v - want).abs() <= 1e-6 * want), "{} != {want}", g[0]);
+        // Integers are refused through reduce too (their squares would wrap).
+        assert!(matches!(Tensor::new(&[3i64, 4], &d)?.reduce(ReduceOp::Norm, &[0], false), Err(kiln::Error::UnsupportedDType { .. })));
+        Ok(())
+    });
+}
+
+/// Naming one dimension twice is refused (PyTorch: "dim 0 appears multiple
+/// times in the list of dims"), also on a 0-d tensor through 0 and −1.
+#[test]
+fn a_dimension_named_twice_is_refused_also_on_a_scalar() {
+    on_every_device(|d| {
+        let s = Tensor::new(&5f32, &d)?;
+        assert_f32(&s.sum_dims(&[0], false)?, d, &[], &[5.]);
+        assert_f32(&s.sum_dims(&[0usize; 0], false)?, d, &[], &[5.]);
+        for t in [s.clone(), Tensor::ones((2, 3), DType::F32, &d)?] {
+            for dims in [&[0i64, -1][..], &[0, 0], &[-1, -1]] {
+                if t.rank() == 2 && dims == [0, -1] {
+                    continue;
+                }
+                let err = t.sum_dims(dims, false).expect_err("a dimension named twice");
+                assert!(err.to_string().contains("appears multiple times"), "{err}");
+                assert!(t.mean_dims(dims, false).is_err());
+                assert!(t.var_dims(dims, 1.0, false).is_err());
+                assert!(t.logsumexp(dims, false).is_err());
+            }
+        }
         Ok(())
     });
 }

@@ -162,7 +162,7 @@ pub(crate) fn cuda_full_reductions_launch_many_blocks() -> Ran {
         let cases: Vec<(&str, &str, Reduction)> = vec![
             ("sum_all", "reduce_sum_f32_partial", Box::new(|| Ok(x.sum_all()?.to_scalar::<f32>()? as f64))),
             ("mean_all", "reduce_sum_f32_partial", Box::new(|| Ok(x.mean_all()?.to_scalar::<f32>()? as f64))),
-            ("norm", "reduce_sum_squares_f32_partial", Box::new(|| Ok(x.norm()?.to_scalar::<f32>()? as f64))),
+            ("norm", "reduce_norm_f32_partial", Box::new(|| Ok(x.norm()?.to_scalar::<f32>()? as f64))),
             ("argmax", "arg_partial_f32", Box::new(|| Ok(peak.argmax(0)?.to_scalar::<i64>()? as f64))),
             ("argmin", "arg_partial_f32", Box::new(|| Ok(peak.neg()?.argmin(0)?.to_scalar::<i64>()? as f64))),
         ];

@@ -289,8 +289,8 @@ pub(crate) const BINARY: [BinaryOp; 15] = [
     BinaryOp::Gt,
     BinaryOp::Ge,
 ];
-pub(crate) const REDUCE: [ReduceOp; 7] =
-    [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod, ReduceOp::SumSquares, ReduceOp::ArgMax, ReduceOp::ArgMin];
+pub(crate) const REDUCE: [ReduceOp; 8] =
+    [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod, ReduceOp::SumSquares, ReduceOp::Norm, ReduceOp::ArgMax, ReduceOp::ArgMin];
 
 /// A dimension from −5 to 4: every valid one of ranks up to 4, counted from
 /// either end, and the out-of-range ones on both sides.

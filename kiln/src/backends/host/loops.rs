@@ -313,24 +313,27 @@ impl<T: Copy, U> Apply2<T, U> for Dense2<'_, T, U> {
 /// combine, in the accumulator type `A` (f64 for float sums and products, so
 /// that the result hardly depends on how the work was split; the dtype
 /// itself otherwise, so integers wrap like every integer op).
-pub(crate) struct Fold<A, C, M> {
+pub(crate) struct Fold<A, C, M, F> {
     pub init: A,
     pub combine: C,
     /// Applied to each source element (widened) before it is combined.
     pub map: M,
+    /// Applied to each finished accumulator before its one rounding to the
+    /// dtype (a norm's square root, taken on the f64 sum of squares).
+    pub finish: F,
 }
 
 /// Folds a dense run in eight independent lanes (vectorised; the order of
 /// the combinations does not change an associative reduction beyond
 /// rounding, and f64 lanes make float sums exact to numpy's).
 #[inline(always)]
-fn fold_dense<T: Copy, A: Copy, C: Fn(A, A) -> A, M>(s: &[T], to: impl Fn(T) -> A, fold: &Fold<A, C, M>) -> A {
+fn fold_dense<T: Copy, A: Copy, C: Fn(A, A) -> A, M, F>(s: &[T], to: impl Fn(T) -> A, fold: &Fold<A, C, M, F>) -> A {
     wide_for(s.len(), || fold_lanes(s, to, fold))
 }
 
 /// [`fold_dense`]'s loop.
 #[inline(always)]
-fn fold_lanes<T: Copy, A: Copy, C: Fn(A, A) -> A, M>(s: &[T], to: impl Fn(T) -> A, fold: &Fold<A, C, M>) -> A {
+fn fold_lanes<T: Copy, A: Copy, C: Fn(A, A) -> A, M, F>(s: &[T], to: impl Fn(T) -> A, fold: &Fold<A, C, M, F>) -> A {
     const LANES: usize = 8;
     let mut acc = [fold.init; LANES];
     let chunks = s.chunks_exact(LANES);
@@ -350,16 +353,21 @@ fn fold_lanes<T: Copy, A: Copy, C: Fn(A, A) -> A, M>(s: &[T], to: impl Fn(T) -> 
 /// out (src's shape with `dims` set to 1) = the fold of src over `dims`,
 /// accumulated in `T::Acc`.
 #[inline(always)]
-pub(crate) fn reduce<T: Accumulate, C: Fn(T::Acc, T::Acc) -> T::Acc + Sync, M: Fn(T::Acc) -> T::Acc + Sync>(
+pub(crate) fn reduce<
+    T: Accumulate,
+    C: Fn(T::Acc, T::Acc) -> T::Acc + Sync,
+    M: Fn(T::Acc) -> T::Acc + Sync,
+    F: Fn(T::Acc) -> T::Acc + Sync,
+>(
     s: &[T],
     l: &Layout,
     dims: &[usize],
     out: &mut [T],
     threads: usize,
-    fold: Fold<T::Acc, C, M>,
+    fold: Fold<T::Acc, C, M, F>,
 ) {
-    let map = &fold.map;
-    let (to, from) = (move |x: T| map(T::widen(x)), T::narrow);
+    let (map, finish) = (&fold.map, &fold.finish);
+    let (to, from) = (move |x: T| map(T::widen(x)), move |a: T::Acc| T::narrow(finish(a)));
     let rank = l.dims().len();
     if l.elem_count() == 0 {
         // Nothing to combine, and an empty layout's strides may be
@@ -466,7 +474,7 @@ mod tests {
             }
         }
         // A sum over lanes, in f64, the same way.
-        let fold = Fold { init: 0f64, combine: |a: f64, b: f64| a + b, map: |a: f64| a };
+        let fold = Fold { init: 0f64, combine: |a: f64, b: f64| a + b, map: |a: f64| a, finish: |a: f64| a };
         let finite: Vec<f32> = x.iter().copied().filter(|v| v.is_finite()).collect();
         assert!(finite.len() > 3000);
         let wide_sum = fold_dense(&finite, |v: f32| f64::from(v), &fold);

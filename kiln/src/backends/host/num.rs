@@ -35,6 +35,11 @@ pub(crate) trait Num: WithDType + Default {
     fn abs(self) -> Self;
     fn neg(self) -> Self;
     fn pow(self, o: Self) -> Self;
+    /// √x: a reduction's `finish` (the norm's), which every accumulator
+    /// type must have. Integers give the floor of the root of a non-negative
+    /// value and 0 for a negative one (the norm refuses integers, so no op
+    /// of kiln takes this path).
+    fn square_root(self) -> Self;
 }
 
 /// Functions only floats have.
@@ -102,6 +107,10 @@ macro_rules! float_num {
             #[inline(always)]
             fn pow(self, o: Self) -> Self {
                 self.powf(o)
+            }
+            #[inline(always)]
+            fn square_root(self) -> Self {
+                <$t>::sqrt(self)
             }
         }
         impl Float for $t {
@@ -180,6 +189,10 @@ macro_rules! int_num {
             #[inline(always)]
             fn pow(self, o: Self) -> Self {
                 powi(self, o as i32)
+            }
+            #[inline(always)]
+            fn square_root(self) -> Self {
+                (self as f64).max(0.0).sqrt() as $t
             }
         }
     };

@@ -35,7 +35,7 @@ pub use params::{Conv2dParams, ConvTranspose2dParams, Padding2d};
 
 use crate::host_nn::work::{check_len, for_each_unit, part, zeroed, SharedMut};
 use crate::host_nn::{NnFloat, NnResult};
-use geom::Geom;
+pub(crate) use geom::Geom;
 
 /// Target workspace per thread, in bytes.
 pub(crate) const WORKSPACE_BYTES: usize = 1 << 20;
@@ -328,14 +328,63 @@ pub fn conv2d_forward<T: NnFloat>(
     output: &mut [T],
     threads: usize,
 ) -> NnResult<()> {
+    geom_forward(&p.geom(p.validate()?), input, weight, bias, output, threads)
+}
+
+// ---- the kernels over an explicit geometry ------------------------------------
+//
+// What `ops/conv.rs` runs: a transposed convolution's input may have fewer
+// rows and columns than the windows of the convolution it transposes
+// (output_padding ≥ stride), so its kernels take the geometry itself, not
+// the convolution's arguments. Every slice is checked against the geometry
+// before anything is read or written.
+
+/// Forward of geometry `g`: `input` `[n, c_in, h, w]`, `weight` `[c_out,
+/// icg, kh, kw]`, `output` `[n, c_out, oh, ow]`.
+pub(crate) fn geom_forward<T: NnFloat>(
+    g: &Geom,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    output: &mut [T],
+    threads: usize,
+) -> NnResult<()> {
     const OP: &str = "conv2d";
-    let out = p.validate()?;
-    let g = p.geom(out);
     check_len(OP, "input", input.len(), g.input_len())?;
     check_len(OP, "weight", weight.len(), g.weight_len())?;
     check_bias(OP, bias, g.c_out())?;
     check_len(OP, "output", output.len(), g.output_len())?;
-    forward_geom(&g, input, weight, bias, output, threads)
+    forward_geom(g, input, weight, bias, output, threads)
+}
+
+/// Input gradient of geometry `g` (shapes as [`geom_forward`]'s).
+pub(crate) fn geom_backward_input<T: NnFloat>(
+    g: &Geom,
+    weight: &[T],
+    grad_output: &[T],
+    grad_input: &mut [T],
+    threads: usize,
+) -> NnResult<()> {
+    const OP: &str = "conv2d_backward";
+    check_len(OP, "weight", weight.len(), g.weight_len())?;
+    check_len(OP, "grad_output", grad_output.len(), g.output_len())?;
+    check_len(OP, "grad_input", grad_input.len(), g.input_len())?;
+    backward_input_geom(g, weight, grad_output, grad_input, threads)
+}
+
+/// Weight gradient of geometry `g` (shapes as [`geom_forward`]'s).
+pub(crate) fn geom_backward_weight<T: NnFloat>(
+    g: &Geom,
+    input: &[T],
+    grad_output: &[T],
+    grad_weight: &mut [T],
+    threads: usize,
+) -> NnResult<()> {
+    const OP: &str = "conv2d_backward";
+    check_len(OP, "input", input.len(), g.input_len())?;
+    check_len(OP, "grad_output", grad_output.len(), g.output_len())?;
+    check_len(OP, "grad_weight", grad_weight.len(), g.weight_len())?;
+    backward_weight_geom(g, input, grad_output, grad_weight, threads)
 }
 
 /// The gradient of [`conv2d_forward`] with respect to its input.
@@ -346,13 +395,7 @@ pub fn conv2d_backward_input<T: NnFloat>(
     grad_input: &mut [T],
     threads: usize,
 ) -> NnResult<()> {
-    const OP: &str = "conv2d_backward";
-    let out = p.validate()?;
-    let g = p.geom(out);
-    check_len(OP, "weight", weight.len(), g.weight_len())?;
-    check_len(OP, "grad_output", grad_output.len(), g.output_len())?;
-    check_len(OP, "grad_input", grad_input.len(), g.input_len())?;
-    backward_input_geom(&g, weight, grad_output, grad_input, threads)
+    geom_backward_input(&p.geom(p.validate()?), weight, grad_output, grad_input, threads)
 }
 
 /// The gradient of [`conv2d_forward`] with respect to its weight.
@@ -363,13 +406,7 @@ pub fn conv2d_backward_weight<T: NnFloat>(
     grad_weight: &mut [T],
     threads: usize,
 ) -> NnResult<()> {
-    const OP: &str = "conv2d_backward";
-    let out = p.validate()?;
-    let g = p.geom(out);
-    check_len(OP, "input", input.len(), g.input_len())?;
-    check_len(OP, "grad_output", grad_output.len(), g.output_len())?;
-    check_len(OP, "grad_weight", grad_weight.len(), g.weight_len())?;
-    backward_weight_geom(&g, input, grad_output, grad_weight, threads)
+    geom_backward_weight(&p.geom(p.validate()?), input, grad_output, grad_weight, threads)
 }
 
 /// The gradient of [`conv2d_forward`] with respect to its bias.

@@ -171,7 +171,7 @@ impl Conv2dParams {
     }
 
     /// The geometry the kernels run (after [`Self::validate`]).
-    pub(super) fn geom(&self, out: [usize; 4]) -> Geom {
+    pub(crate) fn geom(&self, out: [usize; 4]) -> Geom {
         Geom {
             n: self.batch,
             groups: self.groups,
@@ -295,7 +295,7 @@ impl ConvTranspose2dParams {
     /// The convolution this one transposes: its input is our output, its
     /// output our input (which may be smaller than that convolution's own
     /// output when output_padding ≥ stride).
-    pub(super) fn geom(&self, out: [usize; 4]) -> Geom {
+    pub(crate) fn geom(&self, out: [usize; 4]) -> Geom {
         Geom {
             n: self.batch,
             groups: self.groups,

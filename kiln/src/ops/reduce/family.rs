@@ -7,13 +7,16 @@
 /// /// doc
 /// Variant => "name", init IDENTITY, host |a, b| <combine in any Num>,
 ///     [map |x| <Num expr, applied to each source element first>,]
-///     cuda init "<C expr of type A>" combine "<C expr of a, b>" [map "<C expr of x>"],
+///     [finish |x| <Num expr, applied to each finished accumulator>,]
+///     cuda init "<C expr of type A>" combine "<C expr of a, b>" [map "<C expr of x>"] [finish "<C expr of x>"],
 ///     grad |g, x, dims [, y]| <Result<Tensor>>;
 /// ```
 ///
 /// `IDENTITY` is a constant of `Num` (ZERO, ONE, LOWEST, HIGHEST). A `map`
 /// (host and CUDA together) transforms each source element, in the
-/// accumulator type, before it is combined (never a partial result). Floats
+/// accumulator type, before it is combined (never a partial result); a
+/// `finish` transforms each output's accumulator before its one rounding to
+/// the dtype (a norm's square root of the f64 sum of squares). Floats
 /// accumulate in f64 (so that a sum hardly depends on how the work was
 /// split), integers in their own dtype (they wrap like every integer op).
 /// Naming `y` keeps the forward output (with the reduced dimensions kept)
@@ -25,7 +28,8 @@ macro_rules! reduce_family {
         fold { $(
             $(#[$doc:meta])* $v:ident => $name:literal, init $init:ident, host |$ha:ident, $hb:ident| $host:expr,
             $(map |$mx:ident| $map:expr,)?
-            cuda init $cinit:literal combine $ccomb:literal $(map $cmap:literal)?,
+            $(finish |$fx:ident| $finish:expr,)?
+            cuda init $cinit:literal combine $ccomb:literal $(map $cmap:literal)? $(finish $cfinish:literal)?,
             grad |$g:ident, $x:ident, $dims:ident $(, $y:ident)?| $grad:expr;
         )* }
         arg { $( $(#[$adoc:meta])* $av:ident => $aname:literal; )* }
@@ -61,6 +65,7 @@ macro_rules! reduce_family {
                         init: <T::Acc as Num>::$init,
                         combine: |$ha: T::Acc, $hb: T::Acc| $host,
                         map: $crate::ops::reduce::family::pick!($(|$mx: T::Acc| $map)? ; |x: T::Acc| x),
+                        finish: $crate::ops::reduce::family::pick!($(|$fx: T::Acc| $finish)? ; |x: T::Acc| x),
                     }), )*
                     $( ReduceOp::$av => return false, )*
                 }
@@ -89,9 +94,14 @@ macro_rules! reduce_family {
         }
 
         /// (name, CUDA identity, CUDA combination, CUDA map of an element
-        /// `x`) of every folding member.
-        const MEMBERS: &[(&str, &str, &str, &str)] =
-            &[ $( ($name, $cinit, $ccomb, $crate::ops::reduce::family::pick!($($cmap)? ; "x")), )* ];
+        /// `x`, CUDA finish of an accumulator `x`) of every folding member.
+        const MEMBERS: &[(&str, &str, &str, &str, &str)] = &[ $( (
+            $name,
+            $cinit,
+            $ccomb,
+            $crate::ops::reduce::family::pick!($($cmap)? ; "x"),
+            $crate::ops::reduce::family::pick!($($cfinish)? ; "x"),
+        ), )* ];
     };
 }
 

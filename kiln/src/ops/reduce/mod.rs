@@ -43,6 +43,15 @@ reduce_family! {
         SumSquares => "sum_squares", init ZERO, host |a, b| a.add(b), map |x| x.mul(x),
             cuda init "Cv<A>::from(0.0)" combine "Ar<A>::add(a, b)" map "Ar<A>::mul(x, x)",
             grad |g, x, _dims| g.broadcast_to(x.shape())?.mul(x)?.mul_scalar(2.0);
+        /// The Euclidean norm √(Σx²) (floats only: [`Tensor::norm`](crate::Tensor::norm)
+        /// refuses integers). The squares sum in f64 and the root is taken
+        /// there, before the one rounding to the dtype, so an f32 norm is
+        /// exact where its squares would overflow or underflow f32 (‖[2e19]‖
+        /// is 2e19, ‖[1e-25]‖ 1e-25, as in PyTorch). The gradient is g·x/y,
+        /// and 0 where the norm is 0 (PyTorch's choice of subgradient).
+        Norm => "norm", init ZERO, host |a, b| a.add(b), map |x| x.mul(x), finish |x| x.square_root(),
+            cuda init "Cv<A>::from(0.0)" combine "Ar<A>::add(a, b)" map "Ar<A>::mul(x, x)" finish "(A)sqrt((double)x)",
+            grad |g, x, _dims, y| norm_grad(g, x, y);
         /// Product (1 for an empty slice); integers wrap.
         Prod => "prod", init ONE, host |a, b| a.mul(b), cuda init "Cv<A>::from(1.0)" combine "Ar<A>::mul(a, b)",
             grad |g, x, dims, y| prod_grad(g, x, y, dims);
@@ -62,8 +71,16 @@ fn extremum_grad(g: &Tensor, x: &Tensor, y: &Tensor, dims: &[usize]) -> Result<T
     let x_nan = x.binary(x, BinaryOp::Ne)?;
     let out_nan = y.binary(y, BinaryOp::Ne)?;
     let hits = out_nan.where_cond(&x_nan, &x.binary(y, BinaryOp::Eq)?)?.to_dtype(x.dtype())?;
-    let share = hits.div(&hits.sum_dims(dims, true)?)?;
+    let share = hits.div(&hits.sum_over(dims, true)?)?;
     g.broadcast_to(x.shape())?.mul(&share)
+}
+
+/// The gradient of a norm: x·g/y, with g/y read as 0 where the norm is 0
+/// (a zero vector, where √ has no derivative; PyTorch's masked_fill).
+fn norm_grad(g: &Tensor, x: &Tensor, y: &Tensor) -> Result<Tensor> {
+    let zero = y.binary(&y.scalar_like(0.0)?, BinaryOp::Eq)?;
+    let scale = crate::ops::zero_where(&zero, &g.div(y)?)?;
+    x.mul(&scale.broadcast_to(x.shape())?)
 }
 
 /// The gradient of a product: y/x where the slice holds no zero (reusing
@@ -75,7 +92,7 @@ fn prod_grad(g: &Tensor, x: &Tensor, y: &Tensor, dims: &[usize]) -> Result<Tenso
         return g.reshape(x.dims());
     }
     let is_zero = x.binary(&x.scalar_like(0.0)?, BinaryOp::Eq)?;
-    let zeros = is_zero.to_dtype(x.dtype())?.sum_dims(dims, true)?;
+    let zeros = is_zero.to_dtype(x.dtype())?.sum_over(dims, true)?;
     let no_zero = zeros.binary(&zeros.scalar_like(0.0)?, BinaryOp::Eq)?;
     let one_zero = zeros.binary(&zeros.scalar_like(1.0)?, BinaryOp::Eq)?;
     // x with its zeros as ones: y / it is unused where x is 0, and its
@@ -122,14 +139,15 @@ fn cuda_source() -> String {
         s.push_str(decl);
     }
     s.push_str(REDUCE_CU);
-    for &(name, init, comb, map) in MEMBERS {
+    for &(name, init, comb, map, finish) in MEMBERS {
         for dt in [DType::F32, DType::F64, DType::I64, DType::I32, DType::U8] {
             let (tag, ty) = (dtype_tag(dt), c_type(dt));
             s.push_str(&format!(
                 "struct reduce_{name}_{tag}_op {{ typedef Acc<{ty}>::type A; \
                  static __device__ __forceinline__ A init() {{ return {init}; }} \
                  static __device__ __forceinline__ A comb(A a, A b) {{ return {comb}; }} \
-                 static __device__ __forceinline__ A map(A x) {{ return {map}; }} }};\n"
+                 static __device__ __forceinline__ A map(A x) {{ return {map}; }} \
+                 static __device__ __forceinline__ A finish(A x) {{ return {finish}; }} }};\n"
             ));
             for (shape, args) in
                 [("block", "ReduceArgs"), ("thread", "ReduceArgs"), ("partial", "ReducePartialArgs"), ("final", "ReduceFinalArgs")]
@@ -164,7 +182,7 @@ template <typename T, typename Op> __device__ void reduce_block_impl(const Reduc
             if (threadIdx.x < s) sh[threadIdx.x] = Op::comb(sh[threadIdx.x], sh[threadIdx.x + s]);
             __syncthreads();
         }
-        if (threadIdx.x == 0) out[o] = (T)sh[0];
+        if (threadIdx.x == 0) out[o] = (T)Op::finish(sh[0]);
         __syncthreads();
     }
 }
@@ -178,7 +196,7 @@ template <typename T, typename Op> __device__ void reduce_thread_impl(const Redu
         i64 base = lay_off(p.outer, o);
         A acc = Op::init();
         for (u64 r = 0; r < p.n_in; ++r) acc = Op::comb(acc, Op::map((A)src[base + lay_off(p.inner, r)]));
-        out[o] = (T)acc;
+        out[o] = (T)Op::finish(acc);
     }
 }
 
@@ -215,7 +233,7 @@ template <typename T, typename Op> __device__ void reduce_final_impl(const Reduc
     GRID_LOOP(o, p.n_out) {
         A acc = Op::init();
         for (u64 q = 0; q < p.parts; ++q) acc = Op::comb(acc, part[o * p.parts + q]);
-        out[o] = (T)acc;
+        out[o] = (T)Op::finish(acc);
     }
 }
 "#;
@@ -233,23 +251,33 @@ pub(crate) fn resolve_dims(op: &str, dims: &[impl Dim], rank: usize) -> Result<s
     Ok(out)
 }
 
-/// The dimensions of a reduction, as [`resolve_dims`], except that a 0-d
-/// tensor takes 0 and −1 as if it had one dimension and reduces over none
-/// (it is its own sum, max, mean...), as PyTorch's reductions do.
+/// The dimensions of a reduction, as PyTorch resolves them: each in range
+/// and named once (`dim 0 appears multiple times`, also when named as 0 and
+/// −1); an empty list means every dimension (PyTorch's `sum(x, dim=[])`); a
+/// 0-d tensor takes 0 and −1 as if it had one dimension and reduces over
+/// none (it is its own sum, max, mean...).
 pub(crate) fn resolve_reduce_dims(op: &str, dims: &[impl Dim], rank: usize) -> Result<smallvec::SmallVec<[usize; 4]>> {
-    if rank == 0 {
-        for &d in dims {
-            d.index(op, 1)?;
+    let resolved = resolve_dims(op, dims, rank.max(1))?;
+    for (i, &d) in resolved.iter().enumerate() {
+        if resolved[..i].contains(&d) {
+            return Err(Error::invalid(op, format!("dim {d} appears multiple times in the list of dims {:?}", resolved.as_slice())));
         }
+    }
+    if rank == 0 {
         return Ok(smallvec::SmallVec::new());
     }
-    resolve_dims(op, dims, rank)
+    if resolved.is_empty() {
+        return Ok((0..rank).collect());
+    }
+    Ok(resolved)
 }
 
 impl Tensor {
     /// Reduces over `dims` (all distinct, in range); keeps them as size 1
     /// when `keepdim`. A dimension is a `usize` or, as in PyTorch, a signed
-    /// integer counting from the end (`-1` is the last).
+    /// integer counting from the end (`-1` is the last). An empty list
+    /// reduces every dimension, as PyTorch's `sum(x, dim=[])` does (argmax
+    /// and argmin need exactly one).
     ///
     /// ```
     /// use kiln::{Tensor, ReduceOp, cpu};
@@ -259,6 +287,8 @@ impl Tensor {
     /// // Out of range names the rank; naming a dimension twice is an error.
     /// assert!(x.reduce(ReduceOp::Sum, &[-3], false).unwrap_err().to_string().contains("rank 2"));
     /// assert!(x.reduce(ReduceOp::Sum, &[1, -1], false).is_err());
+    /// let none: [usize; 0] = [];
+    /// assert_eq!(x.reduce(ReduceOp::Sum, &none, false)?.to_scalar::<f32>()?, 11.0);
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn reduce(&self, op: ReduceOp, dims: &[impl Dim], keepdim: bool) -> Result<Tensor> {
@@ -271,10 +301,12 @@ impl Tensor {
             // The only element of a 0-d tensor is at index 0 (PyTorch).
             return Tensor::zeros((), DType::I64, &self.device());
         }
-        for (i, &d) in dims.iter().enumerate() {
-            if dims[..i].contains(&d) {
-                return Err(Error::invalid(name, format!("dimension {d} is named twice")));
-            }
+        if op == ReduceOp::Norm && !self.dtype().is_float() {
+            // Summing squares in an integer dtype would wrap: PyTorch refuses it too.
+            return Err(Error::UnsupportedDType { op: name.into(), dtype: self.dtype() });
+        }
+        if op.is_arg() && named == 0 {
+            return Err(Error::invalid(name, "reduces exactly one dimension, and none was named; flatten first to search everything"));
         }
         if op.is_arg() {
             if dims.len() != 1 {
@@ -306,6 +338,16 @@ impl Tensor {
 
     pub(crate) fn all_dims(&self) -> Vec<usize> {
         (0..self.rank()).collect()
+    }
+
+    /// The sum over exactly `dims`, which may be none (then `self`): for
+    /// gradients that sum over a computed list, where the public meaning of
+    /// an empty list (every dimension) would be wrong.
+    pub(crate) fn sum_over(&self, dims: &[usize], keepdim: bool) -> Result<Tensor> {
+        if dims.is_empty() {
+            return Ok(self.clone());
+        }
+        self.sum_dims(dims, keepdim)
     }
 
     /// Sum of every element, as a 0-d tensor.
