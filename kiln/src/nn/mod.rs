@@ -35,6 +35,7 @@ pub use activation::{Flatten, ReLU, SiLU, Sigmoid, Tanh, GELU};
 pub use conv::{AdaptiveAvgPool2d, AvgPool2d, Conv2d, LazyConv2d, MaxPool2d};
 pub use dropout::Dropout;
 pub use embedding::{embedding, Embedding};
+pub use init::init_cnn;
 pub use linear::{LazyLinear, Linear};
 pub use loss::{accuracy, cross_entropy, log_softmax, mse_loss, one_hot, softmax, Loss};
 pub use module::{Module, ParamVisitor};
