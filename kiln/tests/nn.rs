@@ -864,7 +864,7 @@ fn apply_walks_every_layer_and_init_cnn_is_pytorchs_xavier_uniform() -> Result<(
     let a = (6.0f32 / 8.0).sqrt();
     assert!(lazy.parameter("0.weight")?.to_vec::<f32>()?.iter().all(|w| w.abs() <= a));
     let mut linears = 0;
-    lazy[0].apply(&mut |m| {
+    kiln::nn::apply(&lazy[0], &mut |m| {
         linears += usize::from(m.as_any().is_some_and(|a| a.is::<Linear>()));
         Ok(())
     })?;

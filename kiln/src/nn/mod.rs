@@ -38,7 +38,7 @@ pub use embedding::{embedding, Embedding};
 pub use init::init_cnn;
 pub use linear::{LazyLinear, Linear};
 pub use loss::{accuracy, cross_entropy, log_softmax, mse_loss, one_hot, softmax, Loss};
-pub use module::{Module, ParamVisitor};
+pub use module::{apply, Module, ParamVisitor};
 pub use norm::{BatchNorm, BatchNorm1d, BatchNorm2d, LayerNorm, LazyBatchNorm, LazyBatchNorm1d, LazyBatchNorm2d, Residual};
 pub use parallel::DataParallel;
 pub use sequential::Sequential;

@@ -247,7 +247,7 @@ pub trait Module {
     /// [`init_cnn`](crate::nn::init_cnn) (d2l's `net.apply(init_cnn)`). The
     /// first error stops the walk. A lazy layer's parameters are visited
     /// once it has them (after [`Module::init_lazy`]): its child is the
-    /// layer it made.
+    /// layer it made. (On a `&dyn Module`, call [`apply`](crate::nn::apply).)
     ///
     /// ```
     /// use kiln::nn::{Linear, Module, ReLU, Sequential};
@@ -372,20 +372,20 @@ impl<M: Module + ?Sized> Module for Box<M> {
     }
 }
 
-impl dyn Module + '_ {
-    /// [`Module::apply`] on a layer reached as `&dyn Module` (`net[0]`).
-    ///
-    /// ```
-    /// use kiln::nn::{Linear, Module, Sequential};
-    /// let net = Sequential::new().add(Linear::new(2, 3, &kiln::cpu())?);
-    /// let mut seen = Vec::new();
-    /// net[0].apply(&mut |m| Ok(seen.push(m.describe())))?;
-    /// assert_eq!(seen.len(), 1);
-    /// # Ok::<(), kiln::Error>(())
-    /// ```
-    pub fn apply(&self, f: &mut dyn FnMut(&dyn Module) -> Result<()>) -> Result<()> {
-        apply_dyn(self, f)
-    }
+/// [`Module::apply`] on a layer reached as `&dyn Module` (`&net[0]`, a
+/// child in a visitor), where the method cannot be called: every
+/// submodule, children first, then `module`.
+///
+/// ```
+/// use kiln::nn::{apply, Linear, Module, Sequential};
+/// let net = Sequential::new().add(Linear::new(2, 3, &kiln::cpu())?);
+/// let mut seen = Vec::new();
+/// apply(&net[0], &mut |m| Ok(seen.push(m.describe())))?;
+/// assert_eq!(seen.len(), 1);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn apply(module: &dyn Module, f: &mut dyn FnMut(&dyn Module) -> Result<()>) -> Result<()> {
+    apply_dyn(module, f)
 }
 
 /// [`Module::apply`]'s walk: children first, then `m`.
