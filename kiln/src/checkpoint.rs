@@ -377,6 +377,30 @@ fn metadata_of(st_bytes: &[u8]) -> HashMap<String, String> {
 /// [`Trainer::save_checkpoint`](crate::trainer::Trainer::save_checkpoint)
 /// (or a [`BestCheckpoint`](crate::trainer::BestCheckpoint)) loads too:
 /// its parameters are taken, its optimizer state is left out.
+///
+/// A model built from lazy layers has no parameters until its first
+/// forward: create them with [`Module::init_lazy`] and a sample batch
+/// before loading (the error says so otherwise).
+///
+/// ```
+/// use kiln::models::lenet;
+/// use kiln::nn::Module;
+/// use kiln::{checkpoint, DType, Tensor};
+/// let path = std::env::temp_dir().join(format!("kiln-doc-lazy-{}.safetensors", std::process::id()));
+/// let x = Tensor::zeros((1, 1, 28, 28), DType::F32, &kiln::cpu())?;
+/// let mut trained = lenet(10);
+/// trained.init_lazy(&x)?;
+/// checkpoint::save(&trained, &path)?;
+///
+/// let mut fresh = lenet(10);
+/// let err = checkpoint::load(&mut fresh, &path, &kiln::cpu()).unwrap_err().to_string();
+/// assert!(err.contains("tensor `0.bias`") && err.contains("init_lazy"), "{err}");
+/// fresh.init_lazy(&x)?;
+/// checkpoint::load(&mut fresh, &path, &kiln::cpu())?;
+/// assert_eq!(fresh.parameter("0.weight")?.to_vec::<f32>()?, trained.parameter("0.weight")?.to_vec::<f32>()?);
+/// # std::fs::remove_file(&path).ok();
+/// # Ok::<(), kiln::Error>(())
+/// ```
 #[track_caller]
 pub fn load(model: &mut dyn Module, path: impl AsRef<Path>, device: &Device) -> Result<()> {
     let _site = crate::runtime::ledger::site_scope(Location::caller());
@@ -399,9 +423,23 @@ fn stage_parameters(
     device: &Device,
 ) -> Result<HashMap<String, Tensor>> {
     let params = state_tensors(model);
-    for file_name in st.names() {
+    // In sorted order, so that the tensor an error names is the same on
+    // every run (the header's order is a hash map's).
+    let mut names = st.names();
+    names.sort();
+    for file_name in names {
         let Some(name) = file_name.strip_prefix(prefix) else { continue };
         if !params.iter().any(|(n, _)| n == name) {
+            if model.has_lazy_parameters() {
+                return Err(format_err(
+                    path,
+                    format!(
+                        "tensor `{file_name}` is in the file but not in the model: the model has lazy layers whose parameters \
+                         do not exist yet (they are made by the first forward); call `model.init_lazy(&x)?` with a sample \
+                         batch first, then load"
+                    ),
+                ));
+            }
             let expected: Vec<&str> = params.iter().map(|(n, _)| n.as_str()).collect();
             return Err(format_err(
                 path,

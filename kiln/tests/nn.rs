@@ -724,3 +724,150 @@ fn fashion_mnist_reads_idx_files_gzipped_or_not() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+// ---- lazy models: init_lazy, checkpoints, dtypes; apply and init_cnn -------
+
+/// A model of lazy layers has no parameters before its first forward:
+/// `checkpoint::load` into it names the first tensor of the file in sorted
+/// order (the same on every run: the header's order is a hash map's) and
+/// says what to do, and after `init_lazy` on a sample batch it loads.
+#[test]
+fn checkpoint_load_into_an_uninitialised_lazy_model_says_to_call_init_lazy() -> Result<()> {
+    let lazy = || Sequential::new().add(LazyLinear::new(3)).add(ReLU).add(LazyLinear::new(1));
+    let path = std::env::temp_dir().join(format!("kiln-nn-lazy-{}.safetensors", std::process::id()));
+    let x = Tensor::ones((2, 4), DType::F32, &cpu())?;
+    let mut trained = lazy();
+    trained.init_lazy(&x)?;
+    checkpoint::save(&trained, &path)?;
+    for _ in 0..8 {
+        let mut fresh = lazy();
+        let msg = checkpoint::load(&mut fresh, &path, &cpu()).unwrap_err().to_string();
+        assert!(msg.contains("tensor `0.bias`"), "{msg}");
+        assert!(msg.contains("lazy layers") && msg.contains("init_lazy(&x)"), "{msg}");
+        assert!(fresh.named_parameters().is_empty());
+    }
+    for d in common::devices() {
+        let mut fresh = lazy();
+        fresh.init_lazy(&x.to(&d)?)?;
+        assert_eq!(fresh.devices(), vec![d]);
+        checkpoint::load(&mut fresh, &path, &d)?;
+        for ((n, a), (_, b)) in fresh.named_parameters().into_iter().zip(trained.named_parameters()) {
+            assert_eq!(a.to_vec::<f32>()?, b.to_vec::<f32>()?, "{n} on {d}");
+        }
+    }
+    std::fs::remove_file(&path).ok();
+    Ok(())
+}
+
+/// init_lazy runs without gradients, in evaluation mode (no dropout draw),
+/// leaves a model without lazy layers untouched, and the Trainer's message
+/// for a lazy model names it too.
+#[test]
+fn init_lazy_creates_parameters_without_a_graph_or_a_random_draw_beyond_the_weights() -> Result<()> {
+    let x = Tensor::ones((5, 4), DType::F32, &cpu())?;
+    let mut net = Sequential::new().add(Dropout::new(0.5)?).add(LazyLinear::new(2));
+    assert!(net.has_lazy_parameters());
+    net.init_lazy(&x)?;
+    assert!(!net.has_lazy_parameters());
+    let w = net.parameter("1.weight")?;
+    assert!(w.requires_grad() && w.grad().is_none());
+    assert_eq!(w.dims(), &[2, 4]);
+    // No lazy layer: nothing runs (a wrong shape is not even seen).
+    let mut plain = Linear::new(4, 2, &cpu())?;
+    plain.init_lazy(&Tensor::ones((1, 9), DType::F32, &cpu())?)?;
+    let mut model = Learner::new(Sequential::new().add(LazyLinear::new(2)), Loss::Mse, OptimizerConfig::sgd(0.1));
+    let path = std::env::temp_dir().join(format!("kiln-nn-lazy-trainer-{}.safetensors", std::process::id()));
+    let msg = Trainer::builder().max_epochs(1).build()?.load_checkpoint(&mut model, &path).unwrap_err().to_string();
+    assert!(msg.contains("init_lazy(&x)"), "{msg}");
+    Ok(())
+}
+
+/// Shape errors that have nothing to broadcast say what relation the
+/// shapes must have, without the broadcasting hint; a broadcast keeps it.
+#[test]
+fn shape_errors_of_losses_and_the_loader_state_the_rule_without_a_broadcasting_hint() -> Result<()> {
+    let msg = |r: Result<Tensor>| r.unwrap_err().to_string();
+    let pred = Tensor::zeros((2, 3), DType::F32, &cpu())?;
+    let m = msg(mse_loss(&pred, &Tensor::zeros(5, DType::F32, &cpu())?));
+    assert!(m.starts_with("mse_loss") && m.contains("number of elements (6 and 5)") && !m.contains("broadcast"), "{m}");
+    let m = msg(cross_entropy(&Tensor::zeros((4, 3), DType::F32, &cpu())?, &Tensor::zeros(3, DType::I64, &cpu())?));
+    assert!(m.contains("one label per row of the logits (4 rows, 3 labels)") && !m.contains("broadcast"), "{m}");
+    let loader = DataLoader::new(vec![Tensor::zeros((5, 2), DType::F32, &cpu())?, Tensor::zeros(4, DType::I64, &cpu())?], 2);
+    let m = loader.unwrap_err().to_string();
+    assert!(m.contains("same number of rows") && m.contains("tensor 1 has 4 rows") && !m.contains("broadcast"), "{m}");
+    let linear = Linear::new(3, 1, &cpu())?;
+    let m = msg(linear.forward(&Tensor::zeros((2, 4), DType::F32, &cpu())?));
+    assert!(m.contains("last dimension must be 3") && !m.contains("broadcast"), "{m}");
+    // Genuine broadcasts keep the hint.
+    let m = msg(pred.add(&Tensor::zeros(4, DType::F32, &cpu())?));
+    assert!(m.contains("broadcasting needs each trailing dimension to be equal or 1"), "{m}");
+    let m = msg(pred.broadcast_to((4, 3)));
+    assert!(m.contains("broadcasting needs"), "{m}");
+    Ok(())
+}
+
+/// A lazy layer makes its weights in its input's dtype: an integer input is
+/// refused by name, with the conversion to make, instead of failing in a
+/// `rand` the user never called (PyTorch's convolution refuses a uint8
+/// input too).
+#[test]
+fn a_lazy_layer_refuses_an_integer_input_naming_itself_and_the_conversion() -> Result<()> {
+    let images = Tensor::zeros((2, 1, 28, 28), DType::U8, &cpu())?;
+    let net = kiln::models::lenet(10);
+    let m = net.forward(&images).unwrap_err().to_string();
+    assert!(m.contains("LazyConv2d") && m.contains("u8") && m.contains(".to_dtype(kiln::DType::F32)") && !m.contains("rand"), "{m}");
+    assert!(net.has_lazy_parameters());
+    net.forward(&images.to_dtype(DType::F32)?)?;
+    let m = LazyLinear::new(2).forward(&Tensor::zeros((2, 3), DType::I64, &cpu())?).unwrap_err().to_string();
+    assert!(m.contains("LazyLinear") && m.contains("i64") && m.contains("to_dtype"), "{m}");
+    let m = kiln::nn::LazyBatchNorm1d::new().forward(&Tensor::zeros((2, 3), DType::I32, &cpu())?).unwrap_err().to_string();
+    assert!(m.contains("LazyBatchNorm") && m.contains("i32"), "{m}");
+    Ok(())
+}
+
+/// `apply` visits every submodule, children before parents (PyTorch's
+/// `nn.Module.apply`), and `init_cnn` gives Linear and Conv2d weights
+/// Xavier-uniform values, U(±√(6 / (fan_in + fan_out))) with PyTorch's
+/// fans, leaving biases as they were.
+#[test]
+fn apply_walks_every_layer_and_init_cnn_is_pytorchs_xavier_uniform() -> Result<()> {
+    use kiln::nn::{init_cnn, Conv2d};
+    kiln::manual_seed(5);
+    let inner = Sequential::new().add(Linear::new(400, 120, &cpu())?).add(Sigmoid);
+    let net = Sequential::new().add(Conv2d::new(3, 16, (5, 3), kiln::Conv2dArgs::default(), &cpu())?).add(inner).add(Flatten);
+    let mut seen = Vec::new();
+    net.apply(&mut |m| {
+        seen.push(m.describe().split('(').next().unwrap_or("").to_string());
+        Ok(())
+    })?;
+    assert_eq!(seen, ["Conv2d", "Linear", "Sigmoid", "Sequential", "Flatten", "Sequential"]);
+    let biases: Vec<Vec<f32>> =
+        [net.parameter("0.bias")?, net.parameter("1.0.bias")?].iter().map(|b| b.to_vec::<f32>()).collect::<Result<_>>()?;
+    net.apply(&mut init_cnn)?;
+    for (name, fan_in, fan_out) in [("0.weight", 3 * 15, 16 * 15), ("1.0.weight", 400, 120)] {
+        let w = net.parameter(name)?.to_vec::<f32>()?;
+        let a = (6.0 / (fan_in + fan_out) as f64).sqrt();
+        let max = w.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
+        let var = w.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / w.len() as f64;
+        assert!(max <= a && max > 0.95 * a, "{name}: max |w| {max}, bound {a}");
+        assert!((var / (a * a / 3.0) - 1.0).abs() < 0.1, "{name}: variance {var}, U(±{a}) has {}", a * a / 3.0);
+    }
+    let after: Vec<Vec<f32>> =
+        [net.parameter("0.bias")?, net.parameter("1.0.bias")?].iter().map(|b| b.to_vec::<f32>()).collect::<Result<_>>()?;
+    assert_eq!(biases, after);
+    // A lazy layer is visited through the layer it made; before, init_cnn says what to do.
+    let mut lazy = Sequential::new().add(LazyLinear::new(3));
+    let m = lazy.apply(&mut init_cnn).unwrap_err().to_string();
+    assert!(m.contains("LazyLinear") && m.contains("init_lazy"), "{m}");
+    lazy.init_lazy(&Tensor::ones((1, 5), DType::F32, &cpu())?)?;
+    lazy.apply(&mut init_cnn)?;
+    let a = (6.0f32 / 8.0).sqrt();
+    assert!(lazy.parameter("0.weight")?.to_vec::<f32>()?.iter().all(|w| w.abs() <= a));
+    let mut linears = 0;
+    kiln::nn::apply(&lazy[0], &mut |m| {
+        linears += usize::from(m.as_any().is_some_and(|a| a.is::<Linear>()));
+        Ok(())
+    })?;
+    assert_eq!(linears, 1);
+    Ok(())
+}

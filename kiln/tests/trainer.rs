@@ -77,7 +77,7 @@ fn curve(h: &History) -> Vec<EpochStats> {
 #[test]
 fn the_builder_names_every_setting_and_refuses_nonsense() -> Result<()> {
     let t = Trainer::builder().max_epochs(30).num_gpus(1).gradient_clip_val(0.5).progress(Progress::Off).build()?;
-    assert_eq!((t.max_epochs(), t.num_gpus(), t.gradient_clip_val()), (30, 1, 0.5));
+    assert_eq!((t.max_epochs(), t.num_gpus(), t.gradient_clip_val()), (30, kiln::num_gpus().min(1), 0.5));
     assert_eq!(t.device(), kiln::try_gpu(0));
     // Defaults: no GPU, no clipping.
     let t = Trainer::builder().max_epochs(2).build()?;
@@ -778,5 +778,68 @@ fn checkpoint_load_keeps_each_parameters_identity_across_devices() -> Result<()>
     opt.step()?;
     assert_ne!(net.weight().to_vec::<f32>()?, source.weight().to_vec::<f32>()?);
     let _ = std::fs::remove_file(&path);
+    Ok(())
+}
+
+/// `num_gpus(n)` beyond the machine trains on what there is (the book's
+/// `min`), and the trainer says so: `num_gpus()` is the number used,
+/// `num_gpus_requested()` the number asked, `gpu_notice()` the reason.
+#[test]
+fn num_gpus_beyond_the_machine_reports_the_gpus_used_and_why() -> Result<()> {
+    let n = kiln::num_gpus();
+    let t = Trainer::builder().max_epochs(1).num_gpus(n + 2).progress(Progress::Off).build()?;
+    assert_eq!((t.num_gpus(), t.num_gpus_requested(), t.gpus().len()), (n, n + 2, n));
+    let notice = t.gpu_notice().expect("a notice");
+    assert!(notice.contains(&format!("num_gpus({}) asked", n + 2)) && notice.contains(&format!("has {n} GPU")), "{notice}");
+    let t = Trainer::builder().max_epochs(1).num_gpus(n).progress(Progress::Off).build()?;
+    assert_eq!((t.num_gpus(), t.num_gpus_requested(), t.gpu_notice()), (n, n, None));
+    if let Some(d) = gpus().first() {
+        let t = Trainer::builder().max_epochs(1).device(*d).build()?;
+        assert_eq!((t.num_gpus(), t.num_gpus_requested(), t.gpu_notice()), (1, 1, None));
+    }
+    Ok(())
+}
+
+/// The shuffles of a fit come from the learner's own seeded generator, not
+/// kiln's global one: random numbers drawn between `load_checkpoint` and
+/// `fit` leave the resumed curve equal to the uninterrupted one, exactly,
+/// on one device and data-parallel on two.
+#[test]
+fn a_resumed_fit_shuffles_as_the_uninterrupted_one_whatever_is_drawn_in_between() -> Result<()> {
+    let net =
+        || -> Result<Sequential> { Ok(Sequential::new().add(Linear::new(6, 16, &cpu())?).add(ReLU).add(Linear::new(16, 4, &cpu())?)) };
+    let path = temp_path("resume-draws.safetensors");
+    let mut setups: Vec<Box<dyn Fn(usize) -> Result<Trainer>>> = vec![Box::new(|e| trainer(e, cpu()))];
+    for d in gpus().into_iter().take(1) {
+        setups.push(Box::new(move |e| trainer(e, d)));
+    }
+    let sims = common::sims();
+    if sims.len() >= 2 {
+        let two = sims[..2].to_vec();
+        setups.push(Box::new(move |e| Trainer::builder().max_epochs(e).devices(two.clone()).progress(Progress::Off).build()));
+    }
+    for make in &setups {
+        let data = classes()?;
+        kiln::manual_seed(1);
+        let mut whole = Learner::new(net()?, Loss::CrossEntropy, OptimizerConfig::sgd(0.1));
+        let straight = make(6)?.fit(&mut whole, &data)?;
+
+        kiln::manual_seed(1);
+        let mut first = Learner::new(net()?, Loss::CrossEntropy, OptimizerConfig::sgd(0.1));
+        let mut t = make(3)?;
+        let a = t.fit(&mut first, &data)?;
+        t.save_checkpoint(&first, &path)?;
+        let mut resumed = Learner::new(net()?, Loss::CrossEntropy, OptimizerConfig::sgd(0.1));
+        let mut t = make(3)?;
+        t.load_checkpoint(&mut resumed, &path)?;
+        // Whatever the program does in between draws from kiln's generator.
+        Tensor::rand((17, 3), &cpu())?;
+        let _ = kiln::data::permutation(50);
+        let b = t.fit(&mut resumed, &data)?;
+        assert_eq!(resumed.shuffle_seed(), whole.shuffle_seed());
+        assert_eq!([a.train_losses(), b.train_losses()].concat(), straight.train_losses(), "{:?}", t.gpus());
+        assert_eq!(params(&resumed.net)?, params(&whole.net)?);
+    }
+    std::fs::remove_file(&path).ok();
     Ok(())
 }

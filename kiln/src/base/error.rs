@@ -317,8 +317,15 @@ fn device_mismatch(op: &str, lhs: Device, rhs: Device) -> String {
     }
 }
 
+/// What the shapes of a `ShapeMismatch` should have been. `op` is an op's
+/// name (`add`, `matmul`), perhaps after a layer's (`Conv2d(..): add`): the
+/// op's own rule, or the broadcasting one for the elementwise ops. A
+/// sentence (`mse_loss: prediction and target need the same number of
+/// elements`) already says what is wrong, and nothing broadcasts there: no
+/// hint.
 fn hint(op: &str) -> &'static str {
-    match op {
+    let name = op.rsplit(": ").next().unwrap_or(op);
+    match name {
         "matmul" => "; the inner dimensions must agree: (.., m, k) @ (.., k, n)",
         "matmul (batch dimensions)" => {
             "; the inner dimensions agree, but the batch dimensions (all but the last two) must broadcast: each equal or 1"
@@ -326,6 +333,7 @@ fn hint(op: &str) -> &'static str {
         "reshape" => "; the element counts must be equal",
         "from_vec" => "; the data's length must equal the shape's element count (the product of its dimensions)",
         "gather" | "scatter" | "scatter_add" => "; the index must have the input's rank (and src's)",
+        sentence if sentence.contains(' ') => "",
         _ => "; broadcasting needs each trailing dimension to be equal or 1",
     }
 }

@@ -92,10 +92,11 @@ impl DataLoader {
             return Err(Error::invalid("DataLoader", "tensors need a first dimension (rows)"));
         }
         let n = first.dims()[0];
-        for t in &tensors {
+        for (i, t) in tensors.iter().enumerate() {
             if t.rank() == 0 || t.dims()[0] != n {
+                let rows = if t.rank() == 0 { "no first dimension".to_string() } else { format!("{} rows", t.dims()[0]) };
                 return Err(Error::ShapeMismatch {
-                    op: "DataLoader: every tensor needs the same number of rows".into(),
+                    op: format!("DataLoader: every tensor needs the same number of rows (first dimension); tensor 0 has {n} rows, tensor {i} has {rows}"),
                     lhs: first.dims().to_vec(),
                     rhs: t.dims().to_vec(),
                 });
@@ -260,7 +261,7 @@ impl DataLoader {
     pub fn iter(&self) -> Result<Batches> {
         let site = Location::caller();
         let _site = site_scope(site);
-        self.batches(self.tensors.clone(), None, site)
+        self.batches(self.tensors.clone(), None, site, None)
     }
 
     /// One epoch of batches on `device`: from the loader's copy of its
@@ -291,11 +292,22 @@ impl DataLoader {
     /// ```
     #[track_caller]
     pub fn iter_on(&self, device: &Device) -> Result<Batches> {
+        self.iter_on_epoch(device, None)
+    }
+
+    /// [`DataLoader::iter_on`] with the shuffled order of `epoch` under
+    /// `seed` ([`permutation_for_epoch`]) instead of one drawn from kiln's
+    /// generator (with `None`, or when the loader does not shuffle, the
+    /// same as `iter_on`). The [`Trainer`](crate::trainer::Trainer) asks for
+    /// its epochs so: the learner's shuffling seed and epoch count decide
+    /// the order, and a checkpoint carries both.
+    #[track_caller]
+    pub(crate) fn iter_on_epoch(&self, device: &Device, order: Option<(u64, u64)>) -> Result<Batches> {
         let site = Location::caller();
         let _site = site_scope(site);
         match self.resident_on(device)? {
-            Some(tensors) => self.batches(tensors, None, site),
-            None => self.batches(self.tensors.clone(), Some(*device), site),
+            Some(tensors) => self.batches(tensors, None, site, order),
+            None => self.batches(self.tensors.clone(), Some(*device), site, order),
         }
     }
 
@@ -357,11 +369,21 @@ impl DataLoader {
         Ok(Some(out))
     }
 
-    fn batches(&self, tensors: Vec<Tensor>, upload_to: Option<Device>, site: &'static Location<'static>) -> Result<Batches> {
+    fn batches(
+        &self,
+        tensors: Vec<Tensor>,
+        upload_to: Option<Device>,
+        site: &'static Location<'static>,
+        seeded: Option<(u64, u64)>,
+    ) -> Result<Batches> {
         let n = self.num_examples();
         let order = if self.shuffle && n > 1 {
             let device = tensors[0].device();
-            Some(Tensor::from_vec(permutation(n), n, &device)?)
+            let perm = match seeded {
+                Some((seed, epoch)) => permutation_for_epoch(n, seed, epoch),
+                None => permutation(n),
+            };
+            Some(Tensor::from_vec(perm, n, &device)?)
         } else {
             None
         };
@@ -410,6 +432,38 @@ pub fn permutation(n: usize) -> Vec<i64> {
         return (0..n as i64).collect();
     }
     permutation_from_seed(n, rng::next_u64())
+}
+
+/// The shuffled order of epoch `epoch` (counted from 0) under `seed`, as
+/// PyTorch's `DistributedSampler` derives its order from its seed and
+/// `set_epoch`: determined by the two alone, without reading or moving
+/// kiln's generator. Epoch 0's order is [`permutation_from_seed`]`(n,
+/// seed)`; each later epoch's seed is mixed from both. The
+/// [`Trainer`](crate::trainer::Trainer) shuffles its epochs so, with the
+/// learner's shuffling seed ([`Learner::shuffle_seed`]) and epoch count:
+/// a resumed fit sees the orders an uninterrupted one would, whatever drew
+/// random numbers in between.
+///
+/// [`Learner::shuffle_seed`]: crate::trainer::Learner::shuffle_seed
+///
+/// ```
+/// use kiln::data::{permutation_for_epoch, permutation_from_seed};
+/// assert_eq!(permutation_for_epoch(8, 7, 0), permutation_from_seed(8, 7));
+/// assert_eq!(permutation_for_epoch(8, 7, 3), permutation_for_epoch(8, 7, 3));
+/// assert_ne!(permutation_for_epoch(8, 7, 1), permutation_for_epoch(8, 7, 2));
+/// ```
+pub fn permutation_for_epoch(n: usize, seed: u64, epoch: u64) -> Vec<i64> {
+    if epoch == 0 {
+        return permutation_from_seed(n, seed);
+    }
+    // SplitMix64's finaliser over the epoch, then over the seed mixed in:
+    // no two (seed, epoch) pairs share a stream by a simple shift.
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    permutation_from_seed(n, mix(seed ^ mix(epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15))))
 }
 
 /// A random permutation of 0..n (Fisher–Yates) determined by `seed` alone:

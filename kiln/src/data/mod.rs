@@ -26,7 +26,7 @@ mod loader;
 mod synthetic;
 
 pub use fashion_mnist::{fashion_mnist, load_fashion_mnist, read_idx, IdxArray, FASHION_MNIST_CLASSES};
-pub use loader::{permutation, permutation_from_seed, Batches, DataLoader, Placement};
+pub use loader::{permutation, permutation_for_epoch, permutation_from_seed, Batches, DataLoader, Placement};
 pub use synthetic::{make_classification, make_regression, synthetic_classification, synthetic_regression};
 
 /// A training loader and, optionally, a validation loader.

@@ -15,6 +15,9 @@ use crate::{Result, Tensor};
 pub struct ReLU;
 
 impl Module for ReLU {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(*self))
     }
@@ -31,6 +34,9 @@ impl Module for ReLU {
 pub struct Sigmoid;
 
 impl Module for Sigmoid {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(*self))
     }
@@ -47,6 +53,9 @@ impl Module for Sigmoid {
 pub struct Tanh;
 
 impl Module for Tanh {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(*self))
     }
@@ -75,6 +84,9 @@ pub struct GELU {
 }
 
 impl Module for GELU {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(*self))
     }
@@ -95,6 +107,9 @@ impl Module for GELU {
 pub struct SiLU;
 
 impl Module for SiLU {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(*self))
     }
@@ -118,6 +133,9 @@ impl Module for SiLU {
 pub struct Flatten;
 
 impl Module for Flatten {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(*self))
     }

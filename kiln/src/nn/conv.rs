@@ -2,7 +2,7 @@
 //! channels found at the first forward), [`MaxPool2d`], [`AvgPool2d`],
 //! [`AdaptiveAvgPool2d`].
 
-use super::module::{input_device_mismatch, Module, ParamVisitor};
+use super::module::{input_device_mismatch, lazy_float_input, Module, ParamVisitor};
 use crate::{no_grad, Conv2dArgs, DType, Device, Error, Pair, Pool2dArgs, Result, Tensor};
 use std::sync::OnceLock;
 
@@ -84,6 +84,9 @@ impl Conv2d {
 }
 
 impl Module for Conv2d {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(self.clone()))
     }
@@ -172,6 +175,15 @@ impl LazyConv2d {
 }
 
 impl Module for LazyConv2d {
+    fn visit_children(&self, f: &mut dyn FnMut(&dyn Module) -> Result<()>) -> Result<()> {
+        match self.inner.get() {
+            Some(l) => f(l),
+            None => Ok(()),
+        }
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(self.clone()))
     }
@@ -187,6 +199,7 @@ impl Module for LazyConv2d {
         if !(3..=4).contains(&x.rank()) {
             return Err(Error::invalid("LazyConv2d", format!("input must be 3-D (C, H, W) or 4-D (N, C, H, W), got shape {}", x.shape())));
         }
+        lazy_float_input(&self.describe(), x)?;
         let in_channels = x.dims()[x.rank() - 3];
         let layer = {
             let _g = no_grad();
@@ -235,6 +248,9 @@ impl MaxPool2d {
 }
 
 impl Module for MaxPool2d {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(*self))
     }
@@ -258,6 +274,9 @@ impl AvgPool2d {
 }
 
 impl Module for AvgPool2d {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(*self))
     }
@@ -282,6 +301,9 @@ impl AdaptiveAvgPool2d {
 }
 
 impl Module for AdaptiveAvgPool2d {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(*self))
     }

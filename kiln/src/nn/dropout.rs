@@ -45,6 +45,9 @@ impl Dropout {
 }
 
 impl Module for Dropout {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(*self))
     }

@@ -165,6 +165,9 @@ impl Embedding {
 }
 
 impl Module for Embedding {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(self.clone()))
     }

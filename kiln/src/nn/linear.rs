@@ -1,7 +1,7 @@
 //! Fully connected layers: [`Linear`] and [`LazyLinear`], whose input size
 //! is found at the first forward.
 
-use super::module::{input_device_mismatch, Module, ParamVisitor};
+use super::module::{input_device_mismatch, lazy_float_input, Module, ParamVisitor};
 use crate::{no_grad, DType, Device, Error, Result, Tensor};
 use std::sync::OnceLock;
 
@@ -89,6 +89,9 @@ impl Linear {
 }
 
 impl Module for Linear {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(self.clone()))
     }
@@ -187,6 +190,15 @@ impl LazyLinear {
 }
 
 impl Module for LazyLinear {
+    fn visit_children(&self, f: &mut dyn FnMut(&dyn Module) -> Result<()>) -> Result<()> {
+        match self.inner.get() {
+            Some(l) => f(l),
+            None => Ok(()),
+        }
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(self.clone()))
     }
@@ -202,6 +214,7 @@ impl Module for LazyLinear {
                 return Err(input_device_mismatch(x.device(), "weight", d));
             }
         }
+        lazy_float_input(&self.describe(), x)?;
         let in_features = x.dims()[x.rank() - 1];
         let layer = {
             let _g = no_grad();

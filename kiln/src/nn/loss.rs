@@ -23,7 +23,11 @@ pub fn mse_loss(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
         target.reshape(pred.shape().clone())?
     } else {
         return Err(Error::ShapeMismatch {
-            op: "mse_loss: prediction and target need the same number of elements".into(),
+            op: format!(
+                "mse_loss: the target needs the prediction's shape, or at least its number of elements ({} and {})",
+                pred.elem_count(),
+                target.elem_count()
+            ),
             lhs: pred.dims().to_vec(),
             rhs: target.dims().to_vec(),
         });
@@ -74,7 +78,7 @@ fn check_labels(op: &str, logits: &Tensor, labels: &Tensor) -> Result<usize> {
     }
     if labels.elem_count() != logits.dims()[0] {
         return Err(Error::ShapeMismatch {
-            op: format!("{op}: one label per row of the logits"),
+            op: format!("{op}: one label per row of the logits ({} rows, {} labels)", logits.dims()[0], labels.elem_count()),
             lhs: logits.dims().to_vec(),
             rhs: labels.dims().to_vec(),
         });

@@ -175,6 +175,100 @@ pub trait Module {
         false
     }
 
+    /// Creates the parameters of the model's lazy layers
+    /// ([`LazyLinear`](crate::nn::LazyLinear),
+    /// [`LazyConv2d`](crate::nn::LazyConv2d), the lazy batch norms) from a
+    /// sample batch `x`: one forward without gradients and in evaluation
+    /// mode (no dropout draw, no running-statistics update), after which
+    /// every parameter exists, on `x`'s device (or where [`Module::to`]
+    /// said). d2l's `model.apply_init([X], init)` does the same forward;
+    /// call it before [`checkpoint::load`](crate::checkpoint::load), an
+    /// initializer such as [`init_cnn`](crate::nn::init_cnn), or building an
+    /// optimizer. A model without lazy layers is left as it is, and the
+    /// model is in training mode afterwards (where a new model starts).
+    ///
+    /// ```
+    /// use kiln::models::lenet;
+    /// use kiln::nn::Module;
+    /// use kiln::{DType, Tensor};
+    /// let mut net = lenet(10);
+    /// assert!(net.named_parameters().is_empty());
+    /// net.init_lazy(&Tensor::zeros((1, 1, 28, 28), DType::F32, &kiln::try_gpu(0))?)?;
+    /// assert_eq!(net.parameter("0.weight")?.dims(), &[6, 1, 5, 5]);
+    /// assert_eq!(net.devices(), vec![kiln::try_gpu(0)]);
+    /// assert!(!net.has_lazy_parameters());
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    fn init_lazy(&mut self, x: &Tensor) -> Result<()> {
+        if !self.has_lazy_parameters() {
+            return Ok(());
+        }
+        let out = {
+            let _g = crate::no_grad();
+            self.eval();
+            let out = self.forward(x);
+            self.train();
+            out
+        };
+        out?;
+        if self.has_lazy_parameters() {
+            return Err(Error::invalid(
+                "init_lazy",
+                format!(
+                    "{} still has lazy layers without parameters after a forward of the sample; does its forward skip a layer?",
+                    self.describe()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Calls `f` on each direct child: the layers of a
+    /// [`Sequential`](crate::nn::Sequential), the convolutions and norms of a
+    /// [`Residual`](crate::nn::Residual), the layer a lazy layer has made.
+    /// [`Module::apply`] walks the tree with it; a container of your own
+    /// implements it to be walked.
+    fn visit_children(&self, f: &mut dyn FnMut(&dyn Module) -> Result<()>) -> Result<()> {
+        let _ = f;
+        Ok(())
+    }
+
+    /// This module as [`std::any::Any`], so that a visitor of
+    /// [`Module::apply`] can ask which layer it holds
+    /// (`m.as_any().and_then(|a| a.downcast_ref::<Linear>())`, PyTorch's
+    /// `type(m) == nn.Linear`). kiln's layers return `Some`; the default is
+    /// `None`.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+
+    /// Calls `f` on every submodule, children before their parent, then on
+    /// this module itself: PyTorch's `nn.Module.apply`, e.g. with
+    /// [`init_cnn`](crate::nn::init_cnn) (d2l's `net.apply(init_cnn)`). The
+    /// first error stops the walk. A lazy layer's parameters are visited
+    /// once it has them (after [`Module::init_lazy`]): its child is the
+    /// layer it made. (On a `&dyn Module`, call [`apply`](crate::nn::apply).)
+    ///
+    /// ```
+    /// use kiln::nn::{Linear, Module, ReLU, Sequential};
+    /// let net = Sequential::new().add(Linear::new(2, 3, &kiln::cpu())?).add(ReLU).add(Linear::new(3, 1, &kiln::cpu())?);
+    /// let mut linears = 0;
+    /// net.apply(&mut |m| {
+    ///     if m.as_any().and_then(|a| a.downcast_ref::<Linear>()).is_some() {
+    ///         linears += 1;
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// assert_eq!(linears, 2);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    fn apply(&self, f: &mut dyn FnMut(&dyn Module) -> Result<()>) -> Result<()>
+    where
+        Self: Sized,
+    {
+        apply_dyn(self, f)
+    }
+
     /// The devices the parameters live on, without repeats, in order.
     fn devices(&self) -> Vec<Device> {
         let mut out: Vec<Device> = Vec::new();
@@ -266,6 +360,51 @@ impl<M: Module + ?Sized> Module for Box<M> {
     }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         (**self).boxed_clone()
+    }
+    fn visit_children(&self, f: &mut dyn FnMut(&dyn Module) -> Result<()>) -> Result<()> {
+        (**self).visit_children(f)
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        (**self).as_any()
+    }
+    fn init_lazy(&mut self, x: &Tensor) -> Result<()> {
+        (**self).init_lazy(x)
+    }
+}
+
+/// [`Module::apply`] on a layer reached as `&dyn Module` (`&net[0]`, a
+/// child in a visitor), where the method cannot be called: every
+/// submodule, children first, then `module`.
+///
+/// ```
+/// use kiln::nn::{apply, Linear, Module, Sequential};
+/// let net = Sequential::new().add(Linear::new(2, 3, &kiln::cpu())?);
+/// let mut seen = Vec::new();
+/// apply(&net[0], &mut |m| Ok(seen.push(m.describe())))?;
+/// assert_eq!(seen.len(), 1);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn apply(module: &dyn Module, f: &mut dyn FnMut(&dyn Module) -> Result<()>) -> Result<()> {
+    apply_dyn(module, f)
+}
+
+/// [`Module::apply`]'s walk: children first, then `m`.
+fn apply_dyn(m: &dyn Module, f: &mut dyn FnMut(&dyn Module) -> Result<()>) -> Result<()> {
+    m.visit_children(&mut |c| apply_dyn(c, f))?;
+    f(m)
+}
+
+/// A lazy layer's refusal of an input it cannot make float weights for: the
+/// weights would take the input's dtype (an integer image, say), and the
+/// layer's arithmetic needs f32 or f64, as PyTorch's convolution refuses a
+/// uint8 input.
+pub(crate) fn lazy_float_input(layer: &str, x: &Tensor) -> Result<()> {
+    match x.dtype() {
+        crate::DType::F32 | crate::DType::F64 => Ok(()),
+        dtype => Err(Error::UnsupportedDType {
+            op: format!("{layer} input (its weights take the input's dtype, and must be f32 or f64)"),
+            dtype,
+        }),
     }
 }
 

@@ -4,7 +4,7 @@
 //! block.
 
 use super::conv::{in_module, LazyConv2d};
-use super::module::{input_device_mismatch, Module, ParamVisitor};
+use super::module::{input_device_mismatch, lazy_float_input, Module, ParamVisitor};
 use crate::{no_grad, Conv2dArgs, DType, Device, Error, Result, Tensor};
 use std::sync::OnceLock;
 
@@ -97,6 +97,9 @@ impl BatchNorm {
 }
 
 impl Module for BatchNorm {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(self.clone()))
     }
@@ -175,6 +178,15 @@ impl LazyBatchNorm2d {
 }
 
 impl Module for LazyBatchNorm {
+    fn visit_children(&self, f: &mut dyn FnMut(&dyn Module) -> Result<()>) -> Result<()> {
+        match self.inner.get() {
+            Some(l) => f(l),
+            None => Ok(()),
+        }
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(self.clone()))
     }
@@ -190,6 +202,7 @@ impl Module for LazyBatchNorm {
         if x.rank() < 2 {
             return Err(Error::invalid("LazyBatchNorm", format!("input must have a channel dimension, got shape {}", x.shape())));
         }
+        lazy_float_input(&self.describe(), x)?;
         let mut layer = {
             let _g = no_grad();
             BatchNorm::with_options(x.dims()[1], self.spatial_rank, 1e-5, 0.1, x.dtype(), &x.device())?
@@ -273,6 +286,9 @@ impl LayerNorm {
 }
 
 impl Module for LayerNorm {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(self.clone()))
     }
@@ -341,6 +357,15 @@ impl Residual {
 }
 
 impl Module for Residual {
+    fn visit_children(&self, f: &mut dyn FnMut(&dyn Module) -> Result<()>) -> Result<()> {
+        for (_, c) in self.children() {
+            f(c)?;
+        }
+        Ok(())
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         Some(Box::new(self.clone()))
     }

@@ -185,4 +185,7 @@ impl<M: Module> Module for DataParallel<M> {
     fn has_lazy_parameters(&self) -> bool {
         self.module.has_lazy_parameters()
     }
+    fn visit_children(&self, f: &mut dyn FnMut(&dyn Module) -> Result<()>) -> Result<()> {
+        f(&self.module)
+    }
 }

@@ -87,6 +87,15 @@ impl std::ops::Index<usize> for Sequential {
 }
 
 impl Module for Sequential {
+    fn visit_children(&self, f: &mut dyn FnMut(&dyn Module) -> Result<()>) -> Result<()> {
+        for layer in &self.layers {
+            f(&**layer)?;
+        }
+        Ok(())
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn boxed_clone(&self) -> Option<Box<dyn Module>> {
         let layers = self.layers.iter().map(|l| l.boxed_clone()).collect::<Option<Vec<_>>>()?;
         Some(Box::new(Sequential { layers }))

@@ -28,9 +28,33 @@ impl TrainerBuilder {
         self
     }
 
-    /// Use the first `min(num_gpus, kiln::num_gpus())` GPUs (the first one
-    /// computes); 0, the default, trains on the CPU. Replaces a
-    /// [`TrainerBuilder::device`].
+    /// Train on the first `min(num_gpus, kiln::num_gpus())` GPUs, as the
+    /// book's `Trainer(num_gpus=...)`: on one, the model and the batches go
+    /// there; on several, training is data-parallel (PyTorch's DDP: each
+    /// GPU holds a replica and computes its share of every batch, the
+    /// gradients are summed across them, and the replicas stay identical).
+    /// 0, the default, trains on the CPU. Replaces a
+    /// [`TrainerBuilder::device`] and [`TrainerBuilder::devices`].
+    ///
+    /// Asking for more GPUs than the machine has is not an error (the
+    /// book's `min`): [`Trainer::num_gpus`] then says how many are used,
+    /// [`Trainer::num_gpus_requested`] how many were asked for,
+    /// [`Trainer::gpu_notice`] why they differ, and `build` prints that
+    /// notice once on stderr. [`TrainerBuilder::devices`], which names the
+    /// GPUs, refuses one that does not exist instead.
+    ///
+    /// ```
+    /// use kiln::trainer::Trainer;
+    /// let trainer = Trainer::builder().max_epochs(1).num_gpus(kiln::num_gpus() + 1).build()?;
+    /// assert_eq!(trainer.num_gpus(), kiln::num_gpus());
+    /// assert_eq!(trainer.num_gpus_requested(), kiln::num_gpus() + 1);
+    /// assert!(trainer.gpu_notice().unwrap().contains("asked"));
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    ///
+    /// [`Trainer::num_gpus`]: super::Trainer::num_gpus
+    /// [`Trainer::num_gpus_requested`]: super::Trainer::num_gpus_requested
+    /// [`Trainer::gpu_notice`]: super::Trainer::gpu_notice
     pub fn num_gpus(mut self, num_gpus: usize) -> TrainerBuilder {
         self.num_gpus = num_gpus;
         self.device = None;
@@ -165,9 +189,26 @@ impl TrainerBuilder {
             }
             (None, None) => (self.num_gpus, (0..self.num_gpus.min(crate::num_gpus())).map(Device::Gpu).collect()),
         };
+        let gpu_notice = (gpus.len() < num_gpus).then(|| {
+            let on = match gpus.len() {
+                0 => "the CPU".to_string(),
+                1 => "gpu(0)".to_string(),
+                n => format!("{n} GPUs, gpu(0) to gpu({})", n - 1),
+            };
+            format!(
+                "Trainer: num_gpus({num_gpus}) asked, but this machine has {} GPU{}; training on {on} (ask for at most {} to silence this)",
+                gpus.len(),
+                if gpus.len() == 1 { "" } else { "s" },
+                gpus.len()
+            )
+        });
+        if let Some(notice) = &gpu_notice {
+            notify_once(notice);
+        }
         Ok(Trainer {
             max_epochs,
-            num_gpus,
+            num_gpus_requested: num_gpus,
+            gpu_notice,
             gradient_clip_val: self.gradient_clip_val,
             gpus,
             bucket_bytes: self.bucket_bytes.unwrap_or(super::DEFAULT_BUCKET_BYTES),
@@ -177,5 +218,16 @@ impl TrainerBuilder {
             #[cfg(feature = "plot")]
             plot: self.plot,
         })
+    }
+}
+
+/// Prints `notice` on stderr the first time this process builds a trainer
+/// with it (a loop that builds many trainers says it once).
+fn notify_once(notice: &str) {
+    static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if !seen.iter().any(|s| s == notice) {
+        seen.push(notice.to_string());
+        eprintln!("{notice}");
     }
 }

@@ -54,15 +54,7 @@ impl Trainer {
         let x = &data.train.tensors()[0];
         let rows = data.train.batch_size().min(data.train.num_examples());
         let x = x.narrow(0, 0, rows)?.to(&device)?;
-        let _g = no_grad();
-        model.net.eval();
-        let out = model.net.forward(&x);
-        model.net.train();
-        out.map_err(|e| owned_input("fit", device, e))?;
-        if model.net.has_lazy_parameters() {
-            return Err(Error::invalid("fit", "a lazy layer still has no parameters after a forward of the first batch"));
-        }
-        Ok(())
+        model.net.init_lazy(&x).map_err(|e| owned_input("fit", device, e))
     }
 
     /// The replicas of a data-parallel fit on `gpus` when there are several
@@ -197,6 +189,14 @@ impl Trainer {
         resident: &mut Option<Option<Resident>>,
     ) -> Result<(Sums, Option<Sums>)> {
         let device = self.device();
+        // The epoch's order: the learner's shuffling seed (drawn from kiln's
+        // generator by its first shuffled epoch) and epoch count.
+        let order = if data.train.is_shuffled() && data.train.num_examples() > 1 {
+            let seed = *model.shuffle_seed.get_or_insert_with(crate::runtime::rng::next_u64);
+            Some((seed, model.epochs_trained as u64))
+        } else {
+            None
+        };
         let Learner { net, loss: kind, configured, steps_trained, .. } = model;
         let optimizer = configured.as_mut().ok_or_else(|| Error::invalid("fit", "the optimizer was not built"))?.get_mut();
         optimizer.set_learning_rate(lr);
@@ -213,7 +213,7 @@ impl Trainer {
             match resident.as_ref().and_then(|r| r.as_ref()) {
                 // Every device cuts its own piece from its own copy.
                 Some(held) => {
-                    let epoch = held.epoch()?;
+                    let epoch = held.epoch(order)?;
                     for (start, rows) in epoch.batches() {
                         let pieces = epoch.pieces(start, rows)?;
                         replicas.step(net, optimizer, *kind, &pieces, rows, &clip, &mut per_device)?;
@@ -223,7 +223,7 @@ impl Trainer {
                 }
                 // The batches are made on the first device and cut there.
                 None => {
-                    for batch in data.train.iter_on(&device)? {
+                    for batch in data.train.iter_on_epoch(&device, order)? {
                         let batch = batch?;
                         let (x, y) = split_batch("fit", &batch)?;
                         let pieces = replicas.cut(x, y)?;
@@ -237,7 +237,7 @@ impl Trainer {
                 train = train.merge(s, &device)?;
             }
         } else {
-            for batch in data.train.iter_on(&device)? {
+            for batch in data.train.iter_on_epoch(&device, order)? {
                 let batch = batch?;
                 let (x, y) = split_batch("fit", &batch)?;
                 let pred = net.forward(x).map_err(|e| owned_input("fit", device, e))?;

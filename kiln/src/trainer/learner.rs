@@ -34,18 +34,52 @@ pub struct Learner<N: Module> {
     pub(super) configured: Option<Configured>,
     pub(super) epochs_trained: usize,
     pub(super) steps_trained: u64,
+    pub(super) shuffle_seed: Option<u64>,
 }
 
 impl<N: Module> Learner<N> {
     /// Bundles a network, a loss and an optimizer.
     pub fn new(net: N, loss: Loss, optimizer: OptimizerConfig) -> Learner<N> {
-        Learner { net, loss, optimizer, schedule: None, configured: None, epochs_trained: 0, steps_trained: 0 }
+        Learner { net, loss, optimizer, schedule: None, configured: None, epochs_trained: 0, steps_trained: 0, shuffle_seed: None }
     }
 
     /// Multiplies the learning rate by `schedule.factor(epoch)` in each
     /// epoch (builder style).
     pub fn lr_schedule(mut self, schedule: impl LrSchedule + 'static) -> Learner<N> {
         self.schedule = Some(Box::new(schedule));
+        self
+    }
+
+    /// The seed of the learner's shuffling generator: epoch `k` of a fit
+    /// sees the training rows in the order
+    /// [`permutation_for_epoch`](crate::data::permutation_for_epoch)`(n, seed,
+    /// k)`, `k` counted over every fit. `None` until the first fit of a
+    /// shuffled loader draws it from kiln's generator (so
+    /// [`crate::manual_seed`] decides it) or [`Learner::with_shuffle_seed`]
+    /// sets it; saved and restored by training checkpoints, so a resumed
+    /// fit shuffles as the uninterrupted one would have, whatever else drew
+    /// random numbers in between (the generator is the learner's own, as
+    /// PyTorch's `DistributedSampler` has its seed and epoch).
+    ///
+    /// ```
+    /// use kiln::data::synthetic_classification;
+    /// use kiln::nn::{Linear, Loss};
+    /// use kiln::optim::OptimizerConfig;
+    /// use kiln::trainer::{Learner, Progress, Trainer};
+    /// let data = synthetic_classification(64, 0, 4, 3, 16)?;
+    /// let mut model = Learner::new(Linear::new(4, 3, &kiln::cpu())?, Loss::CrossEntropy, OptimizerConfig::sgd(0.1)).with_shuffle_seed(7);
+    /// Trainer::builder().max_epochs(1).progress(Progress::Off).build()?.fit(&mut model, &data)?;
+    /// assert_eq!(model.shuffle_seed(), Some(7));
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn shuffle_seed(&self) -> Option<u64> {
+        self.shuffle_seed
+    }
+
+    /// Sets the seed of the learner's shuffling generator (builder style):
+    /// see [`Learner::shuffle_seed`].
+    pub fn with_shuffle_seed(mut self, seed: u64) -> Learner<N> {
+        self.shuffle_seed = Some(seed);
         self
     }
 

@@ -61,12 +61,22 @@ pub use parallel::DEFAULT_BUCKET_BYTES;
 pub use progress::Progress;
 
 /// Trains a [`Learner`] for `max_epochs` per fit on the first `min(num_gpus,
-/// kiln::num_gpus())` GPUs (only the first is used for compute), or on the
-/// CPU when there is none, clipping the gradient norm to
-/// `gradient_clip_val` when it is positive. Built with [`Trainer::builder`].
+/// kiln::num_gpus())` GPUs (or the GPUs named by
+/// [`TrainerBuilder::devices`]), or on the CPU when there is none, clipping
+/// the gradient norm to `gradient_clip_val` when it is positive. Built with
+/// [`Trainer::builder`].
+///
+/// On one GPU the model and the batches go there. On several, training is
+/// data-parallel, as PyTorch's DDP: the learner's model stays on the first
+/// GPU and each other GPU holds a replica; every batch is split across the
+/// GPUs, each computes the forward and backward of its share, the gradients
+/// are summed across the GPUs in buckets while backward runs, and every GPU
+/// takes the same optimizer step, so the replicas stay identical and the
+/// curve is the one a single device would give.
 pub struct Trainer {
     max_epochs: usize,
-    num_gpus: usize,
+    num_gpus_requested: usize,
+    gpu_notice: Option<String>,
     gradient_clip_val: f64,
     gpus: Vec<Device>,
     bucket_bytes: usize,
@@ -81,7 +91,8 @@ impl std::fmt::Debug for Trainer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Trainer")
             .field("max_epochs", &self.max_epochs)
-            .field("num_gpus", &self.num_gpus)
+            .field("num_gpus", &self.gpus.len())
+            .field("num_gpus_requested", &self.num_gpus_requested)
             .field("gradient_clip_val", &self.gradient_clip_val)
             .field("gpus", &self.gpus)
             .field("progress", &self.progress)
@@ -111,9 +122,36 @@ impl Trainer {
         self.max_epochs
     }
 
-    /// GPUs asked for.
+    /// The number of GPUs training runs on: `min(num_gpus, kiln::num_gpus())`
+    /// for [`TrainerBuilder::num_gpus`], the length of
+    /// [`TrainerBuilder::devices`], 0 on the CPU.
+    ///
+    /// ```
+    /// use kiln::trainer::Trainer;
+    /// kiln::ensure_simulated_gpus(2, 256 << 20);
+    /// let n = kiln::num_gpus(); // 2 or more
+    /// let t = Trainer::builder().max_epochs(1).num_gpus(n + 1).build()?; // prints a notice
+    /// assert_eq!((t.num_gpus(), t.num_gpus_requested(), t.gpus().len()), (n, n + 1, n));
+    /// assert!(t.gpu_notice().is_some());
+    /// assert!(Trainer::builder().max_epochs(1).num_gpus(2).build()?.gpu_notice().is_none());
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
     pub fn num_gpus(&self) -> usize {
-        self.num_gpus
+        self.gpus.len()
+    }
+
+    /// The number of GPUs asked for (by [`TrainerBuilder::num_gpus`], or as
+    /// many as [`TrainerBuilder::devices`] listed; 1 for a GPU named by
+    /// [`TrainerBuilder::device`]).
+    pub fn num_gpus_requested(&self) -> usize {
+        self.num_gpus_requested
+    }
+
+    /// Why [`Trainer::num_gpus`] is less than asked, when it is (the line
+    /// `build` printed on stderr): `None` when training uses every GPU
+    /// asked for.
+    pub fn gpu_notice(&self) -> Option<&str> {
+        self.gpu_notice.as_deref()
     }
 
     /// Gradient-norm clipping threshold (0 for none).

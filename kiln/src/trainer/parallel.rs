@@ -107,13 +107,17 @@ impl Resident {
         }))
     }
 
-    /// An epoch: with shuffling, a new order drawn from kiln's generator
-    /// exactly as the loader draws it (so a data-parallel run sees the
-    /// batches one device would), copied to every device.
+    /// An epoch: with shuffling, the order of `seeded` (seed, epoch), or a
+    /// new one drawn from kiln's generator, exactly as the loader makes it
+    /// (so a data-parallel run sees the batches one device would), copied
+    /// to every device.
     #[track_caller]
-    pub(super) fn epoch(&self) -> Result<ResidentEpoch<'_>> {
+    pub(super) fn epoch(&self, seeded: Option<(u64, u64)>) -> Result<ResidentEpoch<'_>> {
         let order = if self.shuffle && self.rows > 1 {
-            let perm = crate::data::permutation(self.rows);
+            let perm = match seeded {
+                Some((seed, epoch)) => crate::data::permutation_for_epoch(self.rows, seed, epoch),
+                None => crate::data::permutation(self.rows),
+            };
             Some(self.per_device.iter().map(|(x, _)| Tensor::from_vec(perm.clone(), self.rows, &x.device())).collect::<Result<Vec<_>>>()?)
         } else {
             None

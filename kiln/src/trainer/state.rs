@@ -16,9 +16,10 @@ impl Trainer {
     /// Writes a training checkpoint to `path` (safetensors, atomically): the
     /// parameters (`model.<name>`), the optimizer's state
     /// (`optimizer.<index>.<buffer>`, its hyperparameters and step counter
-    /// in the metadata), the learner's epoch and step counts, kiln's random
-    /// generator on this thread (so shuffles and dropout go on as they
-    /// would have) and each callback's state. [`Trainer::load_checkpoint`]
+    /// in the metadata), the learner's epoch and step counts, its shuffling
+    /// seed ([`Learner::shuffle_seed`]: with the epoch count, the order of
+    /// every later epoch), kiln's random generator on this thread (so
+    /// dropout goes on as it would have) and each callback's state. [`Trainer::load_checkpoint`]
     /// resumes from it exactly; [`checkpoint::load`] takes its parameters.
     ///
     /// ```
@@ -66,6 +67,9 @@ impl Trainer {
         let (seed, offset) = rng::state();
         metadata.insert("rng.seed".to_string(), seed.to_string());
         metadata.insert("rng.offset".to_string(), offset.to_string());
+        if let Some(seed) = model.shuffle_seed {
+            metadata.insert("shuffle.seed".to_string(), seed.to_string());
+        }
         let state = match &model.configured {
             Some(c) => Some(c.get().state_dict()?),
             None => None,
@@ -104,7 +108,7 @@ impl Trainer {
         if model.net.has_lazy_parameters() {
             return Err(Error::invalid(
                 op,
-                "the model has lazy layers without parameters yet; run one forward first (e.g. `model.net.forward(&x)?`) so that they exist",
+                "the model has lazy layers without parameters yet; create them first with a sample batch, e.g. `model.net.init_lazy(&x)?` (one forward without gradients)",
             ));
         }
         let device = self.device();
@@ -122,6 +126,9 @@ impl Trainer {
         let epochs = usize::try_from(number("epochs_trained")?).map_err(|_| bad("`epochs_trained` is too large".into()))?;
         let steps = number("steps_trained")?;
         let rng_state = (number("rng.seed")?, number("rng.offset")?);
+        // Absent from a checkpoint saved before the first shuffled epoch
+        // (and from older files): the next fit draws the seed then.
+        let shuffle_seed = if meta.contains_key("shuffle.seed") { Some(number("shuffle.seed")?) } else { None };
         let kind = meta.get("optimizer.kind").ok_or_else(|| bad("the metadata has no `optimizer.kind`".into()))?;
         if kind != model.optimizer.kind() {
             return Err(Error::invalid(
@@ -170,6 +177,7 @@ impl Trainer {
         model.configured = Some(configured);
         model.epochs_trained = epochs;
         model.steps_trained = steps;
+        model.shuffle_seed = shuffle_seed;
         rng::restore(rng_state);
         for c in &mut self.callbacks {
             if let Some(state) = callbacks.get(&c.name()) {
