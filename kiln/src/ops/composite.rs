@@ -133,7 +133,7 @@ impl Tensor {
     /// Σ(x − mean)² / (N − correction), as PyTorch's `var(dims, correction=,
     /// keepdim=)`. N − correction ≤ 0 divides by 0 (inf, or NaN for 0/0), as
     /// in PyTorch. Floats only, as PyTorch (`to_dtype` an integer tensor
-    /// first).
+    /// first); f32 computes in f64 and rounds once, as PyTorch's kernels do.
     ///
     /// ```
     /// use kiln::{Tensor, cpu};
@@ -146,6 +146,12 @@ impl Tensor {
     pub fn var_dims(&self, dims: &[impl Dim], correction: f64, keepdim: bool) -> Result<Tensor> {
         if !self.dtype().is_float() {
             return Err(Error::UnsupportedDType { op: "var".into(), dtype: self.dtype() });
+        }
+        if self.dtype() == DType::F32 {
+            // Wide and rounded once, as PyTorch's Welford kernels accumulate
+            // f32 in f64: squared deviations past f32's range (or below it)
+            // would otherwise overflow (underflow) where the result does not.
+            return self.to_dtype(DType::F64)?.var_dims(dims, correction, keepdim)?.to_dtype(DType::F32);
         }
         let dims = resolve_reduce_dims("var", dims, self.rank())?;
         let picked: Vec<usize> = dims.iter().filter_map(|&d| self.dims().get(d).copied()).collect();
@@ -167,6 +173,11 @@ impl Tensor {
     /// Standard deviation: √[`var_dims`](Self::var_dims). Where the
     /// deviation is 0 its gradient is 0 (not 0/0), as in PyTorch.
     pub fn std_dims(&self, dims: &[impl Dim], correction: f64, keepdim: bool) -> Result<Tensor> {
+        if self.dtype() == DType::F32 {
+            // The root of the f64 variance, rounded once (see var_dims):
+            // std([2e19, −2e19]) is 2.8e19 though its variance overflows f32.
+            return self.to_dtype(DType::F64)?.std_dims(dims, correction, keepdim)?.to_dtype(DType::F32);
+        }
         let v = self.var_dims(dims, correction, keepdim)?;
         // √ of the variance with its zeros read as ones, then zeroed: the
         // gradient of √ at those elements is then 0/2, not 0/0.

@@ -174,6 +174,12 @@ fn the_norm_of_zeros_has_gradient_zero_and_f32_norms_neither_overflow_nor_underf
         let g = big.grad().unwrap().to_vec::<f32>()?;
         let want = (1.0 / (64.0f64 * 65.0).sqrt()) as f32;
         assert!(g.iter().all(|&v| (v - want).abs() <= 1e-6 * want), "{} != {want}", g[0]);
+        // var and std square deviations in f64 too.
+        let x = Tensor::new(&[2e19f32, -2e19], &d)?;
+        assert_eq!(x.std_dims(&[0], 0.0, false)?.to_scalar::<f32>()?, 2e19);
+        assert_eq!(x.var_dims(&[0], 0.0, false)?.to_scalar::<f32>()?, f32::INFINITY);
+        let x = Tensor::new(&[1e-25f32, -1e-25], &d)?;
+        assert_eq!(x.std_dims(&[0], 0.0, false)?.to_scalar::<f32>()?, 1e-25);
         // Integers are refused through reduce too (their squares would wrap).
         assert!(matches!(Tensor::new(&[3i64, 4], &d)?.reduce(ReduceOp::Norm, &[0], false), Err(kiln::Error::UnsupportedDType { .. })));
         Ok(())
