@@ -220,10 +220,17 @@ pub enum Error {
         msg: String,
     },
     /// A kernel that failed after it was accepted. On an asynchronous device
-    /// this is reported by the next synchronising call (`synchronize`,
-    /// `block_until_ready`, a read), like CUDA's sticky errors; the device's
-    /// queue skips the work queued after the failure until then.
-    #[error("{device}: kernel `{op}` failed: {msg}; the results of this kernel and of the work queued after it on {device} are unspecified; recompute them (e.g. `let y = f(&x)?;` again)")]
+    /// this is reported once by the next synchronising call (`synchronize`,
+    /// `block_until_ready`, a read, whichever tensor it reads), like CUDA's
+    /// sticky errors; the device's queue skips the work queued after the
+    /// failure until then. The results of the failed kernel, of the work
+    /// queued after it until the report, and of anything computed from
+    /// them are *poisoned*: every read of one of them (`to_vec`, printing,
+    /// a copy to another device), and every read of what is computed from
+    /// it, returns this same error until it is recomputed (overwritten
+    /// whole by a kernel that succeeds). Nothing read is ever silently
+    /// wrong; the device itself works again once the failure is reported.
+    #[error("{device}: kernel `{op}` failed: {msg}; reading the results of this kernel, of the work queued after it on {device} before this was reported, and of anything computed from them returns this error; recompute them (e.g. `let y = f(&x)?;` again)")]
     KernelFailed {
         /// The device that ran the kernel.
         device: Device,

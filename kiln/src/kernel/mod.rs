@@ -117,6 +117,29 @@ impl Kernel<'_> {
         }
     }
 
+    /// The fault of the first input whose storage is poisoned
+    /// ([`Storage::fault`]): the output of a kernel reading it is poisoned
+    /// with the same fault. One atomic load per input when none is.
+    #[inline]
+    pub(crate) fn input_fault(&self) -> Option<crate::Error> {
+        match self {
+            Kernel::Unary { src, .. } | Kernel::Reduce { src, .. } => src.storage.fault(),
+            Kernel::Binary { lhs, rhs, .. } => lhs.storage.fault().or_else(|| rhs.storage.fault()),
+            Kernel::Custom { inputs, .. } => inputs.iter().find_map(|i| i.storage.fault()),
+        }
+    }
+
+    /// True when the kernel, having succeeded, has written every element of
+    /// an output of `out_len` elements without reading the output's old
+    /// contents: a poisoned output is then recomputed (its mark cleared).
+    #[inline]
+    pub(crate) fn overwrites(&self, out_len: usize) -> bool {
+        match self {
+            Kernel::Custom { op, inputs } => op.overwrites(inputs, out_len),
+            Kernel::Unary { .. } | Kernel::Binary { .. } | Kernel::Reduce { .. } => true,
+        }
+    }
+
     /// True when the kernel writes no element of an output of `out_len`
     /// elements. Such kernels are skipped, so no backend walks the
     /// dimensions of an empty tensor.
@@ -219,6 +242,14 @@ pub(crate) trait CustomKernel: Send + Sync + 'static {
     /// elements (an empty output, or an in-place write from nothing).
     fn writes_nothing(&self, _inputs: &[Src<'_>], out_len: usize) -> bool {
         out_len == 0
+    }
+    /// True when the kernel writes every element of an output of `out_len`
+    /// elements and never reads the output's old contents: a poisoned
+    /// output (see [`Storage::fault`]) is then recomputed. False (the safe
+    /// answer: the mark stays) unless the op says so; a kernel writing a
+    /// new storage does not need it.
+    fn overwrites(&self, _inputs: &[Src<'_>], _out_len: usize) -> bool {
+        false
     }
     /// The op as a shared reference.
     fn to_shared(&self) -> Arc<dyn CustomKernel>;

@@ -42,6 +42,15 @@ pub(crate) struct Storage {
     handles: std::sync::atomic::AtomicUsize,
     /// Whether `handles` is counted: storages of simulated GPUs.
     stream_ordered: bool,
+    /// Set while the storage holds the result of a kernel that failed, or
+    /// that an asynchronous device skipped or could not trust after a
+    /// fault (a *poisoned* result): `fault` then holds the original error,
+    /// which every read of the storage, and every kernel reading it,
+    /// returns or passes on until a kernel that succeeds overwrites all of
+    /// it. One relaxed-cost load per operand when clear; the CPU (which
+    /// reports a failure at its call) never sets it.
+    poisoned: std::sync::atomic::AtomicBool,
+    fault: parking_lot::Mutex<Option<Box<crate::Error>>>,
 }
 
 impl Storage {
@@ -62,6 +71,8 @@ impl Storage {
             booked: std::sync::atomic::AtomicBool::new(true),
             handles: std::sync::atomic::AtomicUsize::new(0),
             stream_ordered,
+            poisoned: std::sync::atomic::AtomicBool::new(false),
+            fault: parking_lot::Mutex::new(None),
         };
         if device == Device::Cpu {
             reuse_shell(storage)
@@ -75,6 +86,35 @@ impl Storage {
     }
     pub(crate) fn bytes(&self) -> usize {
         self.len * self.dtype.size_in_bytes()
+    }
+    /// The fault this storage's contents stand for, when they are the
+    /// result of a failed, skipped or untrusted kernel (see [`poison`](Self::poison)).
+    #[inline]
+    pub(crate) fn fault(&self) -> Option<crate::Error> {
+        if !self.poisoned.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        self.fault.lock().as_deref().cloned()
+    }
+    /// Marks the contents as poisoned by `err` (the original failure):
+    /// reads and kernels reading this storage return `err` from now on. A
+    /// storage already poisoned keeps its first fault.
+    pub(crate) fn poison(&self, err: &crate::Error) {
+        let mut fault = self.fault.lock();
+        if fault.is_none() {
+            *fault = Some(Box::new(err.clone()));
+        }
+        self.poisoned.store(true, std::sync::atomic::Ordering::Release);
+    }
+    /// Clears the mark: a kernel that succeeded has overwritten all of the
+    /// storage without reading it.
+    #[inline]
+    pub(crate) fn recomputed(&self) {
+        if self.poisoned.load(std::sync::atomic::Ordering::Acquire) {
+            let mut fault = self.fault.lock();
+            self.poisoned.store(false, std::sync::atomic::Ordering::Release);
+            *fault = None;
+        }
     }
     /// Read access to the buffer, under its read lock. Only kernels and
     /// transfers call this, in queue order, so a writer never holds it for long.
@@ -286,9 +326,10 @@ impl<'g> LockedInputs<'g, '_> {
 /// input of the step before); the two heap calls and the two atomic
 /// decrements of an `Arc`'s last drop cost more than the operation. The
 /// buffer itself is returned to the pool as usual, so memory accounting
-/// does not change. Nothing ever takes a `Weak` of a storage, so a strong
-/// count of 1 (seen behind an acquire fence) means the handle being
-/// dropped is the only way to reach it.
+/// does not change. Nothing takes a `Weak` of a CPU storage (the CUDA
+/// backend keeps `Weak`s of its own storages only), so a strong count of 1
+/// (seen behind an acquire fence) means the handle being dropped is the
+/// only way to reach it.
 pub(crate) struct StorageHandle(std::mem::ManuallyDrop<Arc<Storage>>);
 
 impl StorageHandle {

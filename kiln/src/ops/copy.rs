@@ -107,6 +107,10 @@ impl CustomKernel for CopyOp {
     fn writes_nothing(&self, inputs: &[Src<'_>], out_len: usize) -> bool {
         out_len == 0 || self.dst_layout.elem_count() == 0 || inputs[0].layout.elem_count() == 0
     }
+    fn overwrites(&self, _inputs: &[Src<'_>], out_len: usize) -> bool {
+        // Every element once, in order: the whole storage.
+        self.dst_layout.offset == 0 && self.dst_layout.is_contiguous() && self.dst_layout.elem_count() == out_len
+    }
     fn to_shared(&self) -> Arc<dyn CustomKernel> {
         Arc::new(self.clone())
     }

@@ -101,6 +101,9 @@ impl CustomKernel for FillOp {
         let args = FillArgs { out: dev.ptr(out)?, n: out.len as u64, a, b, seed, offset };
         dev.launch(&MODULE, &format!("fill_{kind}_{}", dtype_tag(out.dtype)), dev.grid_for(out.len), BLOCK, &args)
     }
+    fn overwrites(&self, _inputs: &[Src<'_>], _out_len: usize) -> bool {
+        true
+    }
     fn to_shared(&self) -> Arc<dyn CustomKernel> {
         Arc::new(*self)
     }

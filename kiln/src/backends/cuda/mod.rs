@@ -21,6 +21,7 @@ pub(crate) mod modules;
 mod nccl;
 mod nvrtc;
 mod peer;
+mod written;
 
 use super::Found;
 use crate::base::buffer::CpuBuffer;
@@ -124,6 +125,9 @@ pub(crate) struct CudaBackend {
     /// Whether this context may access a peer's memory, by peer ordinal
     /// (enabled on first ask).
     peers: Mutex<HashMap<usize, bool>>,
+    /// The storages written since the last synchronising call that found no
+    /// fault: a fault found later poisons them (`written.rs`).
+    written: written::Written,
 }
 
 /// Finds the CUDA devices, numbered from `gpu(first)`. Never panics and
@@ -149,6 +153,10 @@ pub(crate) fn probe(first: usize) -> Found {
     }
 }
 
+/// The CUDA devices opened, for a read that must see a peer's fault (a
+/// peer copy written by another device's stream).
+static OPENED: std::sync::OnceLock<Vec<&'static CudaBackend>> = std::sync::OnceLock::new();
+
 fn open_all(first: usize) -> std::result::Result<Vec<&'static dyn Backend>, String> {
     // SAFETY: plain driver calls with out-pointers to locals.
     unsafe {
@@ -163,12 +171,18 @@ fn open_all(first: usize) -> std::result::Result<Vec<&'static dyn Backend>, Stri
             }
         }
         let mut backends: Vec<&'static dyn Backend> = Vec::new();
+        let mut opened: Vec<&'static CudaBackend> = Vec::new();
         for ordinal in 0..count.max(0) as usize {
             match CudaBackend::open(ordinal, Device::Gpu(first + backends.len())) {
-                Ok(b) => backends.push(Box::leak(Box::new(b))),
+                Ok(b) => {
+                    let b: &'static CudaBackend = Box::leak(Box::new(b));
+                    opened.push(b);
+                    backends.push(b);
+                }
                 Err(e) => eprintln!("kiln: skipping CUDA device {ordinal}: {e}"),
             }
         }
+        let _ = OPENED.set(opened);
         Ok(backends)
     }
 }
@@ -225,6 +239,7 @@ impl CudaBackend {
                 functions: Mutex::new(HashMap::new()),
                 blas: Mutex::new(None),
                 peers: Mutex::new(HashMap::new()),
+                written: written::Written::default(),
             };
             // The fault record is page-locked host memory, made now, while
             // nothing is queued: CUDA lists page-locked allocation among the
@@ -368,12 +383,30 @@ impl Backend for CudaBackend {
         }
     }
     fn launch(&self, kernel: &Kernel<'_>, out: &Arc<Storage>) -> Result<()> {
-        // A bad index recorded by a kernel poisons the queue until a
-        // synchronising call reports it (a read of pinned memory, no sync).
-        if let Some(err) = self.fault(false) {
-            return Err(err);
+        // A poisoned input poisons the output: the kernel would compute
+        // from untrusted values. Nothing is launched.
+        if let Some(fault) = kernel.input_fault() {
+            out.poison(&fault);
+            return Ok(());
         }
-        self.guarded("kernel launch", || launch::run(self, kernel, out))
+        // A bad index recorded by a kernel (a read of pinned memory, no
+        // sync) is reported by the next synchronising call, once; the
+        // kernels queued meanwhile still launch, and that call poisons
+        // their outputs (`written.rs`).
+        match self.guarded("kernel launch", || launch::run(self, kernel, out)) {
+            Ok(()) => {
+                if kernel.overwrites(out.len) {
+                    out.recomputed();
+                }
+                self.written.push(out);
+                Ok(())
+            }
+            Err(err) => {
+                // It may have written part of `out` (an in-place op).
+                out.poison(&err);
+                Err(err)
+            }
+        }
     }
     fn upload(&self, data: CpuBuffer) -> Result<Buffer> {
         let bytes = data.size_in_bytes();
@@ -391,6 +424,7 @@ impl Backend for CudaBackend {
         }
     }
     fn download(&self, src: &Src<'_>) -> Result<CpuBuffer> {
+        let mark = self.written.mark();
         self.guarded("device-to-host copy", || {
             let dtype = src.storage.dtype;
             let n = src.layout.elem_count();
@@ -404,8 +438,19 @@ impl Backend for CudaBackend {
                 .ok_or_else(|| self.err(format!("cannot allocate {} of host memory to read {} elements back", human_bytes(n * size), n)))?;
             let base = dev_ptr(self, &src.storage)?;
             self.read_device(base + (a * size) as u64, host_bytes_mut(&mut out))?;
-            // The read waited for the queue: report a bad index it met.
-            match self.fault(true) {
+            // The read waited for the queue: report a bad index it met
+            // (poisoning what was written since), or a poisoned source.
+            // A fault of another device is left for that device to report,
+            // but first poisons what its stream wrote (a peer copy here).
+            let own = self.written.settle(mark, || self.fault(true));
+            if own.is_none() {
+                for peer in OPENED.get().into_iter().flatten().filter(|p| p.ordinal != self.ordinal) {
+                    if let Some(err) = peer.fault(false) {
+                        peer.written.poison_all(&err);
+                    }
+                }
+            }
+            match own.or_else(|| src.storage.fault()) {
                 Some(err) => Err(err),
                 None => Ok(out),
             }
@@ -454,6 +499,13 @@ impl Backend for CudaBackend {
             return Ok(None);
         }
         let out = super::alloc(dst, src.storage.dtype, src.layout.elem_count())?;
+        if let Some(fault) = src.storage.fault() {
+            // A poisoned source: the copy carries its fault, not its bytes.
+            out.poison(&fault);
+            return Ok(Some(out));
+        }
+        // Written by this device's stream: a fault found here later poisons it.
+        self.written.push(&out);
         let dst_ptr = dev_ptr(peer, &out)?;
         let queued = self.guarded("peer copy", || self.queue_peer_copy(src, peer, dst_ptr));
         if queued.is_err() {
@@ -472,10 +524,11 @@ impl Backend for CudaBackend {
         nccl::get().err().map(str::to_string)
     }
     fn synchronize(&self) -> Result<()> {
+        let mark = self.written.mark();
         self.guarded("cuStreamSynchronize", || {
             // SAFETY: the stream is alive.
             ck(unsafe { cu::cuStreamSynchronize(self.stream.0) }, "cuStreamSynchronize").map_err(|e| self.err(e))?;
-            match self.fault(true) {
+            match self.written.settle(mark, || self.fault(true)) {
                 Some(err) => Err(err),
                 None => Ok(()),
             }

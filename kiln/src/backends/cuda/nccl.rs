@@ -336,6 +336,14 @@ impl Nccl {
         call: impl Fn(&Api, &Rank, Comm, NcclStream) -> Res,
     ) -> Result<()> {
         let devs = inputs.iter().map(|p| cuda_of(p.storage.backend)).collect::<Result<Vec<_>>>()?;
+        // A poisoned input (see `Storage::poison`) poisons every rank's
+        // output, as the collective would spread its values: nothing runs.
+        if let Some(fault) = inputs.iter().find_map(|p| p.storage.fault()) {
+            for o in outputs {
+                o.storage.poison(&fault);
+            }
+            return Ok(());
+        }
         let size = inputs[0].storage.dtype.size_in_bytes();
         let mut ranks = Vec::with_capacity(devs.len());
         for ((dev, i), o) in devs.iter().zip(inputs).zip(outputs) {
@@ -379,12 +387,21 @@ impl Nccl {
                 )));
             }
             if end != OK {
-                return Err(devs[0].err(format!(
-                    "{what} through NCCL: ncclGroupEnd failed: {}; part of the collective may have been queued, so the \
-                     values of its tensors are unspecified (set KILN_DISABLE_NCCL=1 to use peer copies instead)",
+                let err = devs[0].err(format!(
+                    "{what} through NCCL: ncclGroupEnd failed: {}; part of the collective may have been queued, so its \
+                     outputs are poisoned: reading them returns this error (set KILN_DISABLE_NCCL=1 to use peer copies instead)",
                     api.describe(end, comms[0].0)
-                )));
+                ));
+                for o in outputs {
+                    o.storage.poison(&err);
+                }
+                return Err(err);
             }
+        }
+        // Written by the devices' streams: a fault found at the next
+        // synchronising call poisons them too.
+        for (d, o) in devs.iter().zip(outputs) {
+            d.written.push(&o.storage);
         }
         Ok(())
     }

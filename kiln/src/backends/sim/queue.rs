@@ -30,10 +30,12 @@ use std::time::Instant;
 
 /// One entry of a queue.
 pub(super) enum Job {
-    /// A kernel: skipped while the queue is poisoned by an earlier failure.
+    /// A kernel: skipped while the queue is poisoned by an earlier failure,
+    /// or when an input is poisoned; its output is then poisoned too.
     Kernel(Box<(Kernel<'static>, Arc<Storage>)>),
     /// A read to the host; answers with the elements, or with the failure
-    /// that poisoned the queue (a read synchronises, so it reports it).
+    /// that poisoned the queue (a read synchronises, so it reports it), or
+    /// with the fault of a poisoned source storage.
     Read(Src<'static>, Sender<Result<CpuBuffer>>),
     /// Queue bookkeeping that always runs (event waits, holds).
     Control(Box<dyn FnOnce() + Send>),
@@ -212,7 +214,8 @@ impl Progress {
         self.poisoned.store(false, Ordering::Release);
         failure.take()
     }
-    /// The pending failure, left in place (launches fail fast until it is reported).
+    /// The pending failure, left in place: the worker poisons the outputs of
+    /// the kernels it skips with it until a synchronising call reports it.
     pub fn peek_failure(&self) -> Option<Error> {
         if !self.poisoned.load(Ordering::Acquire) {
             return None;
@@ -356,18 +359,31 @@ fn elements_touched(kernel: &Kernel<'_>, out: &Storage) -> usize {
 
 /// Runs a kernel job unless the queue is poisoned (after a failure the
 /// queue skips kernels until the failure is reported: their inputs may be
-/// unwritten); returns what it costs on the device clock: the CPU time it
-/// ran for when it is large ([`CPU_TIMED_ELEMENTS`]), which leaves out any
-/// wait for one of the host's cores while other simulated GPUs held them,
-/// and its wall time otherwise.
+/// unwritten) or one of its inputs is (its result could only be wrong); a
+/// kernel skipped or failed leaves its output *poisoned* with the original
+/// failure ([`Storage::poison`]), which every later read of it, or of what
+/// is computed from it, returns; one that succeeds writing all of its
+/// output clears that mark. Returns what it costs on the device clock: the
+/// CPU time it ran for when it is large ([`CPU_TIMED_ELEMENTS`]), which
+/// leaves out any wait for one of the host's cores while other simulated
+/// GPUs held them, and its wall time otherwise.
 fn run_kernel(device: Device, progress: &Progress, work: Box<(Kernel<'static>, Arc<Storage>)>) -> u64 {
     let mut took = 0;
-    if !progress.poisoned.load(Ordering::Acquire) {
-        let (kernel, out) = &*work;
+    let (kernel, out) = &*work;
+    let pending = if progress.poisoned.load(Ordering::Acquire) { progress.peek_failure() } else { None };
+    let skipped = pending.or_else(|| kernel.input_fault());
+    if let Some(fault) = skipped {
+        out.poison(&fault);
+    } else {
         let cpu = if elements_touched(kernel, out) >= CPU_TIMED_ELEMENTS { thread_cpu_ns() } else { None };
         let start = Instant::now();
-        if let Err(err) = host::run_caught(kernel, Out::Storage(out), 1, device) {
-            progress.fail(err);
+        match host::run_caught(kernel, Out::Storage(out), 1, device) {
+            Ok(()) if kernel.overwrites(out.len) => out.recomputed(),
+            Ok(()) => {}
+            Err(err) => {
+                out.poison(&err);
+                progress.fail(err);
+            }
         }
         let wall = elapsed_ns(start);
         took = match (cpu, cpu.and_then(|_| thread_cpu_ns())) {
@@ -412,7 +428,9 @@ fn worker(device: Device, receiver: Receiver<Job>, progress: Arc<Progress>) {
             }
             Job::Read(src, reply) => {
                 let start = Instant::now();
-                let result = match progress.take_failure() {
+                // The first synchronising call reports the queue's failure,
+                // whatever it reads; a poisoned storage's fault stays with it.
+                let result = match progress.take_failure().or_else(|| src.storage.fault()) {
                     Some(err) => Err(err),
                     None => host::gather_caught(&src, device),
                 };
