@@ -123,6 +123,7 @@ impl Ctx {
         let mut s = lock(&self.sticky);
         if s.is_none() {
             log(&format!("device {}: {msg} (the context is now unusable, as on a GPU)", self.dev));
+            crate::remember_fault(code, self.dev, &msg);
             *s = Some((code, msg));
         }
     }

@@ -195,10 +195,36 @@ pub unsafe extern "C" fn cuGetErrorName(r: CUresult, out: *mut *const c_char) ->
     }
 }
 
+/// The message of the last fault recorded with each result code (a
+/// context's sticky fault), as text that lives as long as the process: the
+/// driver's error strings are static, and a caller may keep the pointer.
+/// Contexts record one fault each, so at most one string per device leaks.
+fn fault_texts() -> &'static Mutex<std::collections::HashMap<CUresult, &'static CStr>> {
+    static T: std::sync::OnceLock<Mutex<std::collections::HashMap<CUresult, &'static CStr>>> = std::sync::OnceLock::new();
+    T.get_or_init(|| Mutex::new(std::collections::HashMap::new()))
+}
+
+/// Remembers a context's fault, so that `cuGetErrorString` of its code says
+/// what happened (which kernel, which address) after the usual text: a
+/// program that reports the driver's error string (kiln does) names the
+/// kernel without reading the simulator's stderr, which
+/// `KILN_CUDASIM_QUIET=1` silences.
+pub(crate) fn remember_fault(code: CUresult, dev: usize, msg: &str) {
+    let Some(base) = error_text(code) else { return };
+    let text = format!("{} (cudasim, device {dev}: {})", base.to_string_lossy(), msg.replace('\0', " "));
+    if let Ok(c) = std::ffi::CString::new(text) {
+        lock(fault_texts()).insert(code, Box::leak(c.into_boxed_c_str()));
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuGetErrorString(r: CUresult, out: *mut *const c_char) -> CUresult {
     if out.is_null() {
         return INVALID_VALUE;
+    }
+    if let Some(text) = lock(fault_texts()).get(&r) {
+        *out = text.as_ptr();
+        return SUCCESS;
     }
     match error_text(r) {
         Some(s) => {
