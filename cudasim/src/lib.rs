@@ -11,10 +11,12 @@
 //! Model: per-thread current context; one primary context per device; streams
 //! run in order on worker threads, asynchronously to the host; events;
 //! async copies happen when the stream reaches them; device memory is kept
-//! apart from host memory, poisoned (0xFF bytes) on allocation and on free,
-//! and every pointer a kernel, copy or gemm uses is checked against live
-//! allocations of a device it may access; a fault is sticky for the context,
-//! as on a GPU. Kernels are whatever kiln compiled: the NVRTC calls are
+//! apart from host memory, poisoned (0xFF bytes) on allocation, guarded by
+//! red zones and inaccessible pages (a kernel's out-of-bounds access or use
+//! after free fails its launch, naming it: `memory`, `exec`), and every
+//! pointer a kernel, copy or gemm uses is checked against live allocations
+//! of a device it may access; a fault is sticky for the context, as on a
+//! GPU. Kernels are whatever kiln compiled: the NVRTC calls are
 //! forwarded to the real NVRTC and each program's source is remembered, so
 //! that `cuModuleLoadData` can compile that source for the host with g++ (once
 //! per machine, through a disk cache) where a GPU driver would load the cubin.

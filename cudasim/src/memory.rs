@@ -110,7 +110,8 @@ fn reserve_arena() -> Option<Arena> {
 /// and the data with [`POISON`]; None when the arena cannot be had or is full.
 fn map_device(mem: &mut Mem, bytes: usize) -> Option<(u64, u64, u64)> {
     let page = page_size();
-    let rounded = bytes.checked_next_multiple_of(ALIGN)?;
+    let align = if tight() { (1usize << bytes.trailing_zeros().min(8)).max(4) } else { ALIGN };
+    let rounded = bytes.checked_next_multiple_of(align)?;
     let span = rounded.checked_next_multiple_of(page)?;
     if mem.arena.is_none() {
         mem.arena = reserve_arena();
@@ -149,6 +150,17 @@ fn map_device(mem: &mut Mem, bytes: usize) -> Option<(u64, u64, u64)> {
         std::ptr::write_bytes((base + bytes as u64) as *mut u8, GUARD, rounded - bytes);
     }
     Some((base, start, end))
+}
+
+/// `KILN_CUDASIM_TIGHT=1` (read once): an allocation is aligned to the
+/// largest power of two that divides its size, from 4 to 256 bytes, instead
+/// of cuMemAlloc's 256, so that its data ends on the inaccessible page
+/// whenever its size is a multiple of 4: reading one element past the end
+/// then faults too. Only for programs whose kernels need no more alignment
+/// than their elements' (kiln's: no vector types), in tests.
+fn tight() -> bool {
+    static TIGHT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TIGHT.get_or_init(|| std::env::var("KILN_CUDASIM_TIGHT").is_ok_and(|v| v == "1"))
 }
 
 /// Makes `[start, start + span)` inaccessible again, its memory given back.
@@ -314,6 +326,21 @@ fn layout(len: usize) -> Option<std::alloc::Layout> {
     std::alloc::Layout::from_size_align(len.max(1), ALIGN).ok()
 }
 
+/// `KILN_CUDASIM_SHORT_ALLOC=BYTES`: an allocation of exactly BYTES bytes
+/// gets 4 bytes less than asked, so that a kernel that fills the buffer it
+/// was given writes past the end of its allocation (tests of the guard
+/// through a program that has no out-of-bounds kernel of its own).
+fn short_allocation(bytes: usize) -> usize {
+    static SHORT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let short = *SHORT.get_or_init(|| env_bytes("KILN_CUDASIM_SHORT_ALLOC", 0));
+    if short > 4 && bytes == short {
+        log(&format!("cuMemAlloc: {bytes} bytes asked, {} given, as KILN_CUDASIM_SHORT_ALLOC asks", bytes - 4));
+        bytes - 4
+    } else {
+        bytes
+    }
+}
+
 // ---- memory in the driver API ------------------------------------------------------
 
 #[no_mangle]
@@ -328,6 +355,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(ptr: *mut CUdeviceptr, bytes: usize) -> C
     if mem.used[ctx.dev].saturating_add(d.reserved).saturating_add(bytes) > d.capacity || injected_failure("cuMemAlloc_v2") {
         return OUT_OF_MEMORY;
     }
+    let bytes = short_allocation(bytes);
     let Some((base, start, end)) = map_device(&mut mem, bytes) else { return OUT_OF_MEMORY };
     mem.used[ctx.dev] += bytes;
     mem.dev.insert(base, (bytes, ctx.dev));

@@ -329,9 +329,15 @@ fn child(scenario: &str, env: &[(&str, &Path)]) -> Output {
 /// Leaves out the simulator settings of the environment this test runs in
 /// (under scripts/cudasim.sh there are some): each scenario sets its own.
 fn clean_env(cmd: &mut Command) {
-    for k in
-        ["KILN_CUDASIM_NVRTC", "KILN_CUDASIM_CXX", "KILN_CUDASIM_CACHE", "KILN_CUDASIM_FAIL", "KILN_CUDASIM_QUIET", "KILN_CUDASIM_DEVICES"]
-    {
+    for k in [
+        "KILN_CUDASIM_NVRTC",
+        "KILN_CUDASIM_CXX",
+        "KILN_CUDASIM_CACHE",
+        "KILN_CUDASIM_FAIL",
+        "KILN_CUDASIM_QUIET",
+        "KILN_CUDASIM_DEVICES",
+        "KILN_CUDASIM_TIGHT",
+    ] {
         cmd.env_remove(k);
     }
 }
@@ -420,6 +426,25 @@ fn run_scenario(scenario: &str) {
             assert_eq!(sim.download(high, 4), 127i32.to_ne_bytes());
         }
         "out_of_bounds" => out_of_bounds(&sim),
+        "tight" => {
+            // KILN_CUDASIM_TIGHT=1: data ends on the inaccessible page, so a
+            // read of one element past the end faults too.
+            sim.init().unwrap();
+            let module = sim.load(&sim.nvrtc_ptx(OUT_OF_BOUNDS, &[]).unwrap()).unwrap();
+            let mut data = sim.upload(&[0u8; 1000]);
+            assert_eq!(data % 8, 0, "aligned to 8, the largest power of two that divides 1000");
+            let (mut out, mut at) = (sim.upload(&[0u8; 4]), 250i64);
+            let p = |v: &mut u64| v as *mut u64 as *mut c_void;
+            sim.launch(module, "peek", 1, 1, &mut [p(&mut data), &mut at as *mut i64 as *mut c_void, p(&mut out)]);
+            let sync: unsafe extern "C" fn() -> u32 = sim.f("cuCtxSynchronize");
+            let text: unsafe extern "C" fn(u32, *mut *const c_char) -> u32 = sim.f("cuGetErrorString");
+            assert_eq!(unsafe { sync() }, 700);
+            let mut msg: *const c_char = std::ptr::null();
+            assert_eq!(unsafe { text(700, &mut msg) }, 0);
+            let msg = unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned();
+            assert!(msg.contains("kernel peek") && msg.contains("a read") && msg.contains("0 bytes past the end"), "{msg}");
+            println!("{msg}");
+        }
         "real_nvrtc" => {
             sim.init().unwrap();
             let options = ["--fmad=false", "--std=c++17", "-DSCALE=2"];
@@ -561,6 +586,9 @@ fn out_of_bounds_accesses_fail_the_kernel_by_name_and_the_process_survives() {
     let env = [("KILN_CUDASIM_NVRTC", nvrtc.as_path()), ("KILN_CUDASIM_CACHE", &cache), ("KILN_CUDASIM_DEVICES", devices)];
     let text = succeeded(&child("out_of_bounds", &env), "out of bounds");
     println!("{text}");
+    let tight = Path::new("1");
+    let env = [("KILN_CUDASIM_NVRTC", nvrtc.as_path()), ("KILN_CUDASIM_CACHE", &cache), ("KILN_CUDASIM_TIGHT", tight)];
+    println!("{}", succeeded(&child("tight", &env), "a read one element past the end, KILN_CUDASIM_TIGHT=1"));
 }
 
 /// One out-of-bounds kernel per simulated device (a fault is sticky for the
