@@ -201,6 +201,11 @@ pub(crate) fn current() -> Result<&'static Ctx, CUresult> {
     }
 }
 
+/// The device of the calling thread's current context, faulted or not.
+pub(crate) fn current_device() -> Option<usize> {
+    CURRENT.with(|c| c.get()).map(|c| c.dev)
+}
+
 pub(crate) fn ctx_from(h: *mut c_void) -> Option<&'static Ctx> {
     let sim = sim()?;
     sim.devices.iter().map(|d| d.ctx).find(|c| std::ptr::eq(*c as *const Ctx as *const c_void, h))

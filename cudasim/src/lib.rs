@@ -201,8 +201,12 @@ pub unsafe extern "C" fn cuGetErrorName(r: CUresult, out: *mut *const c_char) ->
 /// context's sticky fault), as text that lives as long as the process: the
 /// driver's error strings are static, and a caller may keep the pointer.
 /// Contexts record one fault each, so at most one string per device leaks.
-fn fault_texts() -> &'static Mutex<std::collections::HashMap<CUresult, &'static CStr>> {
-    static T: std::sync::OnceLock<Mutex<std::collections::HashMap<CUresult, &'static CStr>>> = std::sync::OnceLock::new();
+/// Keyed by (device, code): the text of the calling thread's current
+/// device is preferred, then the last recorded with that code.
+type FaultTexts = std::collections::HashMap<(Option<usize>, CUresult), &'static CStr>;
+
+fn fault_texts() -> &'static Mutex<FaultTexts> {
+    static T: std::sync::OnceLock<Mutex<FaultTexts>> = std::sync::OnceLock::new();
     T.get_or_init(|| Mutex::new(std::collections::HashMap::new()))
 }
 
@@ -215,7 +219,10 @@ pub(crate) fn remember_fault(code: CUresult, dev: usize, msg: &str) {
     let Some(base) = error_text(code) else { return };
     let text = format!("{} (cudasim, device {dev}: {})", base.to_string_lossy(), msg.replace('\0', " "));
     if let Ok(c) = std::ffi::CString::new(text) {
-        lock(fault_texts()).insert(code, Box::leak(c.into_boxed_c_str()));
+        let c: &'static CStr = Box::leak(c.into_boxed_c_str());
+        let mut t = lock(fault_texts());
+        t.insert((Some(dev), code), c);
+        t.insert((None, code), c);
     }
 }
 
@@ -224,7 +231,8 @@ pub unsafe extern "C" fn cuGetErrorString(r: CUresult, out: *mut *const c_char) 
     if out.is_null() {
         return INVALID_VALUE;
     }
-    if let Some(text) = lock(fault_texts()).get(&r) {
+    let texts = lock(fault_texts());
+    if let Some(text) = texts.get(&(context::current_device(), r)).or_else(|| texts.get(&(None, r))) {
         *out = text.as_ptr();
         return SUCCESS;
     }

@@ -245,6 +245,9 @@ fn eval(case: &Case, d: Device) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
         .iter()
         .map(|l| l.grad().ok_or_else(|| Error::InvalidArgument { op: "cnn fuzz".into(), msg: "a leaf got no gradient".into() }))
         .collect::<Result<_>>()?;
+    // A kernel's fault (the simulator's guard) is reported by the next
+    // synchronising call: make it this case's.
+    kiln::synchronize(&d)?;
     let mut outs = vec![y];
     outs.extend(others);
     Ok((outs, grads))
@@ -316,8 +319,12 @@ fn fuzz(devs: &[Device]) -> Result<()> {
     for &(i, case) in &gated {
         let d = devs[i % devs.len()];
         let outcome = check_case(case, d).unwrap_or_else(|| "matches the CPU (or both refuse it)".into());
+        let said = |r: Result<(Vec<Tensor>, Vec<Tensor>)>| r.err().map(|e| format!("error: {e}")).unwrap_or_else(|| "ran".into());
         println!(
-            "case {i}, conv_transpose2d with output_padding >= stride (until OUTPUT_PADDING_AT_LEAST_STRIDE_FIXED): {outcome}\n  {}",
+            "case {i} on {d}, conv_transpose2d with output_padding >= stride (until OUTPUT_PADDING_AT_LEAST_STRIDE_FIXED): {outcome}\n  \
+             CPU: {}\n  CUDA: {}\n  {}",
+            said(eval(case, cpu())),
+            said(eval(case, d)),
             case.summary()
         );
     }
