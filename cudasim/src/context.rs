@@ -123,6 +123,7 @@ impl Ctx {
         let mut s = lock(&self.sticky);
         if s.is_none() {
             log(&format!("device {}: {msg} (the context is now unusable, as on a GPU)", self.dev));
+            crate::remember_fault(code, self.dev, &msg);
             *s = Some((code, msg));
         }
     }
@@ -198,6 +199,11 @@ pub(crate) fn current() -> Result<&'static Ctx, CUresult> {
         SUCCESS => Ok(ctx),
         e => Err(e),
     }
+}
+
+/// The device of the calling thread's current context, faulted or not.
+pub(crate) fn current_device() -> Option<usize> {
+    CURRENT.with(|c| c.get()).map(|c| c.dev)
 }
 
 pub(crate) fn ctx_from(h: *mut c_void) -> Option<&'static Ctx> {

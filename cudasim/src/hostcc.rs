@@ -51,9 +51,14 @@ const ABI: c_int = 2;
 /// exceptions, wrapping signed integers and no type-based alias analysis
 /// (kernels reinterpret bits), a shared library exporting only the table
 /// (`-fvisibility=hidden`, so that no kernel name can be interposed by a
-/// symbol of the process), and no undefined symbol left for dlopen to fail on.
-const FLAGS: [&str; 11] = [
+/// symbol of the process), no undefined symbol left for dlopen to fail on,
+/// and stack clash protection: a frame larger than a page touches each page
+/// as it grows, so a kernel that overflows its fiber's stack faults on the
+/// stack's guard page (and is reported, `exec`) instead of jumping past it
+/// into other memory.
+const FLAGS: [&str; 12] = [
     "-std=c++17",
+    "-fstack-clash-protection",
     "-ffp-contract=off",
     "-fno-exceptions",
     "-fwrapv",

@@ -11,10 +11,12 @@
 //! Model: per-thread current context; one primary context per device; streams
 //! run in order on worker threads, asynchronously to the host; events;
 //! async copies happen when the stream reaches them; device memory is kept
-//! apart from host memory, poisoned (0xFF bytes) on allocation and on free,
-//! and every pointer a kernel, copy or gemm uses is checked against live
-//! allocations of a device it may access; a fault is sticky for the context,
-//! as on a GPU. Kernels are whatever kiln compiled: the NVRTC calls are
+//! apart from host memory, poisoned (0xFF bytes) on allocation, guarded by
+//! red zones and inaccessible pages (a kernel's out-of-bounds access or use
+//! after free fails its launch, naming it: `memory`, `exec`), and every
+//! pointer a kernel, copy or gemm uses is checked against live allocations
+//! of a device it may access; a fault is sticky for the context, as on a
+//! GPU. Kernels are whatever kiln compiled: the NVRTC calls are
 //! forwarded to the real NVRTC and each program's source is remembered, so
 //! that `cuModuleLoadData` can compile that source for the host with g++ (once
 //! per machine, through a disk cache) where a GPU driver would load the cubin.
@@ -195,10 +197,44 @@ pub unsafe extern "C" fn cuGetErrorName(r: CUresult, out: *mut *const c_char) ->
     }
 }
 
+/// The message of the last fault recorded with each result code (a
+/// context's sticky fault), as text that lives as long as the process: the
+/// driver's error strings are static, and a caller may keep the pointer.
+/// Contexts record one fault each, so at most one string per device leaks.
+/// Keyed by (device, code): the text of the calling thread's current
+/// device is preferred, then the last recorded with that code.
+type FaultTexts = std::collections::HashMap<(Option<usize>, CUresult), &'static CStr>;
+
+fn fault_texts() -> &'static Mutex<FaultTexts> {
+    static T: std::sync::OnceLock<Mutex<FaultTexts>> = std::sync::OnceLock::new();
+    T.get_or_init(|| Mutex::new(std::collections::HashMap::new()))
+}
+
+/// Remembers a context's fault, so that `cuGetErrorString` of its code says
+/// what happened (which kernel, which address) after the usual text: a
+/// program that reports the driver's error string (kiln does) names the
+/// kernel without reading the simulator's stderr, which
+/// `KILN_CUDASIM_QUIET=1` silences.
+pub(crate) fn remember_fault(code: CUresult, dev: usize, msg: &str) {
+    let Some(base) = error_text(code) else { return };
+    let text = format!("{} (cudasim, device {dev}: {})", base.to_string_lossy(), msg.replace('\0', " "));
+    if let Ok(c) = std::ffi::CString::new(text) {
+        let c: &'static CStr = Box::leak(c.into_boxed_c_str());
+        let mut t = lock(fault_texts());
+        t.insert((Some(dev), code), c);
+        t.insert((None, code), c);
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuGetErrorString(r: CUresult, out: *mut *const c_char) -> CUresult {
     if out.is_null() {
         return INVALID_VALUE;
+    }
+    let texts = lock(fault_texts());
+    if let Some(text) = texts.get(&(context::current_device(), r)).or_else(|| texts.get(&(None, r))) {
+        *out = text.as_ptr();
+        return SUCCESS;
     }
     match error_text(r) {
         Some(s) => {

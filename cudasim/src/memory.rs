@@ -4,33 +4,269 @@
 //! device's memory without peer access, or a range past the end of its
 //! allocation is reported (and made sticky) instead of silently working as
 //! it would on the CPU.
+//!
+//! Kernels are host code that reach memory through raw pointers, so the
+//! books cannot see their accesses; the layout of device memory does
+//! instead (the guard). Every device allocation lives in one reserved
+//! region of address space (the arena: [`ARENA`] bytes mapped `PROT_NONE`,
+//! nothing committed), on pages of its own made read-write, with at least
+//! [`GAP`] bytes of inaccessible pages before and after it. The data ends at
+//! the last 256-byte boundary of its pages (cuMemAlloc's alignment), so a
+//! kernel that runs past the end touches at most 255 bytes of red zone
+//! before it reaches an inaccessible page; the part of the first page before
+//! the data is red zone too. Red zones are filled with [`GUARD`] and checked
+//! after every kernel (`check_guards`, a scan of under a page per live
+//! allocation of the device); an access to an inaccessible page raises
+//! SIGSEGV, which `exec` turns into a failure of the kernel that made it
+//! (`describe` says whose allocation the address is near). So: writes past
+//! either end are always found; reads are found beyond the red zones (one
+//! element past the end whenever the size is a multiple of 256 bytes, as
+//! kiln's size classes are); a far write or read (within [`GAP`]) hits an
+//! inaccessible page, never the simulator's heap, which lies outside the
+//! arena. Freed blocks are made inaccessible at once and their addresses
+//! are not reused (until the arena runs out, when the oldest freed slots
+//! are), so a kernel that uses freed memory faults instead of reading
+//! another tensor.
 
 use crate::context::{ctx_from, current, initialized, injected_failure, Sim};
 use crate::stream::{stream_here, Op};
 use crate::{env_bytes, lock, log, tri, CUdeviceptr, CUresult};
 use crate::{INVALID_CONTEXT, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::{c_uint, c_void};
 
 const POISON: u8 = 0xFF;
 const ALIGN: usize = 256;
-/// Freed device memory stays mapped (poisoned) up to this many bytes, so that
-/// a stale pointer reads poison rather than another allocation.
-const QUARANTINE: usize = 256 << 20;
+/// The red zones' bytes (an f32 of -2.7e7, unlikely to be written by
+/// chance).
+const GUARD: u8 = 0xCB;
+/// Inaccessible bytes between two device allocations (and before the first):
+/// a kernel's access up to this far outside its allocation faults.
+const GAP: usize = 1 << 20;
+/// Address space reserved for device memory (nothing is committed until an
+/// allocation's pages are made accessible); smaller reservations are tried
+/// when this one is refused (`ulimit -v`).
+const ARENA: usize = 8 << 40;
+/// Freed allocations remembered, so that a late use is reported as a use
+/// after free (their addresses stay inaccessible whether remembered or not).
+const FREED_BOOKS: usize = 1 << 16;
+
+/// The region device memory is carved from.
+pub(crate) struct Arena {
+    base: u64,
+    len: usize,
+    /// Where the next allocation's pages start (bump allocation).
+    next: u64,
+    /// Freed slots (start, pages' length), oldest first: reused only once the
+    /// arena is used up.
+    free: VecDeque<(u64, usize)>,
+}
 
 /// The books of every allocation.
 #[derive(Default)]
 pub(crate) struct Mem {
     /// Live device allocations: base -> (len, device).
     pub dev: BTreeMap<u64, (usize, usize)>,
+    /// The accessible pages of each live device allocation: base -> (start,
+    /// end); `[start, base)` and `[base + len, end)` are its red zones.
+    pub zones: HashMap<u64, (u64, u64)>,
     pub used: Vec<usize>,
-    /// Freed allocations still mapped: base -> (len, device).
+    /// Freed allocations (the last [`FREED_BOOKS`]): base -> (len, device).
     pub freed: BTreeMap<u64, (usize, usize)>,
     pub freed_order: VecDeque<u64>,
-    pub freed_bytes: usize,
     /// Page-locked host allocations: base -> len.
     pub host: BTreeMap<u64, usize>,
     pub host_bytes: usize,
+    pub arena: Option<Arena>,
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+/// Reserves the arena: the largest of a few sizes the system grants.
+fn reserve_arena() -> Option<Arena> {
+    for len in [ARENA, ARENA >> 3, ARENA >> 6, ARENA >> 9] {
+        // SAFETY: a fresh anonymous mapping; nothing else refers to it.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
+        };
+        if p != libc::MAP_FAILED {
+            let base = p as u64;
+            return Some(Arena { base, len, next: base + GAP as u64, free: VecDeque::new() });
+        }
+    }
+    None
+}
+
+/// Pages of the arena for an allocation of `bytes`: (base of the data,
+/// start, end of its accessible pages), the red zones filled with [`GUARD`]
+/// and the data with [`POISON`]; None when the arena cannot be had or is full.
+fn map_device(mem: &mut Mem, bytes: usize) -> Option<(u64, u64, u64)> {
+    let page = page_size();
+    let align = if tight() { (1usize << bytes.trailing_zeros().min(8)).max(4) } else { ALIGN };
+    let rounded = bytes.checked_next_multiple_of(align)?;
+    let span = rounded.checked_next_multiple_of(page)?;
+    if mem.arena.is_none() {
+        mem.arena = reserve_arena();
+        if mem.arena.is_none() {
+            log("cuMemAlloc: cannot reserve address space for device memory (ulimit -v?)");
+        }
+    }
+    let arena = mem.arena.as_mut()?;
+    let end_of_arena = arena.base + arena.len as u64;
+    let start = if arena.next.checked_add((span + GAP) as u64).is_some_and(|e| e <= end_of_arena) {
+        let s = arena.next;
+        arena.next += (span + GAP) as u64;
+        s
+    } else {
+        // Used up: the oldest freed slot that is large enough (its pages
+        // stay flanked by the gaps they had).
+        let i = arena.free.iter().position(|&(_, l)| l >= span)?;
+        let (s, l) = arena.free.remove(i)?;
+        if l > span {
+            arena.free.push_back((s + span as u64, l - span));
+        }
+        s
+    };
+    // SAFETY: [start, start + span) lies inside the arena, in no live allocation.
+    let ok = unsafe { libc::mprotect(start as *mut c_void, span, libc::PROT_READ | libc::PROT_WRITE) } == 0;
+    if !ok {
+        unmap_device(mem, start, span);
+        return None;
+    }
+    let end = start + span as u64;
+    let base = end - rounded as u64;
+    // SAFETY: the pages were just made accessible.
+    unsafe {
+        std::ptr::write_bytes(start as *mut u8, GUARD, (base - start) as usize);
+        std::ptr::write_bytes(base as *mut u8, POISON, bytes);
+        std::ptr::write_bytes((base + bytes as u64) as *mut u8, GUARD, rounded - bytes);
+    }
+    Some((base, start, end))
+}
+
+/// `KILN_CUDASIM_TIGHT=1` (read once): an allocation is aligned to the
+/// largest power of two that divides its size, from 4 to 256 bytes, instead
+/// of cuMemAlloc's 256, so that its data ends on the inaccessible page
+/// whenever its size is a multiple of 4: reading one element past the end
+/// then faults too. Only for programs whose kernels need no more alignment
+/// than their elements' (kiln's: no vector types), in tests.
+fn tight() -> bool {
+    static TIGHT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TIGHT.get_or_init(|| std::env::var("KILN_CUDASIM_TIGHT").is_ok_and(|v| v == "1"))
+}
+
+/// Makes `[start, start + span)` inaccessible again, its memory given back.
+fn unmap_device(mem: &mut Mem, start: u64, span: usize) {
+    // SAFETY: pages of the arena, replaced by fresh inaccessible ones.
+    let p = unsafe {
+        libc::mmap(
+            start as *mut c_void,
+            span,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        // SAFETY: as above; at least keep them inaccessible.
+        unsafe { libc::mprotect(start as *mut c_void, span, libc::PROT_NONE) };
+    }
+    if let Some(a) = mem.arena.as_mut() {
+        a.free.push_back((start, span));
+    }
+}
+
+/// Checks the red zones of device `dev`'s live allocations after a kernel
+/// ran on it: a description of those it changed (restored, so that each
+/// write is reported once), or Ok. Allocations of other devices are not
+/// looked at: their own kernels may be running.
+pub(crate) fn check_guards(sim: &Sim, dev: usize) -> Result<(), String> {
+    let mem = lock(&sim.mem);
+    let mut found = Vec::new();
+    for (&base, &(len, d)) in &mem.dev {
+        if d != dev {
+            continue;
+        }
+        let Some(&(start, end)) = mem.zones.get(&base) else { continue };
+        let after = base + len as u64;
+        // SAFETY: the red zones of a live allocation are accessible.
+        let (front, back) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(start as *mut u8, (base - start) as usize),
+                std::slice::from_raw_parts_mut(after as *mut u8, (end - after) as usize),
+            )
+        };
+        let changed = |zone: &[u8]| zone.iter().filter(|&&b| b != GUARD).count();
+        let (before, past) = (changed(front), changed(back));
+        if before + past == 0 {
+            continue;
+        }
+        let mut what = Vec::new();
+        if before > 0 {
+            let first = front.iter().position(|&b| b != GUARD).unwrap_or(0);
+            what.push(format!("{before} byte(s) before its start (from {} bytes before it)", front.len() - first));
+        }
+        if past > 0 {
+            let last = back.iter().rposition(|&b| b != GUARD).unwrap_or(0);
+            what.push(format!("{past} byte(s) after its end (up to {} bytes past it)", last + 1));
+        }
+        found.push(format!("device {d}'s allocation 0x{base:x} of {len} bytes: {}", what.join(" and ")));
+        front.fill(GUARD);
+        back.fill(GUARD);
+    }
+    if found.is_empty() {
+        return Ok(());
+    }
+    let n = found.len();
+    Err(format!(
+        "wrote outside its memory (the simulator's red zones): {}{}",
+        found.into_iter().take(3).collect::<Vec<_>>().join("; "),
+        if n > 3 { format!("; and {} more allocation(s)", n - 3) } else { String::new() }
+    ))
+}
+
+/// What address `p` (of a faulting access) is near: an allocation's end or
+/// start (live or freed), or nothing the simulator made.
+pub(crate) fn describe(sim: &Sim, p: u64) -> String {
+    let mem = lock(&sim.mem);
+    // (distance, description) of the nearest allocation of `books` within
+    // GAP of p: 0 inside it, else the bytes outside it plus one.
+    let near = |books: &BTreeMap<u64, (usize, usize)>, freed: bool| -> Option<(u64, String)> {
+        let tag = if freed { "freed " } else { "" };
+        let below = books.range(..=p).next_back().map(|(&b, &(l, d))| {
+            let end = b + l as u64;
+            if p < end {
+                (0, format!("inside device {d}'s {tag}allocation 0x{b:x} of {l} bytes, at +{}", p - b))
+            } else {
+                (p - end + 1, format!("{} bytes past the end of device {d}'s {tag}allocation 0x{b:x} of {l} bytes", p - end))
+            }
+        });
+        let above = books.range(p + 1..).next().map(|(&b, &(l, d))| {
+            (b - p + 1, format!("{} bytes before the start of device {d}'s {tag}allocation 0x{b:x} of {l} bytes", b - p))
+        });
+        [below, above].into_iter().flatten().filter(|(dist, _)| *dist <= GAP as u64 + 1).min_by_key(|(dist, _)| *dist)
+    };
+    let gone = |(dist, text): (u64, String)| (dist, format!("{text} (use after free)"));
+    match [near(&mem.dev, false), near(&mem.freed, true).map(gone)].into_iter().flatten().min_by_key(|(dist, _)| *dist) {
+        Some((_, text)) => text,
+        None => {
+            let in_arena = mem.arena.as_ref().is_some_and(|a| p >= a.base && p < a.base + a.len as u64);
+            if in_arena {
+                format!("0x{p:x} is device memory address space, far from any allocation")
+            } else {
+                format!("0x{p:x} is not device memory (a host pointer or garbage)")
+            }
+        }
+    }
 }
 
 /// Where a device address lies: (device, bytes from there to the end of its
@@ -90,6 +326,21 @@ fn layout(len: usize) -> Option<std::alloc::Layout> {
     std::alloc::Layout::from_size_align(len.max(1), ALIGN).ok()
 }
 
+/// `KILN_CUDASIM_SHORT_ALLOC=BYTES`: an allocation of exactly BYTES bytes
+/// gets 4 bytes less than asked, so that a kernel that fills the buffer it
+/// was given writes past the end of its allocation (tests of the guard
+/// through a program that has no out-of-bounds kernel of its own).
+fn short_allocation(bytes: usize) -> usize {
+    static SHORT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let short = *SHORT.get_or_init(|| env_bytes("KILN_CUDASIM_SHORT_ALLOC", 0));
+    if short > 4 && bytes == short {
+        log(&format!("cuMemAlloc: {bytes} bytes asked, {} given, as KILN_CUDASIM_SHORT_ALLOC asks", bytes - 4));
+        bytes - 4
+    } else {
+        bytes
+    }
+}
+
 // ---- memory in the driver API ------------------------------------------------------
 
 #[no_mangle]
@@ -104,15 +355,12 @@ pub unsafe extern "C" fn cuMemAlloc_v2(ptr: *mut CUdeviceptr, bytes: usize) -> C
     if mem.used[ctx.dev].saturating_add(d.reserved).saturating_add(bytes) > d.capacity || injected_failure("cuMemAlloc_v2") {
         return OUT_OF_MEMORY;
     }
-    let Some(l) = layout(bytes) else { return OUT_OF_MEMORY };
-    let p = std::alloc::alloc(l);
-    if p.is_null() {
-        return OUT_OF_MEMORY;
-    }
-    std::ptr::write_bytes(p, POISON, bytes);
+    let bytes = short_allocation(bytes);
+    let Some((base, start, end)) = map_device(&mut mem, bytes) else { return OUT_OF_MEMORY };
     mem.used[ctx.dev] += bytes;
-    mem.dev.insert(p as u64, (bytes, ctx.dev));
-    *ptr = p as u64;
+    mem.dev.insert(base, (bytes, ctx.dev));
+    mem.zones.insert(base, (start, end));
+    *ptr = base;
     SUCCESS
 }
 
@@ -154,20 +402,17 @@ pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     }
     mem.dev.remove(&ptr);
     mem.used[dev] -= len;
-    // Poisoned and kept mapped for a while, so that work still queued on it
-    // reads poison (and is reported) instead of another tensor's data.
-    std::ptr::write_bytes(ptr as *mut u8, POISON, len);
+    // Inaccessible from now on (a kernel still using it faults, and is
+    // reported as using freed memory), its pages given back, and its
+    // addresses not handed out again while the arena lasts.
+    if let Some((start, end)) = mem.zones.remove(&ptr) {
+        unmap_device(&mut mem, start, (end - start) as usize);
+    }
     mem.freed.insert(ptr, (len, dev));
     mem.freed_order.push_back(ptr);
-    mem.freed_bytes += len;
-    while mem.freed_bytes > QUARANTINE {
+    while mem.freed_order.len() > FREED_BOOKS {
         let Some(old) = mem.freed_order.pop_front() else { break };
-        if let Some((l, _)) = mem.freed.remove(&old) {
-            mem.freed_bytes -= l;
-            if let Some(lay) = layout(l) {
-                std::alloc::dealloc(old as *mut u8, lay);
-            }
-        }
+        mem.freed.remove(&old);
     }
     SUCCESS
 }

@@ -7,7 +7,7 @@
 
 use crate::context::{current, initialized, injected_failure, registry, sim, Ctx};
 use crate::hostcc::HostModule;
-use crate::memory::check_range;
+use crate::memory::{self, check_range};
 use crate::{blas, exec, lock, log, tri, CUdeviceptr, CUresult};
 use crate::{ILLEGAL_ADDRESS, INVALID_HANDLE, INVALID_VALUE, LAUNCH_FAILED, LAUNCH_OUT_OF_RESOURCES, NOT_INITIALIZED};
 use crate::{NOT_READY, OUT_OF_MEMORY, SUCCESS};
@@ -154,7 +154,33 @@ impl Stream {
                     }
                 }
                 let params: Vec<*mut c_void> = args.iter_mut().map(|a| a.as_mut_ptr() as *mut c_void).collect();
-                exec::run_grid(&host, index, grid, block, &params).map_err(|e| (LAUNCH_OUT_OF_RESOURCES, format!("kernel {name}: {e}")))
+                let ran = exec::run_grid(&host, index, grid, block, &params);
+                // Whatever happened, the red zones of this device's memory
+                // say whether the kernel wrote outside its allocations (a
+                // fault may follow such a write, and a write may not fault).
+                let guards = memory::check_guards(sim, dev);
+                match ran {
+                    Err(exec::GridError::Resources(e)) => Err((LAUNCH_OUT_OF_RESOURCES, format!("kernel {name}: {e}"))),
+                    Err(exec::GridError::Fault { tx, bx, trap }) => {
+                        let access = match trap.write {
+                            Some(true) => "a write",
+                            Some(false) => "a read",
+                            None => "an access",
+                        };
+                        let signal = if trap.sig == libc::SIGBUS { "SIGBUS" } else { "SIGSEGV" };
+                        let place = if trap.stack {
+                            format!("0x{:x}, the end of its stack (a stack overflow: each GPU thread has 128 KiB here)", trap.addr)
+                        } else {
+                            format!("0x{:x}: {}", trap.addr, memory::describe(sim, trap.addr as u64))
+                        };
+                        let also = guards.err().map(|g| format!("; it also {g}")).unwrap_or_default();
+                        Err((
+                            ILLEGAL_ADDRESS,
+                            format!("kernel {name}: thread {tx} of block {bx} faulted ({signal}) on {access} at {place}{also}"),
+                        ))
+                    }
+                    Ok(()) => guards.map_err(|g| (ILLEGAL_ADDRESS, format!("kernel {name} {g}"))),
+                }
             }
             Op::HtoD { dst, src, len } => {
                 check_range(sim, dev, dst, len, "cuMemcpyHtoDAsync destination").map_err(bad)?;

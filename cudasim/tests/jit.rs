@@ -45,6 +45,31 @@ extern "C" __global__ void tally(unsigned int* count, float* sum, int* high) {
 }
 "#;
 
+/// Kernels that touch memory outside their buffer on purpose: `poke` writes
+/// `data[at]` (thread 0 of block 0 only), `peek` reads it, `barrier_poke`
+/// has thread 5 write it while the block's other threads wait at a barrier,
+/// `deep` recurses until its stack runs out.
+const OUT_OF_BOUNDS: &str = r#"
+extern "C" __global__ void poke(float* data, long long at) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) data[at] = 1.0f;
+}
+extern "C" __global__ void peek(const float* data, long long at, float* out) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) out[0] = data[at];
+}
+extern "C" __global__ void barrier_poke(float* data, long long at) {
+    data[threadIdx.x] = 2.0f;
+    __syncthreads();
+    if (threadIdx.x == 5) data[at] = 1.0f;
+    __syncthreads();
+}
+__device__ int deep(int n) {
+    volatile char pad[4096];
+    pad[n % 4096] = (char)n;
+    return n == 0 ? 0 : deep(n - 1) + pad[n % 4096];
+}
+extern "C" __global__ void recurse(int* out, int n) { out[0] = deep(n); }
+"#;
+
 /// NVRTC accepts it (the fake one does not look), g++ does not.
 const REJECTED_BY_GXX: &str = r#"
 extern "C" __global__ void broken(float* data) { data[0] = function_the_host_lacks(); }
@@ -304,9 +329,15 @@ fn child(scenario: &str, env: &[(&str, &Path)]) -> Output {
 /// Leaves out the simulator settings of the environment this test runs in
 /// (under scripts/cudasim.sh there are some): each scenario sets its own.
 fn clean_env(cmd: &mut Command) {
-    for k in
-        ["KILN_CUDASIM_NVRTC", "KILN_CUDASIM_CXX", "KILN_CUDASIM_CACHE", "KILN_CUDASIM_FAIL", "KILN_CUDASIM_QUIET", "KILN_CUDASIM_DEVICES"]
-    {
+    for k in [
+        "KILN_CUDASIM_NVRTC",
+        "KILN_CUDASIM_CXX",
+        "KILN_CUDASIM_CACHE",
+        "KILN_CUDASIM_FAIL",
+        "KILN_CUDASIM_QUIET",
+        "KILN_CUDASIM_DEVICES",
+        "KILN_CUDASIM_TIGHT",
+    ] {
         cmd.env_remove(k);
     }
 }
@@ -336,6 +367,10 @@ fn main() -> ExitCode {
         ),
         ran("racing_processes_compile_a_source_once", racing_processes_compile_a_source_once),
         ran("atomics_add_up_across_blocks", atomics_add_up_across_blocks),
+        ran(
+            "out_of_bounds_accesses_fail_the_kernel_by_name_and_the_process_survives",
+            out_of_bounds_accesses_fail_the_kernel_by_name_and_the_process_survives,
+        ),
         ran(
             "a_source_the_host_compiler_rejects_fails_the_load_with_its_message",
             a_source_the_host_compiler_rejects_fails_the_load_with_its_message,
@@ -389,6 +424,26 @@ fn run_scenario(scenario: &str) {
             assert_eq!(sim.download(count, 4), 128u32.to_ne_bytes());
             assert_eq!(sim.download(sum, 4), 64f32.to_ne_bytes());
             assert_eq!(sim.download(high, 4), 127i32.to_ne_bytes());
+        }
+        "out_of_bounds" => out_of_bounds(&sim),
+        "tight" => {
+            // KILN_CUDASIM_TIGHT=1: data ends on the inaccessible page, so a
+            // read of one element past the end faults too.
+            sim.init().unwrap();
+            let module = sim.load(&sim.nvrtc_ptx(OUT_OF_BOUNDS, &[]).unwrap()).unwrap();
+            let mut data = sim.upload(&[0u8; 1000]);
+            assert_eq!(data % 8, 0, "aligned to 8, the largest power of two that divides 1000");
+            let (mut out, mut at) = (sim.upload(&[0u8; 4]), 250i64);
+            let p = |v: &mut u64| v as *mut u64 as *mut c_void;
+            sim.launch(module, "peek", 1, 1, &mut [p(&mut data), &mut at as *mut i64 as *mut c_void, p(&mut out)]);
+            let sync: unsafe extern "C" fn() -> u32 = sim.f("cuCtxSynchronize");
+            let text: unsafe extern "C" fn(u32, *mut *const c_char) -> u32 = sim.f("cuGetErrorString");
+            assert_eq!(unsafe { sync() }, 700);
+            let mut msg: *const c_char = std::ptr::null();
+            assert_eq!(unsafe { text(700, &mut msg) }, 0);
+            let msg = unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned();
+            assert!(msg.contains("kernel peek") && msg.contains("a read") && msg.contains("0 bytes past the end"), "{msg}");
+            println!("{msg}");
         }
         "real_nvrtc" => {
             sim.init().unwrap();
@@ -520,6 +575,109 @@ fn atomics_add_up_across_blocks() {
     let nvrtc = fake_nvrtc(&dir);
     let cache = dir.join("cache");
     succeeded(&child("atomics", &[("KILN_CUDASIM_NVRTC", &nvrtc), ("KILN_CUDASIM_CACHE", &cache)]), "atomics");
+}
+
+fn out_of_bounds_accesses_fail_the_kernel_by_name_and_the_process_survives() {
+    let dir = scratch("out-of-bounds");
+    let nvrtc = fake_nvrtc(&dir);
+    let cache = dir.join("cache");
+    // A device per case, and one more that nothing goes wrong on.
+    let devices = Path::new("11");
+    let env = [("KILN_CUDASIM_NVRTC", nvrtc.as_path()), ("KILN_CUDASIM_CACHE", &cache), ("KILN_CUDASIM_DEVICES", devices)];
+    let text = succeeded(&child("out_of_bounds", &env), "out of bounds");
+    println!("{text}");
+    let tight = Path::new("1");
+    let env = [("KILN_CUDASIM_NVRTC", nvrtc.as_path()), ("KILN_CUDASIM_CACHE", &cache), ("KILN_CUDASIM_TIGHT", tight)];
+    println!("{}", succeeded(&child("tight", &env), "a read one element past the end, KILN_CUDASIM_TIGHT=1"));
+}
+
+/// One out-of-bounds kernel per simulated device (a fault is sticky for the
+/// device's context, as on a GPU); each is reported through the driver's
+/// error code and string with the kernel's name, the other devices go on
+/// working, and the last one, untouched, still runs kernels.
+fn out_of_bounds(sim: &Sim) {
+    type Ctx = *mut c_void;
+    const ILLEGAL_ADDRESS: u32 = 700;
+    sim.init().unwrap();
+    let retain: unsafe extern "C" fn(*mut Ctx, c_int) -> u32 = sim.f("cuDevicePrimaryCtxRetain");
+    let set: unsafe extern "C" fn(Ctx) -> u32 = sim.f("cuCtxSetCurrent");
+    let sync: unsafe extern "C" fn() -> u32 = sim.f("cuCtxSynchronize");
+    let text: unsafe extern "C" fn(u32, *mut *const c_char) -> u32 = sim.f("cuGetErrorString");
+    let free: unsafe extern "C" fn(u64) -> u32 = sim.f("cuMemFree_v2");
+    let alloc: unsafe extern "C" fn(*mut u64, usize) -> u32 = sim.f("cuMemAlloc_v2");
+    let image = sim.nvrtc_ptx(OUT_OF_BOUNDS, &[]).unwrap();
+    let use_device = |dev: c_int| unsafe {
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(retain(&mut ctx, dev), 0);
+        assert_eq!(set(ctx), 0);
+        sim.load(&image).unwrap()
+    };
+    let error_string = |r: u32| unsafe {
+        let mut p: *const c_char = std::ptr::null();
+        assert_eq!(text(r, &mut p), 0);
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    };
+    // (what, bytes of the buffer, kernel, element index, what the report says)
+    let cases: &[(&str, usize, &str, i64, &[&str])] = &[
+        ("one element past the end, into the red zone", 1000, "poke", 250, &["kernel poke wrote outside", "after its end"]),
+        ("one element past the end, onto a guard page", 1024, "poke", 256, &["kernel poke", "a write", "0 bytes past the end"]),
+        ("one element before the start, into the red zone", 1000, "poke", -1, &["kernel poke wrote outside", "before its start"]),
+        ("one element before the start, onto a guard page", 4096, "poke", -1, &["kernel poke", "a write", "4 bytes before the start"]),
+        ("64 KiB past the end", 1000, "poke", 250 + 16384, &["kernel poke", "a write", "65536 bytes past the end"]),
+        ("a read 64 KiB before the start", 4096, "peek", -16384, &["kernel peek", "a read", "65536 bytes before the start"]),
+        ("while the block's other threads wait at a barrier", 1024, "barrier_poke", 300, &["kernel barrier_poke", "thread 5 of block 0"]),
+        ("through a null pointer", 0, "poke", 0, &["kernel poke", "not device memory"]),
+        ("freed memory", 4096, "poke", 0, &["kernel poke", "freed"]),
+        ("a stack overflow", 0, "recurse", 100_000, &["kernel recurse", "stack overflow"]),
+    ];
+    let args_of = |kernel: &str, data: &mut u64, at: &mut i64, out: &mut u64, n: &mut c_int| -> Vec<*mut c_void> {
+        let p = |v: &mut u64| v as *mut u64 as *mut c_void;
+        match kernel {
+            "peek" => vec![p(data), at as *mut i64 as *mut c_void, p(out)],
+            "recurse" => vec![p(out), n as *mut c_int as *mut c_void],
+            _ => vec![p(data), at as *mut i64 as *mut c_void],
+        }
+    };
+    for (dev, &(what, bytes, kernel, at, says)) in cases.iter().enumerate() {
+        let module = use_device(dev as c_int);
+        let mut data = if bytes > 0 { sim.upload(&vec![0u8; bytes]) } else { 0 };
+        let mut out = sim.upload(&[0u8; 4]);
+        if what == "freed memory" {
+            assert_eq!(unsafe { free(data) }, 0);
+            // A later allocation does not get its addresses.
+            let mut again = 0u64;
+            assert_eq!(unsafe { alloc(&mut again, bytes) }, 0);
+            assert_ne!(again, data);
+            // Hidden from the launch's pointer check (which would refuse a
+            // freed pointer before the kernel ran): the kernel computes it.
+            let (mut base, mut at) = (again, (data as i64 - again as i64) / 4);
+            let mut args = args_of(kernel, &mut base, &mut at, &mut out, &mut 0);
+            sim.launch(module, kernel, 1, 32, &mut args);
+        } else {
+            let (mut at, mut n) = (at, at as c_int);
+            let mut args = args_of(kernel, &mut data, &mut at, &mut out, &mut n);
+            sim.launch(module, kernel, 1, 32, &mut args);
+        }
+        let r = unsafe { sync() };
+        assert_eq!(r, ILLEGAL_ADDRESS, "{what}: cuCtxSynchronize");
+        let msg = error_string(r);
+        for s in says {
+            assert!(msg.contains(s), "{what}: `{s}` is not in the error string: {msg}");
+        }
+        assert!(msg.contains(&format!("device {dev}")), "{what}: {msg}");
+        println!("{what}: {msg}");
+        // Sticky, as on a GPU.
+        assert_eq!(unsafe { sync() }, ILLEGAL_ADDRESS, "{what}: the fault is sticky");
+    }
+    // A device no kernel misbehaved on still works, in the same process.
+    let module = use_device(cases.len() as c_int);
+    let other = sim.load(&sim.nvrtc_ptx(KERNELS, &["-DSCALE=1"]).unwrap()).unwrap();
+    assert_eq!(sim.run_kernels(other, 64, 1.0), (0..64).rev().map(|i| i as f32).collect::<Vec<_>>());
+    let mut data = sim.upload(&[0u8; 1000]);
+    let mut at = 249i64;
+    sim.launch(module, "poke", 1, 32, &mut [&mut data as *mut u64 as *mut c_void, &mut at as *mut i64 as *mut c_void]);
+    assert_eq!(unsafe { sync() }, 0, "the last element is in bounds");
+    assert_eq!(sim.download(data + 996, 4), 1f32.to_ne_bytes());
 }
 
 fn a_source_the_host_compiler_rejects_fails_the_load_with_its_message() {

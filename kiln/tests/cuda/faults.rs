@@ -199,3 +199,29 @@ pub(crate) fn cuda_empty_cache_reports_a_failed_cumemfree() -> Ran {
         Ok(())
     })
 }
+
+/// A kernel that writes past the end of its allocation (on the simulator:
+/// the fill kernel of a buffer the driver made 4 bytes short,
+/// `KILN_CUDASIM_SHORT_ALLOC`) is a kiln error at the next synchronising
+/// call that names the kernel and the allocation (the simulator's guard,
+/// cudasim/src/memory.rs); the device stays faulted, as a GPU's context
+/// does, while the process and the other device go on.
+pub(crate) fn cuda_a_kernel_writing_past_its_allocation_is_an_error_naming_it() -> Ran {
+    in_simulator_child(&[("KILN_CUDASIM_SHORT_ALLOC", "3584")], |d| {
+        let x = Tensor::ones(3584 / 4, DType::F32, &d)?;
+        let msg = match x.to_vec::<f32>() {
+            Err(e) => e.to_string(),
+            Ok(v) => panic!("the write past the end went unnoticed ({} values read back)", v.len()),
+        };
+        println!("reported: {msg}");
+        for part in ["CUDA_ERROR_ILLEGAL_ADDRESS", "kernel fill_constant_f32 wrote outside its memory", "of 3580 bytes", "after its end"] {
+            assert!(msg.contains(part), "`{part}` is not in: {msg}");
+        }
+        assert!(kiln::synchronize(&d).is_err(), "the device stays faulted");
+        if let Some(&other) = cuda_devices().iter().find(|&&o| o != d) {
+            let y = Tensor::ones(3, DType::F32, &other)?;
+            assert_eq!(y.sum_all()?.to_scalar::<f32>()?, 3.0, "{other} still works");
+        }
+        Ok(())
+    })
+}

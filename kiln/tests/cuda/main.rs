@@ -16,12 +16,14 @@
 #[macro_use]
 mod common;
 
+mod cnn_fuzz;
 mod collectives;
 mod defects;
 mod faults;
 mod no_gpu;
 mod ops;
 
+use cnn_fuzz::*;
 use collectives::*;
 use defects::*;
 use faults::*;
@@ -69,6 +71,8 @@ fn main() -> std::process::ExitCode {
         cuda_collectives_return_before_they_run,
         cuda_nccl_failures_are_errors_that_queue_nothing,
         cuda_without_libnccl_collectives_say_why_and_still_run,
+        cuda_a_kernel_writing_past_its_allocation_is_an_error_naming_it,
+        cuda_cnn_ops_fuzzed_match_the_cpu,
     ])
 }
 

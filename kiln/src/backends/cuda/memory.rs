@@ -12,9 +12,18 @@ use std::ffi::c_void;
 
 /// Bytes rounded up to the allocator's size classes: 512 B below 1 MiB,
 /// 2 MiB above, so that freed blocks fit later requests of similar size.
+///
+/// With `KILN_CUDA_EXACT_BLOCKS=1` (read once) blocks are the bytes asked,
+/// rounded to 4 only, so that a memory checker below kiln (the CUDA
+/// simulator's red zones, compute-sanitizer) sees a kernel that overruns its
+/// tensor and not only one that overruns the block; for tests.
 fn size_class(bytes: usize) -> usize {
     const SMALL: usize = 512;
     const LARGE: usize = 2 << 20;
+    static EXACT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *EXACT.get_or_init(|| crate::env_flag("KILN_CUDA_EXACT_BLOCKS") == Some(true)) {
+        return bytes.div_ceil(4) * 4;
+    }
     if bytes < (1 << 20) {
         bytes.div_ceil(SMALL) * SMALL
     } else {
