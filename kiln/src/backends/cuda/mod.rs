@@ -251,6 +251,34 @@ impl CudaBackend {
         }
     }
 
+    /// The end of a synchronising call that started at `mark` (after the
+    /// stream was waited for): takes this device's fault, if any, poisoning
+    /// what was written since here and on the devices this one copied into
+    /// (`written.rs`). Without one, a fault pending on a device that copied
+    /// into this one since the last clean point poisons this device's work
+    /// since, and that device's, and is left for it to report.
+    fn settle(&self, mark: u64) -> Result<()> {
+        let peers = || OPENED.get().into_iter().flatten().filter(|p| p.ordinal != self.ordinal);
+        let sources = self.written.sources();
+        if sources != 0 {
+            for peer in peers().filter(|p| sources & written::bit(p.ordinal) != 0) {
+                if let Some(err) = peer.fault(false) {
+                    peer.written.poison_all(&err);
+                    self.written.poison_all(&err);
+                }
+            }
+        }
+        match self.written.settle(mark, || self.fault(true)) {
+            Ok(()) => Ok(()),
+            Err((err, fed)) => {
+                for peer in peers().filter(|p| fed & written::bit(p.ordinal) != 0) {
+                    peer.written.poison_all(&err);
+                }
+                Err(err)
+            }
+        }
+    }
+
     fn err(&self, msg: impl Into<String>) -> Error {
         Error::Backend { device: self.device, msg: msg.into() }
     }
@@ -440,17 +468,8 @@ impl Backend for CudaBackend {
             self.read_device(base + (a * size) as u64, host_bytes_mut(&mut out))?;
             // The read waited for the queue: report a bad index it met
             // (poisoning what was written since), or a poisoned source.
-            // A fault of another device is left for that device to report,
-            // but first poisons what its stream wrote (a peer copy here).
-            let own = self.written.settle(mark, || self.fault(true));
-            if own.is_none() {
-                for peer in OPENED.get().into_iter().flatten().filter(|p| p.ordinal != self.ordinal) {
-                    if let Some(err) = peer.fault(false) {
-                        peer.written.poison_all(&err);
-                    }
-                }
-            }
-            match own.or_else(|| src.storage.fault()) {
+            let own = self.settle(mark);
+            match own.err().or_else(|| src.storage.fault()) {
                 Some(err) => Err(err),
                 None => Ok(out),
             }
@@ -504,8 +523,11 @@ impl Backend for CudaBackend {
             out.poison(&fault);
             return Ok(Some(out));
         }
-        // Written by this device's stream: a fault found here later poisons it.
+        // Written by this device's stream: a fault found here later poisons
+        // it, and the peer's work since.
         self.written.push(&out);
+        self.written.fed(written::bit(peer.ordinal));
+        peer.written.fed_by(written::bit(self.ordinal));
         let dst_ptr = dev_ptr(peer, &out)?;
         let queued = self.guarded("peer copy", || self.queue_peer_copy(src, peer, dst_ptr));
         if queued.is_err() {
@@ -528,7 +550,7 @@ impl Backend for CudaBackend {
         self.guarded("cuStreamSynchronize", || {
             // SAFETY: the stream is alive.
             ck(unsafe { cu::cuStreamSynchronize(self.stream.0) }, "cuStreamSynchronize").map_err(|e| self.err(e))?;
-            match self.written.settle(mark, || self.fault(true)) {
+            match self.settle(mark).err() {
                 Some(err) => Err(err),
                 None => Ok(()),
             }

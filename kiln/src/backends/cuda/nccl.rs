@@ -402,6 +402,10 @@ impl Nccl {
         // synchronising call poisons them too.
         for (d, o) in devs.iter().zip(outputs) {
             d.written.push(&o.storage);
+            for peer in devs.iter().filter(|p| p.ordinal != d.ordinal) {
+                d.written.fed(super::written::bit(peer.ordinal));
+                d.written.fed_by(super::written::bit(peer.ordinal));
+            }
         }
         Ok(())
     }

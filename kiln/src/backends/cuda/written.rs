@@ -30,6 +30,17 @@ struct Inner {
     outputs: Vec<(u64, Weak<Storage>)>,
     /// Length at which the list is next swept.
     sweep_at: usize,
+    /// The devices (bit `ordinal % 64`) this device's stream copied into
+    /// (a peer copy, a collective) since the last clean point: their work
+    /// since may have read what a fault here spoiled.
+    fed: u64,
+    /// The devices that copied into this one since its last clean point.
+    fed_by: u64,
+}
+
+/// A device's bit in `fed` and `fed_by`.
+pub(super) fn bit(ordinal: usize) -> u64 {
+    1 << (ordinal % 64)
 }
 
 impl Written {
@@ -43,6 +54,21 @@ impl Written {
             inner.sweep_at = (inner.outputs.len() * 2).max(SWEEP_AT);
         }
         inner.outputs.push((n, Arc::downgrade(out)));
+    }
+
+    /// Notes that this device's stream copied into the device of bit `to`.
+    pub(super) fn fed(&self, to: u64) {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).fed |= to;
+    }
+
+    /// Notes that the device of bit `from` copied into this one.
+    pub(super) fn fed_by(&self, from: u64) {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).fed_by |= from;
+    }
+
+    /// The devices that copied into this one since its last clean point.
+    pub(super) fn sources(&self) -> u64 {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).fed_by
     }
 
     /// The point a synchronising call starts from: every entry before it
@@ -66,9 +92,10 @@ impl Written {
     /// Settles a synchronising call that started at `mark`: `fault` (the
     /// fault record, read and taken under this list's lock, so that a
     /// concurrent call sees the marks once it sees no fault) poisons every
-    /// storage written since the last clean point; without one, the entries
-    /// before `mark` are clean and forgotten.
-    pub(super) fn settle(&self, mark: u64, fault: impl FnOnce() -> Option<Error>) -> Option<Error> {
+    /// storage written since the last clean point, and returns the devices
+    /// this one fed since (whose lists the caller poisons too); without
+    /// one, the entries before `mark` are clean and forgotten.
+    pub(super) fn settle(&self, mark: u64, fault: impl FnOnce() -> Option<Error>) -> Result<(), (Error, u64)> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         match fault() {
             Some(err) => {
@@ -77,12 +104,16 @@ impl Written {
                         s.poison(&err);
                     }
                 }
-                Some(err)
+                let fed = std::mem::take(&mut inner.fed);
+                inner.fed_by = 0;
+                Err((err, fed))
             }
             None => {
                 let done = inner.outputs.partition_point(|(n, _)| *n < mark);
                 inner.outputs.drain(..done);
-                None
+                inner.fed = 0;
+                inner.fed_by = 0;
+                Ok(())
             }
         }
     }
