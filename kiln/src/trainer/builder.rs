@@ -40,7 +40,9 @@ impl TrainerBuilder {
     /// book's `min`): [`Trainer::num_gpus`] then says how many are used,
     /// [`Trainer::num_gpus_requested`] how many were asked for,
     /// [`Trainer::gpu_notice`] why they differ, and `build` prints that
-    /// notice once on stderr. [`TrainerBuilder::devices`], which names the
+    /// notice once on stderr when it trains on fewer GPUs than asked but at
+    /// least one (on a machine without GPUs the CPU is the book's `try_gpu`
+    /// fallback, not printed). [`TrainerBuilder::devices`], which names the
     /// GPUs, refuses one that does not exist instead.
     ///
     /// ```
@@ -202,7 +204,10 @@ impl TrainerBuilder {
                 gpus.len()
             )
         });
-        if let Some(notice) = &gpu_notice {
+        // A machine without GPUs training on the CPU is the book's
+        // `try_gpu` fallback, which every run without a GPU takes: said by
+        // `gpu_notice` and the fit's device, not on stderr.
+        if let (Some(notice), false) = (&gpu_notice, gpus.is_empty()) {
             notify_once(notice);
         }
         Ok(Trainer {
