@@ -1,7 +1,8 @@
 //! Data: a [`DataLoader`] over in-memory tensors, the synthetic data sets of
 //! the book (linear regression with w = [2, −3.4], b = 4.2; Gaussian class
-//! clusters), and a reader for Fashion-MNIST's IDX files from a local
-//! directory (nothing is ever downloaded).
+//! clusters), scikit-learn's handwritten digits (shipped with kiln, real
+//! data for the CNN chapters: [`digits`]), and a reader for Fashion-MNIST's
+//! IDX files from a local directory (nothing is ever downloaded).
 //!
 //! ```
 //! use kiln::data::{make_regression, DataLoader};
@@ -21,10 +22,12 @@ use crate::runtime::ledger::site_scope;
 use crate::{Error, Result, Tensor};
 use std::panic::Location;
 
+mod digits;
 mod fashion_mnist;
 mod loader;
 mod synthetic;
 
+pub use digits::{digits, load_digits, DIGITS_CLASSES, DIGITS_EXAMPLES, DIGITS_VALIDATION};
 pub use fashion_mnist::{fashion_mnist, load_fashion_mnist, read_idx, IdxArray, FASHION_MNIST_CLASSES};
 pub use loader::{permutation, permutation_for_epoch, permutation_from_seed, Batches, DataLoader, Placement};
 pub use synthetic::{make_classification, make_regression, synthetic_classification, synthetic_regression};
