@@ -197,6 +197,8 @@ pub trait WithDType: Copy + Send + Sync + 'static + std::fmt::Debug + PartialOrd
     fn slice(b: &crate::base::buffer::CpuBuffer) -> Option<&[Self]>;
     /// Takes the elements if the buffer has this dtype.
     fn from_buffer(b: crate::base::buffer::CpuBuffer) -> Option<Vec<Self>>;
+    /// Borrows the elements mutably if the buffer has this dtype.
+    fn slice_mut(b: &mut crate::base::buffer::CpuBuffer) -> Option<&mut [Self]>;
 }
 
 macro_rules! with_dtype {
@@ -225,6 +227,12 @@ macro_rules! with_dtype {
                 }
             }
             fn from_buffer(b: crate::base::buffer::CpuBuffer) -> Option<Vec<Self>> {
+                match b {
+                    crate::base::buffer::CpuBuffer::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn slice_mut(b: &mut crate::base::buffer::CpuBuffer) -> Option<&mut [Self]> {
                 match b {
                     crate::base::buffer::CpuBuffer::$variant(v) => Some(v),
                     _ => None,

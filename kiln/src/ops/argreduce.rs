@@ -134,7 +134,7 @@ impl CustomKernel for ArgReduce {
     }
 }
 
-static MODULE: CudaModule = CudaModule { name: "argreduce", source: cuda_source };
+static MODULE: CudaModule = CudaModule::generated("argreduce", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {

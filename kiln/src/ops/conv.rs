@@ -346,7 +346,7 @@ impl CustomKernel for ConvOp {
     }
 }
 
-static MODULE: CudaModule = CudaModule { name: "conv2d", source: cuda_source };
+static MODULE: CudaModule = CudaModule::generated("conv2d", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {

@@ -116,7 +116,7 @@ impl CustomKernel for CopyOp {
     }
 }
 
-static MODULE: CudaModule = CudaModule { name: "copy", source: cuda_source };
+static MODULE: CudaModule = CudaModule::generated("copy", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 const ALL: [DType; 7] = [DType::F32, DType::F64, DType::I64, DType::I32, DType::U8, DType::F16, DType::BF16];

@@ -94,7 +94,7 @@ impl CustomKernel for CumSum {
     }
 }
 
-static MODULE: CudaModule = CudaModule { name: "cumsum", source: cuda_source };
+static MODULE: CudaModule = CudaModule::generated("cumsum", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {

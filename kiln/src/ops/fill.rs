@@ -109,7 +109,7 @@ impl CustomKernel for FillOp {
     }
 }
 
-static MODULE: CudaModule = CudaModule { name: "fill", source: cuda_source };
+static MODULE: CudaModule = CudaModule::generated("fill", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {

@@ -187,7 +187,7 @@ impl CustomKernel for Gather {
     }
 }
 
-static MODULE: CudaModule = CudaModule { name: "gather", source: cuda_source };
+static MODULE: CudaModule = CudaModule::generated("gather", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {

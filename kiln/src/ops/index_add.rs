@@ -102,7 +102,7 @@ impl CustomKernel for IndexAdd {
     }
 }
 
-static MODULE: CudaModule = CudaModule { name: "index_add", source: cuda_source };
+static MODULE: CudaModule = CudaModule::generated("index_add", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {

@@ -164,7 +164,7 @@ impl CustomKernel for IndexSelect {
     }
 }
 
-static MODULE: CudaModule = CudaModule { name: "index_select", source: cuda_source };
+static MODULE: CudaModule = CudaModule::generated("index_select", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {

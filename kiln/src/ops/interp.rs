@@ -75,7 +75,7 @@ impl CustomKernel for InterpOp {
     }
 }
 
-static MODULE: CudaModule = CudaModule { name: "interpolate", source: cuda_source };
+static MODULE: CudaModule = CudaModule::generated("interpolate", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {

@@ -322,7 +322,7 @@ impl CustomKernel for Matmul {
     }
 }
 
-static MODULE: CudaModule = CudaModule { name: "matmul", source: cuda_source };
+static MODULE: CudaModule = CudaModule::generated("matmul", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {

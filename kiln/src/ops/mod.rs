@@ -26,6 +26,7 @@ pub(crate) mod conv;
 pub(crate) mod copy;
 mod create;
 mod cumsum;
+pub(crate) mod custom;
 mod display;
 pub(crate) mod fill;
 mod gather;

@@ -212,7 +212,7 @@ impl CustomKernel for NormOp {
     }
 }
 
-static MODULE: CudaModule = CudaModule { name: "norm", source: cuda_source };
+static MODULE: CudaModule = CudaModule::generated("norm", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {

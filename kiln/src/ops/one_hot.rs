@@ -75,7 +75,7 @@ impl CustomKernel for OneHot {
     }
 }
 
-static MODULE: CudaModule = CudaModule { name: "one_hot", source: cuda_source };
+static MODULE: CudaModule = CudaModule::generated("one_hot", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {

@@ -220,7 +220,7 @@ impl CustomKernel for PoolOp {
     }
 }
 
-static MODULE: CudaModule = CudaModule { name: "pool2d", source: cuda_source };
+static MODULE: CudaModule = CudaModule::generated("pool2d", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {

@@ -178,7 +178,7 @@ impl CustomKernel for Scatter {
     }
 }
 
-static MODULE: CudaModule = CudaModule { name: "scatter", source: cuda_source };
+static MODULE: CudaModule = CudaModule::generated("scatter", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {

@@ -122,7 +122,7 @@ impl CustomKernel for ArgSort {
     }
 }
 
-static MODULE: CudaModule = CudaModule { name: "sort", source: cuda_source };
+static MODULE: CudaModule = CudaModule::generated("sort", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {

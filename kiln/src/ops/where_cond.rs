@@ -72,7 +72,7 @@ impl CustomKernel for Where {
     }
 }
 
-static MODULE: CudaModule = CudaModule { name: "where", source: cuda_source };
+static MODULE: CudaModule = CudaModule::generated("where", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {

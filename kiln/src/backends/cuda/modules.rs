@@ -17,7 +17,7 @@ const PRELUDE: &str = include_str!("prelude.cu");
 /// generated `Lay`, then the module's own source.
 pub(crate) fn full_source(module: &CudaModule) -> String {
     let prelude = PRELUDE.replacen("// @LAY@", &Lay::c_decl(), 1);
-    format!("{prelude}\n// ---- module `{}` ----\n{}", module.name, (module.source)())
+    format!("{prelude}\n// ---- module `{}` ----\n{}", module.name, module.source())
 }
 
 impl CudaBackend {

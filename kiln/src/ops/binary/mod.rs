@@ -164,7 +164,7 @@ impl BinaryKernel for BinaryOp {
 }
 
 /// The family's CUDA module: one kernel per member and dtype.
-pub(crate) static MODULE: CudaModule = CudaModule { name: "binary", source: cuda_source };
+pub(crate) static MODULE: CudaModule = CudaModule::generated("binary", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {

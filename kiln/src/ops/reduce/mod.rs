@@ -130,7 +130,7 @@ impl ReduceKernel for ReduceOp {
 }
 
 /// The family's CUDA module: four launch shapes per member and dtype.
-pub(crate) static MODULE: CudaModule = CudaModule { name: "reduce", source: cuda_source };
+pub(crate) static MODULE: CudaModule = CudaModule::generated("reduce", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {

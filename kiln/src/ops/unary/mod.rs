@@ -171,7 +171,7 @@ impl UnaryKernel for UnaryOp {
 }
 
 /// The family's CUDA module: one kernel per member and dtype.
-pub(crate) static MODULE: CudaModule = CudaModule { name: "unary", source: cuda_source };
+pub(crate) static MODULE: CudaModule = CudaModule::generated("unary", cuda_source);
 inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {
