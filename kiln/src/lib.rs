@@ -109,8 +109,18 @@ macro_rules! println {
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
+/// The examples of docs/TRAINING.md, run as doctests.
+#[doc = include_str!("../../docs/TRAINING.md")]
+#[cfg(doctest)]
+pub struct TrainingDoctests;
+
+/// The examples of docs/MULTI_GPU.md, run as doctests.
+#[doc = include_str!("../../docs/MULTI_GPU.md")]
+#[cfg(doctest)]
+pub struct MultiGpuDoctests;
+
 /// The CUDA kernel sources and NVRTC access, for the compile check
-/// (`tests/cuda.rs`, `.ci/cuda-check.sh`): every module the backend may
+/// (`tests/cuda/`, `.ci/cuda-check.sh`): every module the backend may
 /// compile, exactly as it compiles it.
 #[doc(hidden)]
 pub mod cuda_check {
