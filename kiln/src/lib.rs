@@ -119,6 +119,11 @@ pub struct TrainingDoctests;
 #[cfg(doctest)]
 pub struct MultiGpuDoctests;
 
+/// The examples of docs/CUSTOM_OPS.md, run as doctests.
+#[doc = include_str!("../../docs/CUSTOM_OPS.md")]
+#[cfg(doctest)]
+pub struct CustomOpsDoctests;
+
 /// The CUDA kernel sources and NVRTC access, for the compile check
 /// (`tests/cuda/`, `.ci/cuda-check.sh`): every module the backend may
 /// compile, exactly as it compiles it.

@@ -449,3 +449,12 @@ let p = \"kiln/not/checked.rs\";
     }
     assert_eq!(problems.len(), 9, "unexpected reports:\n{joined}");
 }
+
+/// The README is a guide read top to bottom: at most 400 lines, the rest
+/// in docs/.
+#[test]
+fn the_readme_stays_a_guide_of_at_most_400_lines() {
+    let readme = fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    let lines = readme.lines().count();
+    assert!(lines <= 400, "README.md has {lines} lines: move detail to docs/ (it links each page)");
+}
