@@ -1,0 +1,182 @@
+//! Adam, with bias correction and L2 weight decay.
+
+use super::{follow_moves, non_negative, Optimizer, OptimizerState};
+use crate::{no_grad, Error, Result, Tensor};
+use std::collections::BTreeMap;
+use std::panic::Location;
+
+/// Adam (Kingma & Ba), with bias correction and optional L2 weight decay.
+///
+/// ```
+/// use kiln::optim::{Adam, Optimizer};
+/// use kiln::{Tensor, cpu};
+/// let w = Tensor::new(&[3f32], &cpu())?.requires_grad_();
+/// let mut opt = Adam::new(vec![w.clone()], 0.1);
+/// for _ in 0..100 {
+///     opt.zero_grad();
+///     w.sqr()?.sum_all()?.backward()?;
+///     opt.step()?;
+/// }
+/// assert!(w.to_vec::<f32>()?[0].abs() < 0.1);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub struct Adam {
+    pub(super) params: Vec<Tensor>,
+    pub(super) lr: f64,
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    pub(super) weight_decay: f64,
+    t: i32,
+    m: Vec<Option<Tensor>>,
+    v: Vec<Option<Tensor>>,
+}
+
+impl Adam {
+    /// Adam with β = (0.9, 0.999), ε = 1e-8.
+    pub fn new(params: Vec<Tensor>, lr: f64) -> Adam {
+        let n = params.len();
+        Adam { params, lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, t: 0, m: vec![None; n], v: vec![None; n] }
+    }
+
+    /// Sets β₁ and β₂ (builder style).
+    pub fn betas(mut self, beta1: f64, beta2: f64) -> Adam {
+        self.beta1 = beta1;
+        self.beta2 = beta2;
+        self
+    }
+
+    /// Sets ε (builder style).
+    pub fn eps(mut self, eps: f64) -> Adam {
+        self.eps = eps;
+        self
+    }
+
+    /// Sets the L2 weight decay (builder style).
+    pub fn weight_decay(mut self, weight_decay: f64) -> Adam {
+        self.weight_decay = weight_decay;
+        self
+    }
+
+    /// The first and second moment estimates of parameter `i` (none before
+    /// its first step).
+    pub fn moments(&self, i: usize) -> (Option<Tensor>, Option<Tensor>) {
+        (self.m.get(i).cloned().flatten(), self.v.get(i).cloned().flatten())
+    }
+
+    /// Steps taken (the bias-correction counter).
+    pub fn steps_taken(&self) -> i32 {
+        self.t
+    }
+}
+
+impl Optimizer for Adam {
+    #[track_caller]
+    fn step(&mut self) -> Result<()> {
+        let _site = crate::runtime::ledger::site_scope(std::panic::Location::caller());
+        let _g = no_grad();
+        follow_moves(&mut self.params);
+        let t = self.t.saturating_add(1);
+        let c1 = 1.0 - self.beta1.powi(t);
+        let c2 = 1.0 - self.beta2.powi(t);
+        // Compute everything into new buffers; commit only when all exist.
+        let (mut ms, mut vs) = (self.m.clone(), self.v.clone());
+        let mut updates: Vec<(usize, Tensor)> = Vec::with_capacity(self.params.len());
+        for (i, p) in self.params.iter().enumerate() {
+            let Some(mut g) = p.grad() else { continue };
+            let device = p.device();
+            if self.weight_decay != 0.0 {
+                g = g.add(&p.mul_scalar(self.weight_decay)?)?;
+            }
+            let m = match &ms[i] {
+                Some(m) => m.to(&device)?.mul_scalar(self.beta1)?.add(&g.mul_scalar(1.0 - self.beta1)?)?,
+                None => g.mul_scalar(1.0 - self.beta1)?,
+            };
+            let v = match &vs[i] {
+                Some(v) => v.to(&device)?.mul_scalar(self.beta2)?.add(&g.sqr()?.mul_scalar(1.0 - self.beta2)?)?,
+                None => g.sqr()?.mul_scalar(1.0 - self.beta2)?,
+            };
+            let denom = v.div_scalar(c2)?.sqrt()?.add_scalar(self.eps)?;
+            let update = m.div(&denom)?.mul_scalar(self.lr / c1)?;
+            updates.push((i, p.sub(&update)?));
+            ms[i] = Some(m);
+            vs[i] = Some(v);
+        }
+        for (i, new) in updates {
+            self.params[i].assign(&new)?;
+        }
+        self.m = ms;
+        self.v = vs;
+        self.t = t;
+        Ok(())
+    }
+    fn zero_grad(&mut self) {
+        for p in &self.params {
+            p.zero_grad();
+        }
+    }
+    fn learning_rate(&self) -> f64 {
+        self.lr
+    }
+    fn set_learning_rate(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+    fn parameters(&self) -> &[Tensor] {
+        &self.params
+    }
+    fn state_dict(&self) -> Result<OptimizerState> {
+        let hyperparameters = [
+            ("lr", self.lr),
+            ("beta1", self.beta1),
+            ("beta2", self.beta2),
+            ("eps", self.eps),
+            ("weight_decay", self.weight_decay),
+            ("step", f64::from(self.t)),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .into();
+        let mut buffers = BTreeMap::new();
+        for (i, (m, v)) in self.m.iter().zip(&self.v).enumerate() {
+            if let Some(m) = m {
+                buffers.insert(format!("{i}.exp_avg"), m.clone());
+            }
+            if let Some(v) = v {
+                buffers.insert(format!("{i}.exp_avg_sq"), v.clone());
+            }
+        }
+        Ok(OptimizerState { kind: "adam".into(), hyperparameters, buffers })
+    }
+    #[track_caller]
+    fn load_state_dict(&mut self, state: &OptimizerState) -> Result<()> {
+        let _site = crate::runtime::ledger::site_scope(Location::caller());
+        let op = "Adam::load_state_dict";
+        state.check_kind(op, "adam")?;
+        let lr = non_negative(op, "lr", state.hyper(op, "lr")?)?;
+        let (beta1, beta2) = (state.hyper(op, "beta1")?, state.hyper(op, "beta2")?);
+        for (name, b) in [("beta1", beta1), ("beta2", beta2)] {
+            if !(0.0..1.0).contains(&b) {
+                return Err(Error::invalid(op, format!("hyperparameter `{name}` is {b}; it must be in [0, 1)")));
+            }
+        }
+        let eps = non_negative(op, "eps", state.hyper(op, "eps")?)?;
+        let weight_decay = non_negative(op, "weight_decay", state.hyper(op, "weight_decay")?)?;
+        let step = state.hyper(op, "step")?;
+        if step.fract() != 0.0 || !(0.0..=f64::from(i32::MAX)).contains(&step) {
+            return Err(Error::invalid(op, format!("`step` is {step}; it must be a whole number of steps from 0 to {}", i32::MAX)));
+        }
+        let buffers = state.buffers_for(op, &["exp_avg", "exp_avg_sq"], &self.params)?;
+        let (mut m, mut v) = (Vec::with_capacity(buffers.len()), Vec::with_capacity(buffers.len()));
+        for (i, mut b) in buffers.into_iter().enumerate() {
+            let (exp_avg_sq, exp_avg) = (b.pop().flatten(), b.pop().flatten());
+            if exp_avg.is_some() != exp_avg_sq.is_some() {
+                return Err(Error::invalid(op, format!("parameter {i} has one of `{i}.exp_avg` and `{i}.exp_avg_sq` but not the other")));
+            }
+            m.push(exp_avg);
+            v.push(exp_avg_sq);
+        }
+        (self.m, self.v) = (m, v);
+        (self.lr, self.beta1, self.beta2, self.eps, self.weight_decay) = (lr, beta1, beta2, eps, weight_decay);
+        self.t = step as i32;
+        Ok(())
+    }
+}

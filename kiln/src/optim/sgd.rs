@@ -1,0 +1,112 @@
+//! Stochastic gradient descent with momentum and weight decay.
+
+use super::{check_params, follow_moves, non_negative, Optimizer, OptimizerState};
+use crate::{no_grad, Result, Tensor};
+use std::panic::Location;
+
+/// Stochastic gradient descent, with optional momentum and weight decay
+/// (PyTorch's formulation: v ← μ·v + g + λ·p, p ← p − lr·v).
+pub struct Sgd {
+    pub(super) params: Vec<Tensor>,
+    pub(super) lr: f64,
+    pub(super) momentum: f64,
+    pub(super) weight_decay: f64,
+    velocity: Vec<Option<Tensor>>,
+}
+
+impl Sgd {
+    /// Plain SGD with learning rate `lr`.
+    pub fn new(params: Vec<Tensor>, lr: f64) -> Sgd {
+        let n = params.len();
+        Sgd { params, lr, momentum: 0.0, weight_decay: 0.0, velocity: vec![None; n] }
+    }
+
+    /// Checks that every parameter is a leaf (made with `requires_grad_`).
+    pub fn checked(params: Vec<Tensor>, lr: f64) -> Result<Sgd> {
+        check_params("Sgd", &params)?;
+        Ok(Sgd::new(params, lr))
+    }
+
+    /// Sets the momentum μ (builder style).
+    pub fn momentum(mut self, momentum: f64) -> Sgd {
+        self.momentum = momentum;
+        self
+    }
+
+    /// Sets the weight decay λ (builder style).
+    pub fn weight_decay(mut self, weight_decay: f64) -> Sgd {
+        self.weight_decay = weight_decay;
+        self
+    }
+
+    /// The momentum buffer of parameter `i` (none before its first step with
+    /// momentum, or for an index out of range).
+    pub fn velocity(&self, i: usize) -> Option<Tensor> {
+        self.velocity.get(i).cloned().flatten()
+    }
+}
+
+impl Optimizer for Sgd {
+    #[track_caller]
+    fn step(&mut self) -> Result<()> {
+        let _site = crate::runtime::ledger::site_scope(std::panic::Location::caller());
+        let _g = no_grad();
+        follow_moves(&mut self.params);
+        // Compute everything into new buffers; commit only when all exist.
+        let mut velocity = self.velocity.clone();
+        let mut updates: Vec<(usize, Tensor)> = Vec::with_capacity(self.params.len());
+        for (i, p) in self.params.iter().enumerate() {
+            let Some(mut g) = p.grad() else { continue };
+            if self.weight_decay != 0.0 {
+                g = g.add(&p.mul_scalar(self.weight_decay)?)?;
+            }
+            if self.momentum != 0.0 {
+                let next = match &velocity[i] {
+                    Some(old) => old.to(&p.device())?.mul_scalar(self.momentum)?.add(&g)?,
+                    None => g.force_copy()?,
+                };
+                velocity[i] = Some(next.clone());
+                g = next;
+            }
+            updates.push((i, p.sub(&g.mul_scalar(self.lr)?)?));
+        }
+        for (i, new) in updates {
+            self.params[i].assign(&new)?;
+        }
+        self.velocity = velocity;
+        Ok(())
+    }
+    fn zero_grad(&mut self) {
+        for p in &self.params {
+            p.zero_grad();
+        }
+    }
+    fn learning_rate(&self) -> f64 {
+        self.lr
+    }
+    fn set_learning_rate(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+    fn parameters(&self) -> &[Tensor] {
+        &self.params
+    }
+    fn state_dict(&self) -> Result<OptimizerState> {
+        let hyperparameters =
+            [("lr", self.lr), ("momentum", self.momentum), ("weight_decay", self.weight_decay)].map(|(k, v)| (k.to_string(), v)).into();
+        let buffers = self.velocity.iter().enumerate().filter_map(|(i, v)| Some((format!("{i}.momentum_buffer"), v.clone()?))).collect();
+        Ok(OptimizerState { kind: "sgd".into(), hyperparameters, buffers })
+    }
+    #[track_caller]
+    fn load_state_dict(&mut self, state: &OptimizerState) -> Result<()> {
+        let _site = crate::runtime::ledger::site_scope(Location::caller());
+        let op = "Sgd::load_state_dict";
+        state.check_kind(op, "sgd")?;
+        let lr = non_negative(op, "lr", state.hyper(op, "lr")?)?;
+        let momentum = non_negative(op, "momentum", state.hyper(op, "momentum")?)?;
+        let weight_decay = non_negative(op, "weight_decay", state.hyper(op, "weight_decay")?)?;
+        let buffers = state.buffers_for(op, &["momentum_buffer"], &self.params)?;
+        self.velocity = buffers.into_iter().map(|mut b| b.swap_remove(0)).collect();
+        (self.lr, self.momentum, self.weight_decay) = (lr, momentum, weight_decay);
+        Ok(())
+    }
+}
