@@ -9,6 +9,7 @@ use super::{NnError, NnFloat, NnResult};
 
 /// How outputs are made from the input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum InterpMode {
     /// The input element at `floor(o · in/out)` (PyTorch's `"nearest"`).
     Nearest,

@@ -2,9 +2,9 @@
 //! channels found at the first forward), [`MaxPool2d`], [`AvgPool2d`],
 //! [`AdaptiveAvgPool2d`].
 
-use super::module::{input_device_mismatch, lazy_float_input, Module, ParamVisitor};
-use crate::{no_grad, Conv2dArgs, DType, Device, Error, Pair, Pool2dArgs, Result, Tensor};
-use std::sync::OnceLock;
+use super::lazy::{Lazy, LazySpec};
+use super::module::{input_device_mismatch, Module, ParamVisitor};
+use crate::{Conv2dArgs, DType, Device, Error, Pair, Pool2dArgs, Result, Tensor};
 
 /// A 2-D convolution layer, PyTorch's `nn.Conv2d`: weight `[out, in /
 /// groups, kh, kw]` and bias `[out]`, both drawn from U(−k, k) with
@@ -146,93 +146,48 @@ pub(crate) fn in_module(e: Error, layer: &str) -> Error {
 /// assert_eq!((y.dims(), conv.parameter("weight")?.dims()), (&[1, 4, 5, 5][..], &[4, 2, 3, 3][..]));
 /// # Ok::<(), kiln::Error>(())
 /// ```
-#[derive(Clone)]
-pub struct LazyConv2d {
-    out_channels: usize,
-    kernel: [usize; 2],
-    args: Conv2dArgs,
-    bias: bool,
-    device: Option<Device>,
-    inner: OnceLock<Conv2d>,
+pub type LazyConv2d = Lazy<Conv2dSpec>;
+
+/// What a [`LazyConv2d`] is made from: output channels, window, arguments
+/// and bias; the input channels are the input's (C of (N, C, H, W) or
+/// (C, H, W)).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Conv2dSpec {
+    /// Output channels.
+    pub out_channels: usize,
+    /// The window (height, width).
+    pub kernel: [usize; 2],
+    /// Stride, padding, dilation and groups.
+    pub args: Conv2dArgs,
+    /// Whether the layer has a bias.
+    pub bias: bool,
 }
 
 impl LazyConv2d {
     /// `out_channels` with a `kernel` window and a bias.
     pub fn new(out_channels: usize, kernel: impl Into<Pair>, args: Conv2dArgs) -> LazyConv2d {
-        LazyConv2d { out_channels, kernel: kernel.into().0, args, bias: true, device: None, inner: OnceLock::new() }
+        Lazy::from_spec(Conv2dSpec { out_channels, kernel: kernel.into().0, args, bias: true })
     }
 
     /// Without a bias (before a batch normalisation).
-    pub fn without_bias(mut self) -> LazyConv2d {
-        self.bias = false;
-        self
-    }
-
-    /// The layer, once an input has made it.
-    pub fn initialized(&self) -> Option<&Conv2d> {
-        self.inner.get()
+    pub fn without_bias(self) -> LazyConv2d {
+        self.map_spec(|s| s.bias = false)
     }
 }
 
-impl Module for LazyConv2d {
-    fn visit_children(&self, f: &mut dyn FnMut(&dyn Module) -> Result<()>) -> Result<()> {
-        match self.inner.get() {
-            Some(l) => f(l),
-            None => Ok(()),
-        }
+impl LazySpec for Conv2dSpec {
+    type Module = Conv2d;
+    fn name(&self) -> &'static str {
+        "LazyConv2d"
     }
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
+    fn pending(&self) -> String {
+        format!("LazyConv2d(in=?, out={}, kernel={:?})", self.out_channels, self.kernel)
     }
-    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
-        Some(Box::new(self.clone()))
-    }
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if let Some(layer) = self.inner.get() {
-            return layer.forward(x);
-        }
-        if let Some(d) = self.device {
-            if x.device() != d {
-                return Err(input_device_mismatch(x.device(), "weight", d));
-            }
-        }
+    fn make(&self, x: &Tensor) -> Result<Conv2d> {
         if !(3..=4).contains(&x.rank()) {
             return Err(Error::invalid("LazyConv2d", format!("input must be 3-D (C, H, W) or 4-D (N, C, H, W), got shape {}", x.shape())));
         }
-        lazy_float_input(&self.describe(), x)?;
-        let in_channels = x.dims()[x.rank() - 3];
-        let layer = {
-            let _g = no_grad();
-            Conv2d::with_options(in_channels, self.out_channels, self.kernel, self.args, self.bias, x.dtype(), &x.device())?
-        };
-        let _ = self.inner.set(layer);
-        match self.inner.get() {
-            Some(layer) => layer.forward(x),
-            None => Err(Error::invalid("LazyConv2d", "initialization failed")),
-        }
-    }
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.inner.get().map(|l| l.named_parameters()).unwrap_or_default()
-    }
-    fn visit_parameters_mut(&mut self, f: &mut ParamVisitor<'_>) -> Result<()> {
-        match self.inner.get_mut() {
-            Some(l) => l.visit_parameters_mut(f),
-            None => Ok(()),
-        }
-    }
-    fn place_lazy_parameters(&mut self, device: &Device) {
-        if self.inner.get().is_none() {
-            self.device = Some(*device);
-        }
-    }
-    fn has_lazy_parameters(&self) -> bool {
-        self.inner.get().is_none()
-    }
-    fn describe(&self) -> String {
-        match self.inner.get() {
-            Some(l) => format!("Lazy{}", l.describe()),
-            None => format!("LazyConv2d(in=?, out={}, kernel={:?})", self.out_channels, self.kernel),
-        }
+        Conv2d::with_options(x.dims()[x.rank() - 3], self.out_channels, self.kernel, self.args, self.bias, x.dtype(), &x.device())
     }
 }
 

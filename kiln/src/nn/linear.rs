@@ -1,9 +1,9 @@
 //! Fully connected layers: [`Linear`] and [`LazyLinear`], whose input size
 //! is found at the first forward.
 
-use super::module::{input_device_mismatch, lazy_float_input, Module, ParamVisitor};
-use crate::{no_grad, DType, Device, Error, Result, Tensor};
-use std::sync::OnceLock;
+use super::lazy::{Lazy, LazySpec};
+use super::module::{input_device_mismatch, Module, ParamVisitor};
+use crate::{DType, Device, Error, Result, Tensor};
 
 /// y = x·Wᵀ + b, with W of shape (out, in) and b of shape (out), like
 /// PyTorch's `nn.Linear`. Initialized as PyTorch does: U[−k, k] with
@@ -158,96 +158,42 @@ impl Module for Linear {
 /// assert_eq!(net.parameter("weight")?.device(), try_gpu(0));
 /// # Ok::<(), kiln::Error>(())
 /// ```
-#[derive(Clone)]
-pub struct LazyLinear {
-    out_features: usize,
-    bias: bool,
-    device: Option<Device>,
-    inner: OnceLock<Linear>,
-}
+pub type LazyLinear = Lazy<LinearSpec>;
 
-impl std::fmt::Debug for LazyLinear {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.describe())
-    }
+/// What a [`LazyLinear`] is made from: its output size and whether it has
+/// a bias; the input size is the input's last dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearSpec {
+    /// Outputs.
+    pub out_features: usize,
+    /// Whether the layer has a bias.
+    pub bias: bool,
 }
 
 impl LazyLinear {
     /// A layer with `out_features` outputs and a bias.
     pub fn new(out_features: usize) -> LazyLinear {
-        LazyLinear { out_features, bias: true, device: None, inner: OnceLock::new() }
+        Lazy::from_spec(LinearSpec { out_features, bias: true })
     }
 
     /// Without a bias.
     pub fn without_bias(out_features: usize) -> LazyLinear {
-        LazyLinear { out_features, bias: false, device: None, inner: OnceLock::new() }
-    }
-
-    /// The layer once its size is known.
-    pub fn initialized(&self) -> Option<&Linear> {
-        self.inner.get()
+        Lazy::from_spec(LinearSpec { out_features, bias: false })
     }
 }
 
-impl Module for LazyLinear {
-    fn visit_children(&self, f: &mut dyn FnMut(&dyn Module) -> Result<()>) -> Result<()> {
-        match self.inner.get() {
-            Some(l) => f(l),
-            None => Ok(()),
-        }
+impl LazySpec for LinearSpec {
+    type Module = Linear;
+    fn name(&self) -> &'static str {
+        "LazyLinear"
     }
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
+    fn pending(&self) -> String {
+        format!("LazyLinear(in=?, out={}, bias={})", self.out_features, self.bias)
     }
-    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
-        Some(Box::new(self.clone()))
-    }
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if let Some(layer) = self.inner.get() {
-            return layer.forward(x);
-        }
+    fn make(&self, x: &Tensor) -> Result<Linear> {
         if x.rank() == 0 {
             return Err(Error::invalid("LazyLinear", "needs an input of rank 1 or more to find its input size"));
         }
-        if let Some(d) = self.device {
-            if x.device() != d {
-                return Err(input_device_mismatch(x.device(), "weight", d));
-            }
-        }
-        lazy_float_input(&self.describe(), x)?;
-        let in_features = x.dims()[x.rank() - 1];
-        let layer = {
-            let _g = no_grad();
-            Linear::with_options(in_features, self.out_features, self.bias, x.dtype(), &x.device())?
-        };
-        // Another thread may have won the race; either way one layer stays.
-        let _ = self.inner.set(layer);
-        match self.inner.get() {
-            Some(layer) => layer.forward(x),
-            None => Err(Error::invalid("LazyLinear", "initialization failed")),
-        }
-    }
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.inner.get().map(|l| l.named_parameters()).unwrap_or_default()
-    }
-    fn visit_parameters_mut(&mut self, f: &mut ParamVisitor<'_>) -> Result<()> {
-        match self.inner.get_mut() {
-            Some(l) => l.visit_parameters_mut(f),
-            None => Ok(()),
-        }
-    }
-    fn place_lazy_parameters(&mut self, device: &Device) {
-        if self.inner.get().is_none() {
-            self.device = Some(*device);
-        }
-    }
-    fn has_lazy_parameters(&self) -> bool {
-        self.inner.get().is_none()
-    }
-    fn describe(&self) -> String {
-        match self.inner.get() {
-            Some(l) => format!("Lazy{}", l.describe()),
-            None => format!("LazyLinear(in=?, out={}, bias={})", self.out_features, self.bias),
-        }
+        Linear::with_options(x.dims()[x.rank() - 1], self.out_features, self.bias, x.dtype(), &x.device())
     }
 }

@@ -4,9 +4,9 @@
 //! block.
 
 use super::conv::{in_module, LazyConv2d};
-use super::module::{input_device_mismatch, lazy_float_input, Module, ParamVisitor};
-use crate::{no_grad, Conv2dArgs, DType, Device, Error, Result, Tensor};
-use std::sync::OnceLock;
+use super::lazy::{Lazy, LazySpec};
+use super::module::{input_device_mismatch, Module, ParamVisitor};
+use crate::{Conv2dArgs, DType, Device, Error, Result, Tensor};
 
 /// Batch normalisation over the channels (dimension 1), PyTorch's
 /// `nn.BatchNorm1d` / `nn.BatchNorm2d`: a weight (ones) and a bias (zeros)
@@ -147,13 +147,18 @@ impl Module for BatchNorm {
     }
 }
 
-/// A [`BatchNorm`] whose channel count comes from the first input.
-#[derive(Clone)]
-pub struct LazyBatchNorm {
-    spatial_rank: usize,
-    training: bool,
-    device: Option<Device>,
-    inner: OnceLock<BatchNorm>,
+/// A [`BatchNorm`] whose channel count comes from the first input
+/// (PyTorch's `nn.LazyBatchNorm1d`/`2d`): made by [`LazyBatchNorm1d::new`]
+/// or [`LazyBatchNorm2d::new`].
+pub type LazyBatchNorm = Lazy<BatchNormSpec>;
+
+/// What a [`LazyBatchNorm`] is made from: the rank of the inputs it
+/// normalises (2 for `[N, C]`, 4 for `[N, C, H, W]`); the channels are the
+/// input's dimension 1. eps 1e-5, momentum 0.1, as PyTorch's defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchNormSpec {
+    /// 2 (`BatchNorm1d`) or 4 (`BatchNorm2d`).
+    pub spatial_rank: usize,
 }
 
 /// Makes the lazy [`BatchNorm`] of `[N, C]` or `[N, C, L]` inputs.
@@ -165,7 +170,7 @@ impl LazyBatchNorm1d {
     /// A batch normalisation of `[N, C]` inputs, `C` found at the first forward.
     #[allow(clippy::new_ret_no_self)]
     pub fn new() -> LazyBatchNorm {
-        LazyBatchNorm { spatial_rank: 2, training: true, device: None, inner: OnceLock::new() }
+        Lazy::from_spec(BatchNormSpec { spatial_rank: 2 })
     }
 }
 
@@ -173,84 +178,23 @@ impl LazyBatchNorm2d {
     /// A batch normalisation of `[N, C, H, W]` inputs, `C` found at the first forward.
     #[allow(clippy::new_ret_no_self)]
     pub fn new() -> LazyBatchNorm {
-        LazyBatchNorm { spatial_rank: 4, training: true, device: None, inner: OnceLock::new() }
+        Lazy::from_spec(BatchNormSpec { spatial_rank: 4 })
     }
 }
 
-impl Module for LazyBatchNorm {
-    fn visit_children(&self, f: &mut dyn FnMut(&dyn Module) -> Result<()>) -> Result<()> {
-        match self.inner.get() {
-            Some(l) => f(l),
-            None => Ok(()),
-        }
+impl LazySpec for BatchNormSpec {
+    type Module = BatchNorm;
+    fn name(&self) -> &'static str {
+        "LazyBatchNorm"
     }
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
+    fn pending(&self) -> String {
+        format!("LazyBatchNorm{}d(?)", self.spatial_rank / 2)
     }
-    fn boxed_clone(&self) -> Option<Box<dyn Module>> {
-        Some(Box::new(self.clone()))
-    }
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if let Some(l) = self.inner.get() {
-            return l.forward(x);
-        }
-        if let Some(d) = self.device {
-            if x.device() != d {
-                return Err(input_device_mismatch(x.device(), "weight", d));
-            }
-        }
+    fn make(&self, x: &Tensor) -> Result<BatchNorm> {
         if x.rank() < 2 {
             return Err(Error::invalid("LazyBatchNorm", format!("input must have a channel dimension, got shape {}", x.shape())));
         }
-        lazy_float_input(&self.describe(), x)?;
-        let mut layer = {
-            let _g = no_grad();
-            BatchNorm::with_options(x.dims()[1], self.spatial_rank, 1e-5, 0.1, x.dtype(), &x.device())?
-        };
-        layer.training = self.training;
-        let _ = self.inner.set(layer);
-        match self.inner.get() {
-            Some(l) => l.forward(x),
-            None => Err(Error::invalid("LazyBatchNorm", "initialization failed")),
-        }
-    }
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.inner.get().map(|l| l.named_parameters()).unwrap_or_default()
-    }
-    fn visit_parameters_mut(&mut self, f: &mut ParamVisitor<'_>) -> Result<()> {
-        match self.inner.get_mut() {
-            Some(l) => l.visit_parameters_mut(f),
-            None => Ok(()),
-        }
-    }
-    fn named_buffers(&self) -> Vec<(String, Tensor)> {
-        self.inner.get().map(|l| l.named_buffers()).unwrap_or_default()
-    }
-    fn visit_buffers_mut(&mut self, f: &mut ParamVisitor<'_>) -> Result<()> {
-        match self.inner.get_mut() {
-            Some(l) => l.visit_buffers_mut(f),
-            None => Ok(()),
-        }
-    }
-    fn set_training(&mut self, training: bool) {
-        self.training = training;
-        if let Some(l) = self.inner.get_mut() {
-            l.set_training(training);
-        }
-    }
-    fn place_lazy_parameters(&mut self, device: &Device) {
-        if self.inner.get().is_none() {
-            self.device = Some(*device);
-        }
-    }
-    fn has_lazy_parameters(&self) -> bool {
-        self.inner.get().is_none()
-    }
-    fn describe(&self) -> String {
-        match self.inner.get() {
-            Some(l) => format!("Lazy{}", l.describe()),
-            None => format!("LazyBatchNorm{}d(?)", self.spatial_rank / 2),
-        }
+        BatchNorm::with_options(x.dims()[1], self.spatial_rank, 1e-5, 0.1, x.dtype(), &x.device())
     }
 }
 

@@ -162,6 +162,7 @@ impl From<(usize, usize)> for Pair {
 /// PyTorch's `"same"` (output as large as the input; stride 1 only) and
 /// `"valid"` (none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConvPadding {
     /// `[ph, pw]` rows above and below, columns left and right.
     Explicit([usize; 2]),

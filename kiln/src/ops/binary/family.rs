@@ -25,6 +25,7 @@ macro_rules! binary_family {
         /// Elementwise functions of two operands: the members of the binary
         /// family (`ops/binary/mod.rs`).
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
         pub enum BinaryOp {
             $( $(#[$ndoc])* $nv, )*
             $( $(#[$fdoc])* $fv, )*

@@ -37,6 +37,7 @@ macro_rules! reduce_family {
         /// Reductions over some dimensions: the members of the reduction
         /// family (`ops/reduce/mod.rs`) and the arg-reductions.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
         pub enum ReduceOp {
             $( $(#[$doc])* $v, )*
             $( $(#[$adoc])* $av, )*

@@ -33,6 +33,7 @@ macro_rules! unary_family {
         /// Elementwise functions of one operand (and maybe a scalar): the
         /// members of the unary family (`ops/unary/mod.rs`).
         #[derive(Clone, Copy, Debug, PartialEq)]
+        #[non_exhaustive]
         pub enum UnaryOp {
             $( $(#[$ndoc])* $nv $(( $($npt),* ))?, )*
             $( $(#[$fdoc])* $fv $(( $($fpt),* ))?, )*
