@@ -25,6 +25,8 @@
 #[macro_use]
 mod common;
 
+use common::rng::{Draw, XorShift as Rng};
+
 use common::Ran;
 use kiln::nn::{cross_entropy, mse_loss};
 use kiln::{cpu, DType, Device, Result, Tensor};
@@ -32,26 +34,6 @@ use std::fmt::Write as _;
 use std::process::Command;
 
 /// xorshift64*: the cases are the same on every machine for a seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len())]
-    }
-}
-
 fn num(v: f64) -> String {
     if v.is_nan() {
         "NaN".into()

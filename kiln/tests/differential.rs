@@ -22,6 +22,8 @@
 #[macro_use]
 mod common;
 
+use common::rng::{Draw, XorShift as Rng};
+
 use common::Ran;
 use kiln::{cpu, DType, Device, Result, Tensor};
 use std::fmt::Write as _;
@@ -32,26 +34,6 @@ fn main() -> std::process::ExitCode {
 }
 
 /// xorshift64*: the cases are the same on every machine for a seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len())]
-    }
-}
-
 fn python() -> Option<String> {
     let candidates: Vec<String> = match std::env::var("KILN_NUMPY_PYTHON") {
         Ok(p) => vec![p],

@@ -24,32 +24,15 @@
 #[macro_use]
 mod common;
 
+use common::rng::{Draw, XorShift as Rng};
+
 use common::Ran;
 use kiln::host_nn::*;
 use std::fmt::Write as _;
 use std::process::Command;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.below(hi - lo + 1)
-    }
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len())]
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
+/// The case values this suite draws.
+trait Cases: Draw {
     /// Values in [−2, 2]: half the time multiples of 1/256 (sums exact
     /// in either dtype, so any difference is one of semantics), else full
     /// precision (rounded to the case's dtype before use).
@@ -69,6 +52,8 @@ impl Rng {
             .collect()
     }
 }
+
+impl<R: Draw> Cases for R {}
 
 fn num(v: f64) -> String {
     if v.is_nan() {

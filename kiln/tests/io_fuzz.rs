@@ -16,6 +16,8 @@
 
 mod common;
 
+use common::rng::{Draw, XorShift as Rng};
+
 use kiln::{cpu, io, DType, Device, Tensor};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Write as _;
@@ -61,23 +63,6 @@ unsafe impl GlobalAlloc for Counting {
 static ALLOCATOR: Counting = Counting;
 
 /// xorshift64*: the same files on every machine for a seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn pick<T: Clone>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len())].clone()
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {
     Npy,

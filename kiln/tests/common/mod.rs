@@ -3,6 +3,8 @@
 //! device when they fail.
 #![allow(dead_code)]
 
+pub mod rng;
+
 use kiln::{Device, DeviceKind, Tensor};
 use std::sync::OnceLock;
 

@@ -17,6 +17,7 @@
 //! write. On real GPUs it runs in place.
 
 use super::*;
+use crate::common::rng::{Draw, SplitMix as Rng};
 use kiln::{Conv2dArgs, Pool2dArgs};
 
 /// The fuzz's child process: each tensor in a driver allocation of its own
@@ -29,27 +30,8 @@ const SEED: u64 = 0x6b69_6c6e_636e_6e31;
 const CASES: usize = 600;
 
 /// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// 0..n.
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    /// lo..=hi.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.below(hi - lo + 1)
-    }
-    fn coin(&mut self, p: f64) -> bool {
-        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
+/// The case values this suite draws.
+trait Cases: Draw {
     /// Roughly normal (a sum of uniforms), never a tie in practice.
     fn normal(&mut self) -> f64 {
         (0..4).map(|_| (self.next() >> 11) as f64 / (1u64 << 53) as f64).sum::<f64>() - 2.0
@@ -61,6 +43,8 @@ impl Rng {
         [self.range(lo, hi), self.range(lo, hi)]
     }
 }
+
+impl<R: Draw> Cases for R {}
 
 #[derive(Clone, Debug)]
 enum Op {

@@ -23,6 +23,8 @@
 //! `KILN_FUZZ_CASES` sets the number of programs (default 2,000; the
 //! robustness issue's run used 100,000), `KILN_FUZZ_SEED` the first seed.
 
+#[path = "../common/mod.rs"]
+mod common;
 mod execute;
 mod program;
 
