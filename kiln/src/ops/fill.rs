@@ -3,7 +3,6 @@
 //! `offset + i`, so every device produces the same values). The
 //! constructors that use it are in `create.rs`.
 
-use crate::backends::cpu::on_pool;
 use crate::backends::host::loops::{fill, CHUNK, PAR_MIN};
 use crate::base::buffer::CpuBuffer;
 use crate::base::dtype::{DType, WithDType};
@@ -12,6 +11,7 @@ use crate::kernel::cuda::{c_type, dtype_tag, CudaDevice, CudaModule, BLOCK};
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Src};
 use crate::map_buffer;
+use crate::runtime::pool::on_pool;
 use crate::runtime::rng;
 use rayon::prelude::*;
 use std::sync::Arc;

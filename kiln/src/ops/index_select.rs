@@ -1,7 +1,7 @@
 //! `index_select`: the entries of one dimension picked by a 1-D index
 //! tensor (i64, i32 or u8), and the index helpers `index_add` shares.
 
-use crate::backends::host::{gather_view, try_vec};
+use crate::backends::host::gather_view;
 use crate::base::buffer::CpuBuffer;
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
@@ -10,6 +10,7 @@ use crate::kernel::cuda::{c_type, dtype_tag, lay, CudaDevice, CudaModule, BLOCK}
 use crate::kernel::index_check::IndexCheck;
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
+use crate::runtime::host::try_vec;
 use crate::tensor::{check_dim, check_same_device, Dim};
 use crate::Tensor;
 use std::sync::Arc;

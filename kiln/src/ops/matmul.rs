@@ -5,7 +5,6 @@
 //! gemm's packing), integers through a plain loop; on CUDA floats go through
 //! cuBLAS (strided-batched) when it loads, else through kiln's own kernel.
 
-use crate::backends::cpu::on_pool;
 use crate::backends::host::loops::fill;
 use crate::backends::host::num::Num;
 use crate::base::buffer::CpuBuffer;
@@ -16,6 +15,7 @@ use crate::kernel::cuda::{c_type, dtype_tag, make_lay, merge_dims, CudaDevice, C
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
 use crate::map_buffer;
+use crate::runtime::pool::on_pool;
 use crate::tensor::{check_same_device, check_same_dtype};
 use crate::Tensor;
 use smallvec::SmallVec;

@@ -8,7 +8,6 @@
 //! sums).
 
 use super::conv::{check_extents, check_float, dptr, host_dispatch, instantiate, HostFloat, HostNnKernel};
-use crate::backends::host::try_vec;
 use crate::base::buffer::CpuBuffer;
 use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
@@ -16,6 +15,7 @@ use crate::host_nn::{self, BatchNormParams, LayerNormParams};
 use crate::kernel::cuda::{dtype_tag, CudaDevice, CudaModule, BLOCK};
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
+use crate::runtime::host::try_vec;
 use crate::tensor::{check_same_device, check_same_dtype};
 use crate::Tensor;
 use std::sync::Arc;

@@ -6,7 +6,6 @@
 //! gradient is scattered in the host's order, with no atomics).
 
 use super::conv::{check_extents, check_float, dptr, host_dispatch, instantiate, HostFloat, HostNnKernel, Pair};
-use crate::backends::host::try_vec;
 use crate::base::buffer::CpuBuffer;
 use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
@@ -14,6 +13,7 @@ use crate::host_nn::{self, AdaptivePool2dParams, AvgPool2dParams, MaxPool2dParam
 use crate::kernel::cuda::{dtype_tag, CudaDevice, CudaModule, BLOCK};
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
+use crate::runtime::host::try_vec;
 use crate::Tensor;
 use std::sync::Arc;
 

@@ -7,5 +7,6 @@ pub(crate) mod fork;
 pub(crate) mod host;
 pub(crate) mod ledger;
 pub(crate) mod memory;
+pub(crate) mod pool;
 pub(crate) mod rng;
 pub(crate) mod thread_slot;

@@ -1,10 +1,6 @@
 //! The CPU: host memory, kernels run at once on the calling thread, big
 //! ones spread over kiln's own rayon pool (all cores, or `RAYON_NUM_THREADS`).
 
-mod pool;
-
-pub(crate) use pool::{on_pool, threads};
-
 use super::host;
 use crate::base::buffer::CpuBuffer;
 use crate::base::device::{Device, DeviceKind};
@@ -14,6 +10,7 @@ use crate::kernel::backend::{Backend, Event};
 use crate::kernel::storage::{Buffer, Storage};
 use crate::kernel::{Kernel, Out, Src};
 use crate::runtime::memory::{MemoryPool, CPU_POOL};
+use crate::runtime::pool::threads;
 use std::sync::Arc;
 
 pub(crate) struct CpuBackend {
@@ -57,7 +54,7 @@ impl CpuBackend {
 }
 
 pub(crate) fn cpu_name() -> String {
-    let threads = pool::size();
+    let threads = crate::runtime::pool::size();
     let model = crate::runtime::host::cpu_name().unwrap_or_else(|| std::env::consts::ARCH.to_string());
     format!("{model} ({threads} threads)")
 }

@@ -5,9 +5,9 @@
 //! over kiln's pool when `threads > 1` (the caller holds the locks).
 
 use super::num::Accumulate;
-use crate::backends::cpu::on_pool;
 use crate::base::dtype::WithDType;
 use crate::base::shape::{Dims, Layout, Shape};
+use crate::runtime::pool::on_pool;
 use rayon::prelude::*;
 
 /// Runs `f` compiled for AVX2 where this CPU has it (checked once; the

@@ -19,6 +19,7 @@ use crate::base::shape::Layout;
 use crate::kernel::storage::{OperandLocks, Storage};
 use crate::kernel::{HostIn, Kernel, Out, Src};
 use crate::map_buffer;
+use crate::runtime::host::try_vec;
 use smallvec::SmallVec;
 
 /// Runs one kernel to completion on this thread (and kiln's pool when
@@ -137,18 +138,6 @@ pub(crate) fn unsupported_op(op: &str) -> Error {
         op: op.to_string(),
         msg: "the host kernel has no implementation for these dtypes (a kiln bug: please report it)".into(),
     }
-}
-
-/// Host memory refused for a kernel's temporary of `bytes`.
-pub(crate) fn host_oom(bytes: usize) -> Error {
-    let in_use = crate::runtime::memory::CPU_POOL.stats().in_use;
-    crate::runtime::host::host_out_of_memory(Device::Cpu, bytes, in_use)
-}
-
-/// `len` elements in a new vector, or `OutOfMemory` when the host refuses
-/// (a `Vec` that grows infallibly would abort the process instead).
-pub(crate) fn try_vec<T>(len: usize) -> Result<Vec<T>> {
-    crate::base::buffer::try_with_capacity(len).ok_or_else(|| host_oom(len.saturating_mul(std::mem::size_of::<T>())))
 }
 
 /// The view's elements, contiguous, in a new host buffer (read under the

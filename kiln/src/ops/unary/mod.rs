@@ -274,7 +274,7 @@ impl Tensor {
         let whole = self.layout.offset == 0 && self.layout.is_contiguous() && self.layout.elem_count() == self.storage.len;
         if keeps_dtype && whole && self.node.is_none() && self.storage.device == crate::Device::Cpu {
             if let Some(buf) = self.storage.get_mut().and_then(|s| s.host_mut()) {
-                if op.host_in_place(buf, crate::backends::cpu::threads()) {
+                if op.host_in_place(buf, crate::runtime::pool::threads()) {
                     return Ok(self);
                 }
             }
