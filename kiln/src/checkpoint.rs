@@ -30,239 +30,15 @@
 //! # Ok::<(), kiln::Error>(())
 //! ```
 
-use crate::base::buffer::CpuBuffer;
+pub(crate) use crate::io::safetensors::save_with_metadata;
+use crate::io::safetensors::{format_err, from_sdtype, io_err, metadata_of, parse, read_file, upload};
+pub use crate::io::safetensors::{load_tensors, save_tensors, temp_path};
 use crate::nn::Module;
-use crate::{no_grad, DType, Device, Error, Result, Shape, Tensor};
-use half::{bf16, f16};
-use safetensors::{Dtype as SDtype, SafeTensors, View};
-use std::borrow::Cow;
+use crate::{no_grad, Device, Result, Tensor};
+use ::safetensors::SafeTensors;
 use std::collections::HashMap;
-use std::io::Write;
 use std::panic::Location;
-use std::path::{Path, PathBuf};
-
-fn format_err(path: &Path, msg: impl Into<String>) -> Error {
-    Error::Format { path: path.display().to_string(), msg: msg.into() }
-}
-
-fn io_err(path: &Path, what: &str, e: std::io::Error) -> Error {
-    Error::Io { path: path.display().to_string(), msg: format!("{what}: {e}") }
-}
-
-fn to_sdtype(d: DType) -> SDtype {
-    match d {
-        DType::F32 => SDtype::F32,
-        DType::F64 => SDtype::F64,
-        DType::I64 => SDtype::I64,
-        DType::I32 => SDtype::I32,
-        DType::U8 => SDtype::U8,
-        DType::F16 => SDtype::F16,
-        DType::BF16 => SDtype::BF16,
-    }
-}
-
-fn from_sdtype(d: SDtype) -> Option<DType> {
-    Some(match d {
-        SDtype::F32 => DType::F32,
-        SDtype::F64 => DType::F64,
-        SDtype::I64 => DType::I64,
-        SDtype::I32 => DType::I32,
-        SDtype::U8 => DType::U8,
-        SDtype::F16 => DType::F16,
-        SDtype::BF16 => DType::BF16,
-        _ => return None,
-    })
-}
-
-/// A tensor's elements as little-endian bytes on the host.
-struct HostTensor {
-    dtype: SDtype,
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
-}
-
-impl View for &HostTensor {
-    fn dtype(&self) -> SDtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.bytes)
-    }
-    fn data_len(&self) -> usize {
-        self.bytes.len()
-    }
-}
-
-fn le_bytes(buf: &CpuBuffer) -> Vec<u8> {
-    match buf {
-        CpuBuffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        CpuBuffer::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        CpuBuffer::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        CpuBuffer::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        CpuBuffer::U8(v) => v.clone(),
-        CpuBuffer::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        CpuBuffer::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
-fn from_le_bytes(dtype: DType, b: &[u8]) -> CpuBuffer {
-    fn chunks<const N: usize, T>(b: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
-        b.chunks_exact(N).map(|c| f(c.try_into().unwrap_or([0; N]))).collect()
-    }
-    match dtype {
-        DType::F32 => CpuBuffer::F32(chunks(b, f32::from_le_bytes)),
-        DType::F64 => CpuBuffer::F64(chunks(b, f64::from_le_bytes)),
-        DType::I64 => CpuBuffer::I64(chunks(b, i64::from_le_bytes)),
-        DType::I32 => CpuBuffer::I32(chunks(b, i32::from_le_bytes)),
-        DType::U8 => CpuBuffer::U8(b.to_vec()),
-        DType::F16 => CpuBuffer::F16(chunks(b, f16::from_le_bytes)),
-        DType::BF16 => CpuBuffer::BF16(chunks(b, bf16::from_le_bytes)),
-    }
-}
-
-/// The temporary file a save to `path` writes first: `<path>.<pid>.tmp`.
-pub fn temp_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    name.push(format!(".{}.tmp", std::process::id()));
-    path.with_file_name(name)
-}
-
-/// Saves named tensors (from any devices: GPU tensors are read to the host,
-/// one booked transfer each) to a safetensors file, atomically.
-#[track_caller]
-pub fn save_tensors(tensors: &[(String, Tensor)], path: impl AsRef<Path>) -> Result<()> {
-    save_with_metadata(tensors, None, path.as_ref(), Location::caller())
-}
-
-/// [`save_tensors`] with the safetensors header's `__metadata__` map.
-pub(crate) fn save_with_metadata(
-    tensors: &[(String, Tensor)],
-    metadata: Option<HashMap<String, String>>,
-    path: &Path,
-    site: &'static Location<'static>,
-) -> Result<()> {
-    let _site = crate::runtime::ledger::site_scope(site);
-    let mut host = Vec::with_capacity(tensors.len());
-    for (name, t) in tensors {
-        if host.iter().any(|(n, _): &(String, HostTensor)| n == name) {
-            return Err(Error::invalid("save", format!("the tensor name `{name}` appears twice")));
-        }
-        let buf = t.read_host(site)?;
-        host.push((name.clone(), HostTensor { dtype: to_sdtype(t.dtype()), shape: t.dims().to_vec(), bytes: le_bytes(&buf) }));
-    }
-    let bytes = safetensors::serialize(host.iter().map(|(n, h)| (n.as_str(), h)), metadata)
-        .map_err(|e| format_err(path, format!("cannot encode the checkpoint: {e}")))?;
-    remove_stale_temp_files(path);
-    let tmp = temp_path(path);
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()
-    };
-    if let Err(e) = write() {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io_err(&tmp, "cannot write the checkpoint (the previous one, if any, is untouched)", e));
-    }
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        io_err(path, "cannot move the new checkpoint into place (the previous one, if any, is untouched)", e)
-    })?;
-    sync_parent_dir(path)
-}
-
-/// Flushes the directory holding `path`, so that the rename that put the new
-/// checkpoint in place is itself on disk.
-fn sync_parent_dir(path: &Path) -> Result<()> {
-    // Elsewhere a directory cannot be opened to be flushed.
-    #[cfg(not(unix))]
-    let _ = path;
-    #[cfg(unix)]
-    {
-        let dir = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io_err(dir, "the checkpoint was written but its directory could not be flushed to disk", e))?;
-    }
-    Ok(())
-}
-
-/// Removes `<path>.<pid>.tmp` files left by saves whose process was killed:
-/// those whose pid is no running process. A save in progress in another
-/// live process keeps its file. Best effort: a file that cannot be removed
-/// stays, and the save goes on.
-fn remove_stale_temp_files(path: &Path) {
-    let Some(name) = path.file_name().and_then(|n| n.to_str()) else { return };
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    let prefix = format!("{name}.");
-    for entry in entries.flatten() {
-        let file = entry.file_name();
-        let Some(file) = file.to_str() else { continue };
-        let Some(pid) = file.strip_prefix(&prefix).and_then(|rest| rest.strip_suffix(".tmp")) else { continue };
-        let Ok(pid) = pid.parse::<u32>() else { continue };
-        if pid != std::process::id() && !process_alive(pid) {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-}
-
-fn process_alive(pid: u32) -> bool {
-    #[cfg(unix)]
-    {
-        let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
-        // SAFETY: signal 0 only checks that the process exists; nothing is sent.
-        let r = unsafe { libc::kill(pid, 0) };
-        r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = pid;
-        true
-    }
-}
-
-/// Refuses a header that names one tensor twice (the JSON map would
-/// otherwise keep the last one silently).
-fn check_unique_names(path: &Path, bytes: &[u8]) -> Result<()> {
-    use serde::de::{Deserializer as _, IgnoredAny, MapAccess, Visitor};
-    struct Keys;
-    impl<'de> Visitor<'de> for Keys {
-        type Value = Option<String>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a JSON object")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Option<String>, A::Error> {
-            let mut seen = std::collections::HashSet::new();
-            let mut twice = None;
-            while let Some(key) = map.next_key::<String>()? {
-                map.next_value::<IgnoredAny>()?;
-                if !seen.insert(key.clone()) && twice.is_none() {
-                    twice = Some(key);
-                }
-            }
-            Ok(twice)
-        }
-    }
-    let Some(len) = bytes.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))) else { return Ok(()) };
-    let Some(header) = usize::try_from(len).ok().and_then(|n| bytes.get(8..8usize.checked_add(n)?)) else { return Ok(()) };
-    // A header that is not JSON is reported by safetensors' own parser.
-    if let Ok(Some(name)) = serde_json::Deserializer::from_slice(header).deserialize_map(Keys) {
-        return Err(format_err(
-            path,
-            format!("the header names tensor `{name}` twice; the file is corrupt or was not written by a safetensors writer"),
-        ));
-    }
-    Ok(())
-}
+use std::path::Path;
 
 /// Saves a model's parameters (by their [`Module::named_parameters`] names).
 #[track_caller]
@@ -276,44 +52,6 @@ pub(crate) fn state_tensors(model: &dyn Module) -> Vec<(String, Tensor)> {
     let mut all = model.named_parameters();
     all.extend(model.named_buffers());
     all
-}
-
-fn read_file(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| io_err(path, "cannot read the checkpoint", e))
-}
-
-fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
-    check_unique_names(path, bytes)?;
-    SafeTensors::deserialize(bytes).map_err(|e| format_err(path, format!("not a valid safetensors file (corrupt or truncated?): {e}")))
-}
-
-fn upload(path: &Path, name: &str, view: &safetensors::tensor::TensorView<'_>, device: &Device) -> Result<Tensor> {
-    let dtype = from_sdtype(view.dtype())
-        .ok_or_else(|| format_err(path, format!("tensor `{name}` has dtype {:?}, which kiln does not support", view.dtype())))?;
-    let shape = Shape::from(view.shape().to_vec());
-    let expect = shape.elem_count() * dtype.size_in_bytes();
-    if view.data().len() != expect {
-        return Err(format_err(path, format!("tensor `{name}` holds {} bytes, its shape {shape} needs {expect}", view.data().len())));
-    }
-    Tensor::from_host_buffer(from_le_bytes(dtype, view.data()), shape, device)
-}
-
-/// Loads every tensor of a safetensors file onto `device`, in file order.
-/// Uploads are booked at the caller's line.
-#[track_caller]
-pub fn load_tensors(path: impl AsRef<Path>, device: &Device) -> Result<Vec<(String, Tensor)>> {
-    let _site = crate::runtime::ledger::site_scope(Location::caller());
-    let path = path.as_ref();
-    let bytes = read_file(path)?;
-    let st = parse(path, &bytes)?;
-    let mut names: Vec<(usize, String)> = st.iter().map(|(n, v)| (v.data().as_ptr() as usize, n.to_string())).collect();
-    names.sort();
-    let mut out = Vec::with_capacity(names.len());
-    for (_, name) in names {
-        let view = st.tensor(&name).map_err(|e| format_err(path, format!("tensor `{name}`: {e}")))?;
-        out.push((name.clone(), upload(path, &name, &view, device)?));
-    }
-    Ok(out)
 }
 
 /// The `format` entry of the metadata of a checkpoint written by
@@ -361,13 +99,9 @@ pub fn is_trainer_checkpoint(path: impl AsRef<Path>) -> Result<bool> {
     Ok(json.get("__metadata__").and_then(|m| m.get("format")).and_then(|f| f.as_str()) == Some(TRAINER_FORMAT))
 }
 
-fn metadata_of(st_bytes: &[u8]) -> HashMap<String, String> {
-    SafeTensors::read_metadata(st_bytes).ok().and_then(|(_, m)| m.metadata().clone()).unwrap_or_default()
-}
-
 /// Loads a model's parameters from `path` straight onto `device`. Every
 /// parameter must be in the file with its shape and dtype, and the file
-/// must hold nothing else; otherwise a [`Error::Format`] names the tensor
+/// must hold nothing else; otherwise a [`Error::Format`](crate::Error::Format) names the tensor
 /// and the model is left unchanged. A parameter already on `device` is
 /// overwritten in place; one elsewhere moves to `device` keeping its
 /// identity (as [`Module::to`] does: an optimizer holding it follows it),

@@ -45,7 +45,7 @@
 
 mod npy;
 mod npz;
-mod safetensors;
+pub(crate) mod safetensors;
 
 #[cfg(feature = "ndarray")]
 mod ndarray;
