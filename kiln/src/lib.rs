@@ -63,7 +63,7 @@ pub use ops::binary::BinaryOp;
 pub use ops::conv::{Conv2dArgs, ConvPadding, Pair};
 pub use ops::custom::{custom_op, CudaArg, CudaLaunch, CustomOp, HostInput, HostOutput, Operand};
 pub use ops::pool::Pool2dArgs;
-pub use ops::reduce::ReduceOp;
+pub use ops::reduce::Reduction;
 pub use ops::slicing::{Selector, TensorIndex};
 pub use ops::unary::UnaryOp;
 #[doc(hidden)]

@@ -262,8 +262,8 @@ fn negative_dimensions_in_lists_of_dimensions() {
         same(&x.sum_dims(&[0, -2], true)?, &[9., 12.]);
         assert_eq!(x.sum_dims(&[0, -2], true)?.dims(), &[1, 1, 2]);
         same(&x.mean_dims(&[-1, -2], false)?, &[3.5]);
-        same(&x.reduce(kiln::ReduceOp::Max, &[-2], false)?, &[5., 6.]);
-        assert_eq!(x.reduce(kiln::ReduceOp::ArgMax, &[-1i64], false)?.to_vec::<i64>()?, vec![1, 1, 1]);
+        same(&x.reduce(kiln::Reduction::Max, &[-2], false)?, &[5., 6.]);
+        assert_eq!(x.reduce(kiln::Reduction::ArgMax, &[-1i64], false)?.to_vec::<i64>()?, vec![1, 1, 1]);
         // usize lists (and Vec<usize>) still work.
         let dims: Vec<usize> = vec![1, 2];
         same(&x.sum_dims(&dims, false)?, &[21.]);
@@ -280,7 +280,7 @@ fn negative_dimensions_in_lists_of_dimensions() {
 
         // Out of range names the rank; a dimension named twice (once negative) is refused.
         for res in
-            [x.sum_dims(&[-4], false), x.mean_dims(&[3], false), x.reduce(kiln::ReduceOp::Min, &[0, -4], false), x.permute(&[0, 1, 3])]
+            [x.sum_dims(&[-4], false), x.mean_dims(&[3], false), x.reduce(kiln::Reduction::Min, &[0, -4], false), x.permute(&[0, 1, 3])]
         {
             match res {
                 Err(e @ Error::InvalidArgument { .. }) => assert!(e.to_string().contains("rank 3"), "{e}"),

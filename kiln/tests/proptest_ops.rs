@@ -166,7 +166,7 @@ proptest! {
             let s = x.sum_dims(&reduced, keepdim).unwrap();
             prop_assert_eq!(s.dims(), &out_dims[..]);
             prop_assert_eq!(s.to_vec::<f32>().unwrap(), sum.clone(), "sum on {}", d);
-            let m = x.reduce(kiln::ReduceOp::Max, &reduced, keepdim).unwrap();
+            let m = x.reduce(kiln::Reduction::Max, &reduced, keepdim).unwrap();
             prop_assert_eq!(m.to_vec::<f32>().unwrap(), max.clone(), "max on {}", d);
             prop_assert_eq!(x.sum_all().unwrap().to_scalar::<f32>().unwrap(), vals.iter().sum::<f32>());
         }

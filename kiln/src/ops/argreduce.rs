@@ -1,6 +1,6 @@
 //! argmax and argmin over one dimension: the index (i64) of the first
 //! extreme value, or of the first NaN when there is one (PyTorch and numpy).
-//! `Tensor::reduce` (`ReduceOp::ArgMax`/`ArgMin`) and `argmax`/`argmin` come
+//! `Tensor::reduce` (`Reduction::ArgMax`/`ArgMin`) and `argmax`/`argmin` come
 //! here.
 
 use crate::backends::host::num::Num;

@@ -7,7 +7,7 @@
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::ops::binary::BinaryOp;
-use crate::ops::reduce::{resolve_reduce_dims, ReduceOp};
+use crate::ops::reduce::{resolve_reduce_dims, Reduction};
 use crate::tensor::Dim;
 use crate::Tensor;
 
@@ -99,7 +99,7 @@ impl Tensor {
     }
 
     /// The Frobenius norm: √(Σ x²), a 0-d tensor on the same device, in one
-    /// pass over `self` ([`ReduceOp::Norm`](crate::ReduceOp::Norm): floats
+    /// pass over `self` ([`Reduction::Norm`](crate::Reduction::Norm): floats
     /// square and sum in f64 and the root is taken there, then rounded once,
     /// so no intermediate overflows or underflows where the norm is
     /// representable). Its gradient at a zero tensor is 0, as in PyTorch.
@@ -123,7 +123,7 @@ impl Tensor {
             return Err(Error::UnsupportedDType { op: "norm".into(), dtype: self.dtype() });
         }
         crate::tensor::check_compute("norm", self.dtype())?;
-        self.reduce(crate::ReduceOp::Norm, &self.all_dims(), false)
+        self.reduce(crate::Reduction::Norm, &self.all_dims(), false)
     }
 }
 
@@ -220,7 +220,7 @@ impl Tensor {
             let kept: Vec<usize> = (0..self.rank()).map(|d| if dims.contains(&d) { 1 } else { self.dims()[d] }).collect();
             Tensor::zeros(kept, self.dtype(), &self.device())?
         } else {
-            let m = self.detach().reduce(ReduceOp::Max, &dims, true)?;
+            let m = self.detach().reduce(Reduction::Max, &dims, true)?;
             let infinite = m.abs()?.binary(&m.scalar_like(f64::INFINITY)?, BinaryOp::Eq)?;
             crate::ops::zero_where(&infinite, &m)?
         };

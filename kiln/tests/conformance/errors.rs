@@ -110,7 +110,7 @@ fn shape_dtype_and_argument_errors() {
             a.sum_dims(&[0, 0], false),
             a.argmax(5),
             a.argmax_keepdim(2),
-            a.reduce(kiln::ReduceOp::ArgMax, &[0, 1], false),
+            a.reduce(kiln::Reduction::ArgMax, &[0, 1], false),
             Tensor::zeros((0, 2), DType::F32, &d)?.max(0),
             Tensor::zeros((0, 2), DType::F32, &d)?.argmax(0),
             i.powi(-1),

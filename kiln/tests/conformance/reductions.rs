@@ -2,7 +2,7 @@
 
 use crate::common::{assert_close, assert_f32, assert_values, devices, f32s, on_every_device};
 use crate::t2;
-use kiln::{cpu, DType, ReduceOp, Tensor};
+use kiln::{cpu, DType, Reduction, Tensor};
 
 #[test]
 fn reductions_over_all_and_axes() {
@@ -19,8 +19,8 @@ fn reductions_over_all_and_axes() {
         assert_f32(&x.sum_dims(&[0usize; 0], false)?, d, &[], &[22.]);
         assert_f32(&x.sum_dims(&[0usize; 0], true)?, d, &[1, 1], &[22.]);
         assert_f32(&x.mean_dims(&[0usize; 0], false)?, d, &[], &[22. / 6.]);
-        assert_f32(&x.reduce(ReduceOp::Max, &[0usize; 0], false)?, d, &[], &[7.]);
-        assert!(x.reduce(ReduceOp::ArgMax, &[0usize; 0], false).is_err(), "argmax names one dimension");
+        assert_f32(&x.reduce(Reduction::Max, &[0usize; 0], false)?, d, &[], &[7.]);
+        assert!(x.reduce(Reduction::ArgMax, &[0usize; 0], false).is_err(), "argmax names one dimension");
         assert_f32(&x.mean_all()?, d, &[], &[22. / 6.]);
         assert_f32(&x.mean(0)?, d, &[3], &[4., 2.5, 4.5]);
         assert_f32(&x.mean_keepdim(1)?, d, &[2, 1], &[8. / 3., 14. / 3.]);
@@ -108,7 +108,7 @@ fn products_values_and_gradients() {
 fn sums_of_squares_and_the_norm_values_and_gradients() {
     on_every_device(|d| {
         let x = t2(&[&[1., -2., 3.], &[0.5, 4., -1.]], d)?;
-        let sq = |t: &Tensor, dims: &[i64], keep: bool| t.reduce(ReduceOp::SumSquares, dims, keep);
+        let sq = |t: &Tensor, dims: &[i64], keep: bool| t.reduce(Reduction::SumSquares, dims, keep);
         assert_f32(&sq(&x, &[0, 1], false)?, d, &[], &[31.25]);
         assert_f32(&sq(&x, &[0], false)?, d, &[3], &[1.25, 20., 10.]);
         assert_f32(&sq(&x, &[-1], true)?, d, &[2, 1], &[14., 17.25]);
@@ -181,7 +181,7 @@ fn the_norm_of_zeros_has_gradient_zero_and_f32_norms_neither_overflow_nor_underf
         let x = Tensor::new(&[1e-25f32, -1e-25], &d)?;
         assert_eq!(x.std_dims(&[0], 0.0, false)?.to_scalar::<f32>()?, 1e-25);
         // Integers are refused through reduce too (their squares would wrap).
-        assert!(matches!(Tensor::new(&[3i64, 4], &d)?.reduce(ReduceOp::Norm, &[0], false), Err(kiln::Error::UnsupportedDType { .. })));
+        assert!(matches!(Tensor::new(&[3i64, 4], &d)?.reduce(Reduction::Norm, &[0], false), Err(kiln::Error::UnsupportedDType { .. })));
         Ok(())
     });
 }

@@ -89,8 +89,8 @@ pub(crate) fn cuda_reductions_match_the_cpu() -> Ran {
         let g = a.to(&d)?;
         for dims in [&[0usize][..], &[1], &[2], &[0, 2], &[0, 1, 2]] {
             close(&g.sum_dims(dims, true)?, &a.sum_dims(dims, true)?, 1e-5, &format!("sum {dims:?}"))?;
-            same(&g.reduce(kiln::ReduceOp::Max, dims, false)?, &a.reduce(kiln::ReduceOp::Max, dims, false)?, "max")?;
-            same(&g.reduce(kiln::ReduceOp::Min, dims, false)?, &a.reduce(kiln::ReduceOp::Min, dims, false)?, "min")?;
+            same(&g.reduce(kiln::Reduction::Max, dims, false)?, &a.reduce(kiln::Reduction::Max, dims, false)?, "max")?;
+            same(&g.reduce(kiln::Reduction::Min, dims, false)?, &a.reduce(kiln::Reduction::Min, dims, false)?, "min")?;
         }
         for dim in 0..3 {
             same(&g.argmax(dim)?, &a.argmax(dim)?, &format!("argmax {dim}"))?;

@@ -31,7 +31,7 @@ mod program;
 use execute::*;
 use program::*;
 
-use kiln::{cpu, gpu, BinaryOp, DType, Device, Error, ReduceOp, Tensor, UnaryOp};
+use kiln::{cpu, gpu, BinaryOp, DType, Device, Error, Reduction, Tensor, UnaryOp};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

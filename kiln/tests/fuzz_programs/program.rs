@@ -86,7 +86,7 @@ pub(crate) enum Step {
     },
     Reduce {
         a: usize,
-        op: ReduceOp,
+        op: Reduction,
         dim: i64,
         keepdim: bool,
     },
@@ -270,8 +270,16 @@ pub(crate) const BINARY: [BinaryOp; 15] = [
     BinaryOp::Gt,
     BinaryOp::Ge,
 ];
-pub(crate) const REDUCE: [ReduceOp; 8] =
-    [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod, ReduceOp::SumSquares, ReduceOp::Norm, ReduceOp::ArgMax, ReduceOp::ArgMin];
+pub(crate) const REDUCE: [Reduction; 8] = [
+    Reduction::Sum,
+    Reduction::Max,
+    Reduction::Min,
+    Reduction::Prod,
+    Reduction::SumSquares,
+    Reduction::Norm,
+    Reduction::ArgMax,
+    Reduction::ArgMin,
+];
 
 /// A dimension from −5 to 4: every valid one of ranks up to 4, counted from
 /// either end, and the out-of-range ones on both sides.

@@ -38,45 +38,45 @@ macro_rules! reduce_family {
         /// family (`ops/reduce/mod.rs`) and the arg-reductions.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         #[non_exhaustive]
-        pub enum ReduceOp {
+        pub enum Reduction {
             $( $(#[$doc])* $v, )*
             $( $(#[$adoc])* $av, )*
         }
 
-        impl ReduceOp {
+        impl Reduction {
             /// The op's name, as errors report it.
             pub(crate) fn name(self) -> &'static str {
                 match self {
-                    $( ReduceOp::$v => $name, )*
-                    $( ReduceOp::$av => $aname, )*
+                    $( Reduction::$v => $name, )*
+                    $( Reduction::$av => $aname, )*
                 }
             }
             /// True for the index-returning reductions (argmax, argmin).
             pub(crate) fn is_arg(self) -> bool {
                 match self {
-                    $( ReduceOp::$v => false, )*
-                    $( ReduceOp::$av => true, )*
+                    $( Reduction::$v => false, )*
+                    $( Reduction::$av => true, )*
                 }
             }
             /// Folds src over `dims` into `out`, accumulating in `T::Acc`.
             #[inline(always)]
             fn fold<T: Accumulate>(self, s: &[T], l: &Layout, dims: &[usize], out: &mut [T], threads: usize) -> bool {
                 match self {
-                    $( ReduceOp::$v => reduce(s, l, dims, out, threads, Fold {
+                    $( Reduction::$v => reduce(s, l, dims, out, threads, Fold {
                         init: <T::Acc as Num>::$init,
                         combine: |$ha: T::Acc, $hb: T::Acc| $host,
                         map: $crate::ops::reduce::family::pick!($(|$mx: T::Acc| $map)? ; |x: T::Acc| x),
                         finish: $crate::ops::reduce::family::pick!($(|$fx: T::Acc| $finish)? ; |x: T::Acc| x),
                     }), )*
-                    $( ReduceOp::$av => return false, )*
+                    $( Reduction::$av => return false, )*
                 }
                 true
             }
             /// True when the gradient reuses the forward output.
             pub(crate) fn saves_output(self) -> bool {
                 match self {
-                    $( ReduceOp::$v => $crate::ops::present!($($y)?), )*
-                    $( ReduceOp::$av => false, )*
+                    $( Reduction::$v => $crate::ops::present!($($y)?), )*
+                    $( Reduction::$av => false, )*
                 }
             }
             /// The gradient of src from the output gradient `g` (of the kept
@@ -84,12 +84,12 @@ macro_rules! reduce_family {
             #[allow(unused_variables)]
             fn grad(self, g: &Tensor, x: &Tensor, y: Option<&Tensor>, dims: &[usize]) -> Result<Tensor> {
                 match self {
-                    $( ReduceOp::$v => {
+                    $( Reduction::$v => {
                         let ($g, $x, $dims) = (g, x, dims);
                         $( let Some($y) = y else { return Err(Error::invalid($name, "the output was not kept (a kiln bug)")) }; )?
                         $grad
                     } )*
-                    $( ReduceOp::$av => Err(Error::invalid($aname, "has no gradient (its output is indices)")), )*
+                    $( Reduction::$av => Err(Error::invalid($aname, "has no gradient (its output is indices)")), )*
                 }
             }
         }

@@ -99,16 +99,16 @@ fn prod_grad(g: &Tensor, x: &Tensor, y: &Tensor, dims: &[usize]) -> Result<Tenso
     // product is the product of the others at a slice's only zero.
     let unzeroed = is_zero.where_cond(&x.scalar_like(1.0)?, x)?;
     let others = y.div(&unzeroed)?;
-    let rest = unzeroed.reduce(ReduceOp::Prod, dims, true)?;
+    let rest = unzeroed.reduce(Reduction::Prod, dims, true)?;
     let zero = x.scalar_like(0.0)?;
     let at_nonzero = no_zero.where_cond(&others, &zero)?;
     let at_zero = one_zero.where_cond(&rest, &zero)?;
     g.broadcast_to(x.shape())?.mul(&is_zero.where_cond(&at_zero, &at_nonzero)?)
 }
 
-impl ReduceKernel for ReduceOp {
+impl ReduceKernel for Reduction {
     fn name(&self) -> &'static str {
-        ReduceOp::name(*self)
+        Reduction::name(*self)
     }
     fn host(&self, src: &CpuBuffer, layout: &Layout, dims: &[usize], out: &mut CpuBuffer, threads: usize) -> bool {
         match (src, out) {
@@ -280,18 +280,18 @@ impl Tensor {
     /// and argmin need exactly one).
     ///
     /// ```
-    /// use kiln::{Tensor, ReduceOp, cpu};
+    /// use kiln::{Tensor, Reduction, cpu};
     /// let x = Tensor::new(&[[1f32, 5.], [3., 2.]], &cpu())?;
-    /// assert_eq!(x.reduce(ReduceOp::Max, &[-1], false)?.to_vec::<f32>()?, vec![5., 3.]);
-    /// assert_eq!(x.reduce(ReduceOp::Max, &[0usize], true)?.dims(), &[1, 2]);
+    /// assert_eq!(x.reduce(Reduction::Max, &[-1], false)?.to_vec::<f32>()?, vec![5., 3.]);
+    /// assert_eq!(x.reduce(Reduction::Max, &[0usize], true)?.dims(), &[1, 2]);
     /// // Out of range names the rank; naming a dimension twice is an error.
-    /// assert!(x.reduce(ReduceOp::Sum, &[-3], false).unwrap_err().to_string().contains("rank 2"));
-    /// assert!(x.reduce(ReduceOp::Sum, &[1, -1], false).is_err());
+    /// assert!(x.reduce(Reduction::Sum, &[-3], false).unwrap_err().to_string().contains("rank 2"));
+    /// assert!(x.reduce(Reduction::Sum, &[1, -1], false).is_err());
     /// let none: [usize; 0] = [];
-    /// assert_eq!(x.reduce(ReduceOp::Sum, &none, false)?.to_scalar::<f32>()?, 11.0);
+    /// assert_eq!(x.reduce(Reduction::Sum, &none, false)?.to_scalar::<f32>()?, 11.0);
     /// # Ok::<(), kiln::Error>(())
     /// ```
-    pub fn reduce(&self, op: ReduceOp, dims: &[impl Dim], keepdim: bool) -> Result<Tensor> {
+    pub fn reduce(&self, op: Reduction, dims: &[impl Dim], keepdim: bool) -> Result<Tensor> {
         let name = op.name();
         check_compute(name, self.dtype())?;
         let named = dims.len();
@@ -301,7 +301,7 @@ impl Tensor {
             // The only element of a 0-d tensor is at index 0 (PyTorch).
             return Tensor::zeros((), DType::I64, &self.device());
         }
-        if op == ReduceOp::Norm && !self.dtype().is_float() {
+        if op == Reduction::Norm && !self.dtype().is_float() {
             // Summing squares in an integer dtype would wrap: PyTorch refuses it too.
             return Err(Error::UnsupportedDType { op: name.into(), dtype: self.dtype() });
         }
@@ -312,9 +312,9 @@ impl Tensor {
             if dims.len() != 1 {
                 return Err(Error::invalid(name, "reduces exactly one dimension; flatten first to search everything"));
             }
-            return self.arg_reduce(op == ReduceOp::ArgMax, dims[0], keepdim);
+            return self.arg_reduce(op == Reduction::ArgMax, dims[0], keepdim);
         }
-        if matches!(op, ReduceOp::Max | ReduceOp::Min) && dims.iter().any(|&d| self.dims()[d] == 0) {
+        if matches!(op, Reduction::Max | Reduction::Min) && dims.iter().any(|&d| self.dims()[d] == 0) {
             return Err(Error::invalid(name, format!("cannot reduce an empty dimension of shape {}", self.shape())));
         }
         let mut kept = Dims::from_slice(self.dims());
@@ -361,15 +361,15 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn sum_all(&self) -> Result<Tensor> {
-        self.reduce(ReduceOp::Sum, &self.all_dims(), false)
+        self.reduce(Reduction::Sum, &self.all_dims(), false)
     }
     /// Sum over one dimension, dropping it.
     pub fn sum(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::Sum, &[dim], false)
+        self.reduce(Reduction::Sum, &[dim], false)
     }
     /// Sum over one dimension, keeping it as size 1.
     pub fn sum_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::Sum, &[dim], true)
+        self.reduce(Reduction::Sum, &[dim], true)
     }
     /// Sum over several dimensions; negative ones count from the end, as in
     /// PyTorch.
@@ -385,11 +385,11 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn sum_dims(&self, dims: &[impl Dim], keepdim: bool) -> Result<Tensor> {
-        self.reduce(ReduceOp::Sum, dims, keepdim)
+        self.reduce(Reduction::Sum, dims, keepdim)
     }
     /// Largest element.
     pub fn max_all(&self) -> Result<Tensor> {
-        self.reduce(ReduceOp::Max, &self.all_dims(), false)
+        self.reduce(Reduction::Max, &self.all_dims(), false)
     }
     /// Maximum over one dimension.
     ///
@@ -408,15 +408,15 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn max(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::Max, &[dim], false)
+        self.reduce(Reduction::Max, &[dim], false)
     }
     /// Maximum over one dimension, keeping it.
     pub fn max_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::Max, &[dim], true)
+        self.reduce(Reduction::Max, &[dim], true)
     }
     /// Smallest element.
     pub fn min_all(&self) -> Result<Tensor> {
-        self.reduce(ReduceOp::Min, &self.all_dims(), false)
+        self.reduce(Reduction::Min, &self.all_dims(), false)
     }
     /// Minimum over one dimension; NaN and the gradient as [`max`](Self::max).
     ///
@@ -429,11 +429,11 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn min(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::Min, &[dim], false)
+        self.reduce(Reduction::Min, &[dim], false)
     }
     /// Minimum over one dimension, keeping it.
     pub fn min_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::Min, &[dim], true)
+        self.reduce(Reduction::Min, &[dim], true)
     }
     /// Product of every element, as a 0-d tensor (1 for an empty tensor).
     /// Floats multiply in f64 and round once; integers wrap and keep their
@@ -452,19 +452,19 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn prod_all(&self) -> Result<Tensor> {
-        self.reduce(ReduceOp::Prod, &self.all_dims(), false)
+        self.reduce(Reduction::Prod, &self.all_dims(), false)
     }
     /// Product over one dimension, dropping it.
     pub fn prod(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::Prod, &[dim], false)
+        self.reduce(Reduction::Prod, &[dim], false)
     }
     /// Product over one dimension, keeping it as size 1.
     pub fn prod_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::Prod, &[dim], true)
+        self.reduce(Reduction::Prod, &[dim], true)
     }
     /// Product over several dimensions.
     pub fn prod_dims(&self, dims: &[impl Dim], keepdim: bool) -> Result<Tensor> {
-        self.reduce(ReduceOp::Prod, dims, keepdim)
+        self.reduce(Reduction::Prod, dims, keepdim)
     }
     /// Index of the maximum along `dim` (first on ties), i64.
     ///
@@ -475,15 +475,15 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn argmax(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::ArgMax, &[dim], false)
+        self.reduce(Reduction::ArgMax, &[dim], false)
     }
     /// Index of the maximum, keeping the dimension.
     pub fn argmax_keepdim(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::ArgMax, &[dim], true)
+        self.reduce(Reduction::ArgMax, &[dim], true)
     }
     /// Index of the minimum along `dim`, i64.
     pub fn argmin(&self, dim: impl Dim) -> Result<Tensor> {
-        self.reduce(ReduceOp::ArgMin, &[dim], false)
+        self.reduce(Reduction::ArgMin, &[dim], false)
     }
 }
 
