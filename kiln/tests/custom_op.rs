@@ -201,6 +201,43 @@ fn a_custom_op_books_its_output_and_gives_it_back() -> Result<()> {
     Ok(())
 }
 
+/// Writes nothing: the output must read as zeros, not as the memory of a
+/// tensor freed before it.
+struct WritesNothing(usize);
+
+impl CustomOp for WritesNothing {
+    fn name(&self) -> &'static str {
+        "writes_nothing"
+    }
+    fn output(&self, _inputs: &[Operand]) -> Result<Operand> {
+        Ok(Operand { dims: vec![self.0], dtype: DType::F32 })
+    }
+    fn host(&self, _inputs: &[HostInput<'_>], _out: &mut HostOutput<'_>) -> Result<()> {
+        Ok(())
+    }
+    fn cuda_source(&self) -> Option<&'static str> {
+        Some("extern \"C\" __global__ void writes_nothing() {}")
+    }
+    fn cuda_launch(&self, _inputs: &[Operand], _out: &Operand) -> Result<CudaLaunch> {
+        Ok(CudaLaunch { function: "writes_nothing".into(), grid: 1, block: 1, args: vec![] })
+    }
+}
+
+#[test]
+fn an_output_the_op_leaves_unwritten_reads_as_zeros_not_old_memory() {
+    common::on_every_device(|d| {
+        for len in [7usize, 1000, 100_000] {
+            let x = Tensor::zeros(1, DType::F32, &d)?;
+            // Freed memory of the output's size, full of a value, for the output to reuse.
+            drop(Tensor::full(1234.5, len, DType::F32, &d)?);
+            kiln::synchronize(&d)?;
+            let y = x.apply_op(WritesNothing(len))?;
+            assert!(y.to_vec::<f32>()?.iter().all(|&v| v == 0.0), "on {d}: an unwritten output of {len} reads old memory");
+        }
+        Ok(())
+    });
+}
+
 /// No gradient rule: the forward runs, `backward` names the op.
 struct NoBackward;
 

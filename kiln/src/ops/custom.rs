@@ -65,8 +65,8 @@ impl<'a> HostInput<'a> {
     }
 }
 
-/// The output of a custom op's host kernel: contiguous, row-major, to be
-/// written whole (it starts zeroed).
+/// The output of a custom op's host kernel: contiguous, row-major, zeroed
+/// before the kernel runs (as a CUDA kernel's is), to be written whole.
 pub struct HostOutput<'a> {
     op: &'static str,
     buf: &'a mut CpuBuffer,
@@ -357,6 +357,9 @@ impl CustomKernel for UserKernel {
                 None => HostInput { op: self.op.name(), buf: i.buf, start: i.layout.offset(), dims: &operand.dims },
             })
             .collect();
+        // A fresh output may be a recycled buffer: zero it, so that what the
+        // op leaves unwritten reads as zeros, never as another tensor's data.
+        crate::map_buffer!(&mut *out, v => v.iter_mut().for_each(|x| *x = WithDType::from_f64(0.0)));
         self.op.host(&host_inputs, &mut HostOutput { op: self.op.name(), buf: out, dims: &self.out.dims })
     }
     fn cuda(&self, dev: &dyn CudaDevice, inputs: &[Src<'_>], out: &Storage) -> Result<()> {
@@ -391,6 +394,8 @@ impl CustomKernel for UserKernel {
             };
             bytes.extend_from_slice(&field);
         }
+        // As on the host: the output starts zeroed (device memory is reused).
+        dev.memset_zero(dev.ptr(out)?, self.out.elem_count() * self.out.dtype.size_in_bytes())?;
         dev.launch(module, &launch.function, launch.grid, launch.block, &ArgBytes(bytes))
     }
     fn to_shared(&self) -> Arc<dyn CustomKernel> {
