@@ -10,7 +10,6 @@
 //! device compiles the op's source once per process and device (NVRTC, after
 //! kiln's prelude) and launches the function the op names.
 
-use crate::backends::host::gather_view;
 use crate::base::buffer::CpuBuffer;
 use crate::base::dtype::{DType, WithDType};
 use crate::base::error::{Error, Result};
@@ -93,20 +92,8 @@ impl HostOutput<'_> {
 fn wrong_type(op: &str, has: DType, asked: DType, what: &str) -> Error {
     Error::invalid(
         op,
-        format!("{what} holds {has}, not {asked}: read it as its own dtype (`data::<{}>()`), or convert it before the op", rust_type(has)),
+        format!("{what} holds {has}, not {asked}: read it as its own dtype (`data::<{has}>()`), or convert it before the op"),
     )
-}
-
-fn rust_type(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "f32",
-        DType::F64 => "f64",
-        DType::F16 => "half::f16",
-        DType::BF16 => "half::bf16",
-        DType::I64 => "i64",
-        DType::I32 => "i32",
-        DType::U8 => "u8",
-    }
 }
 
 /// One field of a custom CUDA kernel's argument struct.
@@ -344,19 +331,15 @@ impl CustomKernel for UserKernel {
         self.op.name()
     }
     fn host(&self, inputs: &[HostIn<'_>], out: &mut CpuBuffer, _threads: usize) -> Result<()> {
-        let gathered: Vec<Option<CpuBuffer>> = inputs
-            .iter()
-            .map(|i| if i.layout.is_contiguous() { Ok(None) } else { gather_view(i.buf, i.layout).map(Some) })
-            .collect::<Result<_>>()?;
-        let host_inputs: Vec<HostInput<'_>> = inputs
-            .iter()
-            .zip(&gathered)
-            .zip(&self.operands)
-            .map(|((i, g), operand)| match g {
-                Some(g) => HostInput { op: self.op.name(), buf: g, start: 0, dims: &operand.dims },
-                None => HostInput { op: self.op.name(), buf: i.buf, start: i.layout.offset(), dims: &operand.dims },
-            })
-            .collect();
+        // The front end made every input contiguous (`run`): each is its
+        // buffer from its offset.
+        let mut host_inputs = Vec::with_capacity(inputs.len());
+        for (i, operand) in inputs.iter().zip(&self.operands) {
+            if !i.layout.is_contiguous() {
+                return Err(Error::invalid(self.op.name(), "internal: a custom op's input reached its kernel strided"));
+            }
+            host_inputs.push(HostInput { op: self.op.name(), buf: i.buf, start: i.layout.offset(), dims: &operand.dims });
+        }
         // A fresh output may be a recycled buffer: zero it, so that what the
         // op leaves unwritten reads as zeros, never as another tensor's data.
         crate::map_buffer!(&mut *out, v => v.iter_mut().for_each(|x| *x = WithDType::from_f64(0.0)));
@@ -412,15 +395,18 @@ impl KernelArgs for ArgBytes {
     }
 }
 
-/// The CUDA module of each custom op name: made once (the backends cache
-/// compiled modules by module name, for the life of the process).
-static MODULES: Mutex<Option<HashMap<&'static str, &'static CudaModule>>> = Mutex::new(None);
+/// The CUDA module of each custom op name, with the source it was made from:
+/// made once (the backends cache compiled modules by module name, for the
+/// life of the process).
+type Modules = HashMap<&'static str, (&'static str, &'static CudaModule)>;
+static MODULES: Mutex<Option<Modules>> = Mutex::new(None);
 
 fn module_for(name: &'static str, source: &'static str) -> Result<&'static CudaModule> {
     let mut modules = MODULES.lock().unwrap_or_else(|e| e.into_inner());
     let modules = modules.get_or_insert_with(HashMap::new);
-    if let Some(m) = modules.get(name) {
-        if m.source() != source {
+    if let Some(&(known, m)) = modules.get(name) {
+        // Every launch asks: the same text is usually the same pointer.
+        if !std::ptr::eq(known, source) && known != source {
             return Err(Error::invalid(name, "two custom ops of this name give different CUDA sources: give each op a name of its own"));
         }
         return Ok(m);
@@ -429,6 +415,6 @@ fn module_for(name: &'static str, source: &'static str) -> Result<&'static CudaM
     // caches, which key on its name.
     let module_name: &'static str = Box::leak(format!("custom_{name}").into_boxed_str());
     let module: &'static CudaModule = Box::leak(Box::new(CudaModule::text(module_name, source)));
-    modules.insert(name, module);
+    modules.insert(name, (source, module));
     Ok(module)
 }
