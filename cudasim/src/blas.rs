@@ -115,6 +115,29 @@ impl Gemm {
         (last as usize + (cols - 1) * ld + rows) * self.ty.size()
     }
 
+    /// The launch census's record of this gemm (`census`): its shape and
+    /// multiply-adds, and the allocations its operands lie in.
+    fn record(&self, sim: &Sim, dev: usize) {
+        let ty = match self.ty {
+            Ty::F16 => "f16",
+            Ty::F32 => "f32",
+            Ty::F64 => "f64",
+        };
+        let (m, n, k, batch) = (self.m as u64, self.n as u64, self.k as u64, self.count as u64);
+        crate::census::record(crate::census::Record {
+            kind: "gemm",
+            device: dev,
+            name: format!("cublas:gemm_{ty}"),
+            arg_bytes: crate::census::reachable_bytes(&lock(&sim.mem), [self.a, self.b, self.c]),
+            m,
+            n,
+            k,
+            batch,
+            macs: m * n * k * batch,
+            ..Default::default()
+        });
+    }
+
     pub(crate) fn run(&self, sim: &Sim, dev: usize) -> Result<(), String> {
         let (ar, ac) = if self.ta { (self.k, self.m) } else { (self.m, self.k) };
         let (br, bc) = if self.tb { (self.n, self.k) } else { (self.k, self.n) };
@@ -148,6 +171,9 @@ impl Gemm {
                     }
                 }
             }
+        }
+        if crate::census::enabled() {
+            self.record(sim, dev);
         }
         Ok(())
     }

@@ -19,6 +19,7 @@
 //! as it would have without the simulator). Only Linux on x86-64 and
 //! AArch64 have the register code; elsewhere a fault kills the process.
 
+use crate::census::Work;
 use crate::hostcc::HostModule;
 use corosensei::stack::DefaultStack;
 use corosensei::trap::CoroutineTrapHandler;
@@ -92,8 +93,23 @@ fn give_back(co: Fiber) {
 
 /// Runs a whole 1-D grid of kernel `index` of `host` on the calling thread.
 /// `params` point at the argument values (copied at launch).
-pub(crate) fn run_grid(host: &HostModule, index: usize, grid: u32, block: u32, params: &[*mut c_void]) -> Result<(), GridError> {
+///
+/// With `census` (the launch census is on and `host` was built for it),
+/// each GPU thread's work is its module's basic-block counter read before
+/// and after every resume of its fiber, added up over the resumes (one per
+/// `__syncthreads()`, plus one), and the grid's total and largest are
+/// returned; without it the counter is not read and the work is zero.
+pub(crate) fn run_grid(
+    host: &HostModule,
+    index: usize,
+    grid: u32,
+    block: u32,
+    params: &[*mut c_void],
+    census: bool,
+) -> Result<Work, GridError> {
     fault::prepare_thread();
+    let mut work = Work::default();
+    let mut steps: Vec<u64> = if census { vec![0; block as usize] } else { Vec::new() };
     let params_addr = params.as_ptr() as usize;
     let run_thread = host.run_thread_fn();
     let index = index as std::ffi::c_int;
@@ -111,6 +127,7 @@ pub(crate) fn run_grid(host: &HostModule, index: usize, grid: u32, block: u32, p
             });
             fibers.push(Some(co));
         }
+        steps.fill(0);
         let mut live = block as usize;
         let mut failed = None;
         while live > 0 && failed.is_none() {
@@ -118,7 +135,11 @@ pub(crate) fn run_grid(host: &HostModule, index: usize, grid: u32, block: u32, p
                 let Some(co) = slot.as_mut() else { continue };
                 host.set_ids(tx as u32, bx, block, grid);
                 RUNNING.with(|r| r.set(Some(co.trap_handler())));
+                let before = if census { host.work() } else { 0 };
                 let step = co.resume(());
+                if census {
+                    steps[tx] += host.work().wrapping_sub(before);
+                }
                 RUNNING.with(|r| r.set(None));
                 match step {
                     CoroutineResult::Yield(()) => {}
@@ -146,8 +167,14 @@ pub(crate) fn run_grid(host: &HostModule, index: usize, grid: u32, block: u32, p
             }
             return Err(e);
         }
+        for (tx, &s) in steps.iter().enumerate() {
+            work.total += s;
+            if s > work.max {
+                work = Work { max: s, max_block: bx, max_thread: tx as u32, ..work };
+            }
+        }
     }
-    Ok(())
+    Ok(work)
 }
 
 /// The worker's alternate signal stack, given back when the thread ends.

@@ -14,8 +14,8 @@
 //! Each library is compiled once per machine: it is kept in the cache folder
 //! (`KILN_CUDASIM_CACHE`, else `$XDG_CACHE_HOME/kiln-cudasim`, else
 //! `~/.cache/kiln-cudasim`) under a hash of everything that decides its
-//! contents (the source, its options, the shim, the glue, the flags and the
-//! compiler's version), written through a temporary file and a rename, and
+//! contents (the source, its options, the shim, the glue, the flags — the
+//! launch census's instrumentation included — and the compiler's version), written through a temporary file and a rename, and
 //! built under a per-key file lock so that concurrent test processes do not
 //! compile the same source twice. Within a process a module is built once
 //! and shared by every context; a failure is remembered too, so kiln's retry
@@ -44,8 +44,8 @@ const LAUNCH: &str = include_str!("../shim/launch.hpp");
 /// Names the generated table's layout and the loader's expectations: part of
 /// every cache key, so that a simulator that reads tables differently never
 /// loads a library an older one wrote. `kiln_sim_abi` in launch.hpp too.
-const GENERATOR: &str = "kiln-cudasim host module, table abi 2";
-const ABI: c_int = 2;
+const GENERATOR: &str = "kiln-cudasim host module, table abi 3";
+const ABI: c_int = 3;
 /// The flags kiln's kernels are compiled with for the host: C++17 as NVRTC
 /// is given, no contraction of a*b+c (NVRTC runs with --fmad=false), no C++
 /// exceptions, wrapping signed integers and no type-based alias analysis
@@ -71,6 +71,22 @@ const FLAGS: [&str; 12] = [
     "-Wl,-z,defs",
 ];
 
+/// The extra flag of the launch census (`KILN_CUDASIM_CENSUS=1`): g++ calls
+/// `__sanitizer_cov_trace_pc` (launch.hpp) at every basic block, so the
+/// simulator can count each GPU thread's work (`census`).
+const CENSUS_FLAG: &str = "-fsanitize-coverage=trace-pc";
+
+/// The flags of this process's modules: [`FLAGS`], and [`CENSUS_FLAG`] when
+/// the census is on (part of the cache key, so that instrumented and plain
+/// libraries never mix).
+fn flags() -> Vec<&'static str> {
+    let mut f = FLAGS.to_vec();
+    if crate::census::enabled() {
+        f.push(CENSUS_FLAG);
+    }
+    f
+}
+
 /// Why a module could not be had: the driver error code and the message.
 pub(crate) type Failure = (CUresult, String);
 
@@ -85,12 +101,14 @@ pub(crate) struct KernelInfo {
 
 type RunThread = unsafe extern "C" fn(c_int, *const *mut c_void);
 type SetIds = unsafe extern "C" fn(c_uint, c_uint, c_uint, c_uint);
+type Work = unsafe extern "C" fn() -> u64;
 
 /// A module's source compiled for the host and loaded.
 pub(crate) struct HostModule {
     pub kernels: HashMap<String, KernelInfo>,
     run_thread: RunThread,
     set_ids: SetIds,
+    work: Work,
 }
 
 /// The table entry `kiln_sim_kernel` returns (`KilnSimKernel` in launch.hpp).
@@ -130,7 +148,7 @@ impl HostModule {
         unsafe {
             let table = Self::read_table(handle);
             match table {
-                Ok((kernels, run_thread, set_ids)) => Ok(HostModule { kernels, run_thread, set_ids }),
+                Ok((kernels, run_thread, set_ids, work)) => Ok(HostModule { kernels, run_thread, set_ids, work }),
                 Err(e) => {
                     libc::dlclose(handle);
                     Err(e)
@@ -141,7 +159,7 @@ impl HostModule {
 
     /// # Safety
     /// `handle` must be a live dlopen handle.
-    unsafe fn read_table(handle: *mut c_void) -> Result<(HashMap<String, KernelInfo>, RunThread, SetIds), String> {
+    unsafe fn read_table(handle: *mut c_void) -> Result<(HashMap<String, KernelInfo>, RunThread, SetIds, Work), String> {
         let sym = |name: &CStr| -> Result<*mut c_void, String> {
             let p = libc::dlsym(handle, name.as_ptr());
             if p.is_null() {
@@ -158,6 +176,7 @@ impl HostModule {
         let entry: unsafe extern "C" fn(c_int) -> *const KernelEntry = fn_ptr(sym(c"kiln_sim_kernel")?);
         let run_thread: RunThread = fn_ptr(sym(c"kiln_sim_run_thread")?);
         let set_ids: SetIds = fn_ptr(sym(c"kiln_sim_set_ids")?);
+        let work: Work = fn_ptr(sym(c"kiln_sim_work")?);
         let bind: unsafe extern "C" fn(extern "C" fn()) = fn_ptr(sym(c"kiln_sim_bind")?);
         bind(exec::syncthreads);
         let mut kernels = HashMap::new();
@@ -172,7 +191,7 @@ impl HostModule {
             let is_ptr = std::slice::from_raw_parts(e.is_ptr, n).iter().map(|&b| b != 0).collect();
             kernels.insert(name, KernelInfo { index: i as usize, sizes, is_ptr });
         }
-        Ok((kernels, run_thread, set_ids))
+        Ok((kernels, run_thread, set_ids, work))
     }
 
     /// The function that runs one GPU thread of kernel `index`, for fibers
@@ -186,6 +205,13 @@ impl HostModule {
     pub(crate) fn set_ids(&self, tx: u32, bx: u32, block: u32, grid: u32) {
         // SAFETY: plain stores into the module's thread-locals.
         unsafe { (self.set_ids)(tx, bx, block, grid) }
+    }
+
+    /// The basic blocks the module's instrumented code has executed on the
+    /// calling thread so far (always 0 unless it was built for the census).
+    pub(crate) fn work(&self) -> u64 {
+        // SAFETY: a plain read of the module's thread-local counter.
+        unsafe { (self.work)() }
     }
 }
 
@@ -310,7 +336,7 @@ fn cache_key(source: &Source, cc: &Compiler) -> u128 {
         GENERATOR.as_bytes(),
         SHIM.as_bytes(),
         LAUNCH.as_bytes(),
-        FLAGS.join(" ").as_bytes(),
+        flags().join(" ").as_bytes(),
         cc.identity.as_bytes(),
         source.name.as_bytes(),
         source.host_options.join("\n").as_bytes(),
@@ -457,7 +483,7 @@ fn compile(source: &Source, cc: &Compiler, dir: &Path, key: u128, so: &Path, lim
     text.extend_from_slice(table(&names).as_bytes());
     std::fs::write(&full_cpp, &text).map_err(|e| format!("cannot write {} ({e})", full_cpp.display()))?;
 
-    let mut args: Vec<OsString> = FLAGS.map(OsString::from).to_vec();
+    let mut args: Vec<OsString> = flags().into_iter().map(OsString::from).collect();
     args.extend(source.host_options.iter().map(OsString::from));
     args.extend([OsString::from("-o"), tmp_so.clone().into(), OsString::from("-x"), OsString::from("c++"), full_cpp.clone().into()]);
     if let Err(e) = cc.run(&args, &said, limit) {

@@ -27,10 +27,14 @@
 //! modules, launches), `exec` (running a grid as fibers), `nvrtc` (the NVRTC
 //! pass-through that captures sources), `sources` (which source each image
 //! came from), `hostcc` (the host compiler and its cache), `blas` (cuBLAS),
-//! `nccl` (NCCL's collectives over the simulated devices, one process).
+//! `nccl` (NCCL's collectives over the simulated devices, one process),
+//! `census` (the opt-in launch census, `KILN_CUDASIM_CENSUS=1`: each
+//! launch's per-thread work in basic blocks, and each gemm's multiply-adds,
+//! handed out by `kiln_cudasim_census_take`).
 #![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
 
 mod blas;
+mod census;
 mod context;
 mod exec;
 mod hostcc;

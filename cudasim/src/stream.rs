@@ -8,7 +8,7 @@
 use crate::context::{current, initialized, injected_failure, registry, sim, Ctx};
 use crate::hostcc::HostModule;
 use crate::memory::{self, check_range};
-use crate::{blas, exec, lock, log, tri, CUdeviceptr, CUresult};
+use crate::{blas, census, exec, lock, log, tri, CUdeviceptr, CUresult};
 use crate::{ILLEGAL_ADDRESS, INVALID_HANDLE, INVALID_VALUE, LAUNCH_FAILED, LAUNCH_OUT_OF_RESOURCES, NOT_INITIALIZED};
 use crate::{NOT_READY, OUT_OF_MEMORY, SUCCESS};
 use std::collections::VecDeque;
@@ -153,8 +153,12 @@ impl Stream {
                         check_range(sim, dev, p, 1, &format!("kernel {name}, argument {i}")).map_err(bad)?;
                     }
                 }
+                let counting = census::enabled();
+                // What the arguments can reach, before the kernel runs
+                // (allocations do not change under it).
+                let arg_bytes = if counting { census::reachable_bytes(&lock(&sim.mem), args.iter().flatten().copied()) } else { 0 };
                 let params: Vec<*mut c_void> = args.iter_mut().map(|a| a.as_mut_ptr() as *mut c_void).collect();
-                let ran = exec::run_grid(&host, index, grid, block, &params);
+                let ran = exec::run_grid(&host, index, grid, block, &params, counting);
                 // Whatever happened, the red zones of this device's memory
                 // say whether the kernel wrote outside its allocations (a
                 // fault may follow such a write, and a write may not fault).
@@ -179,7 +183,23 @@ impl Stream {
                             format!("kernel {name}: thread {tx} of block {bx} faulted ({signal}) on {access} at {place}{also}"),
                         ))
                     }
-                    Ok(()) => guards.map_err(|g| (ILLEGAL_ADDRESS, format!("kernel {name} {g}"))),
+                    Ok(work) => {
+                        guards.map_err(|g| (ILLEGAL_ADDRESS, format!("kernel {name} {g}")))?;
+                        if counting {
+                            census::record(census::Record {
+                                kind: "kernel",
+                                device: dev,
+                                name,
+                                grid: grid as u64,
+                                block: block as u64,
+                                threads: grid as u64 * block as u64,
+                                work,
+                                arg_bytes,
+                                ..Default::default()
+                            });
+                        }
+                        Ok(())
+                    }
                 }
             }
             Op::HtoD { dst, src, len } => {
