@@ -50,6 +50,7 @@ mod tensor;
 pub mod trainer;
 
 pub use autograd::{is_grad_enabled, no_grad, NoGradGuard};
+pub use backends::cuda::census::{census_table, take_launch_census, LaunchRecord};
 pub use backends::sim::{DEFAULT_SIM_GPU_MEMORY, MAX_SIM_GPUS};
 pub use base::buffer::CpuBuffer;
 pub use base::device::{cpu, gpu, Device, DeviceInfo, DeviceKind, FallbackReason};

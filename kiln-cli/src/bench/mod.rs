@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 use std::time::Instant;
 
+mod census;
 mod exercises;
 mod parallel;
 mod workloads;
@@ -40,6 +41,12 @@ pub struct BenchArgs {
     /// Include 4096² in Ex1 on the CPU and on simulated GPUs (slow).
     #[arg(long)]
     pub full: bool,
+    /// Instead of timing: the launch census of one LeNet and one ResNet-18
+    /// training step on `--device`, a CUDA device of the CUDA simulator run
+    /// with KILN_CUDASIM_CENSUS=1 (kernels, threads, the busiest thread's
+    /// serial work, multiply-adds in cuBLAS).
+    #[arg(long)]
+    pub census: bool,
     /// Timed runs per measurement (default: chosen per workload).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub runs: Option<u32>,
@@ -262,6 +269,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         chosen = ALL.to_vec();
     }
     crate::check_device(args.device)?;
+    if args.census {
+        return census::run(args.device);
+    }
     if let Some(path) = &args.plot {
         if !chosen.contains(&Workload::Ex1) {
             return Err(fail!("--plot draws Ex1's results; add Ex1 to the workloads"));

@@ -229,7 +229,35 @@ pub(crate) struct GemmCall {
     pub b_form: (bool, usize),
     pub stride_a: usize,
     pub stride_b: usize,
+    /// Row stride of C (at least `n`) and the distance between its batches.
+    pub ldc: usize,
+    pub stride_c: usize,
+    /// C = A·B (false) or C += A·B (true).
+    pub accumulate: bool,
     pub count: usize,
+}
+
+/// How CUDA convolutions run (`KILN_CUDA_CONV`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ConvPath {
+    /// im2col + cuBLAS when cuBLAS loads, else the direct kernels (default).
+    Auto,
+    /// Always im2col + cuBLAS (an error where cuBLAS does not load).
+    Gemm,
+    /// Always kiln's direct kernels.
+    Direct,
+}
+
+/// The convolution path `KILN_CUDA_CONV` asks for: `auto` (default),
+/// `gemm` or `direct` (read at every convolution, so a test can switch it).
+pub(crate) fn conv_path() -> ConvPath {
+    crate::base::env::env_setting("KILN_CUDA_CONV", "auto, gemm or direct", |v| match v.to_ascii_lowercase().as_str() {
+        "auto" => Some(ConvPath::Auto),
+        "gemm" | "im2col" => Some(ConvPath::Gemm),
+        "direct" => Some(ConvPath::Direct),
+        _ => None,
+    })
+    .unwrap_or(ConvPath::Auto)
 }
 
 /// Device memory held for the duration of one launch sequence.
@@ -258,6 +286,8 @@ pub(crate) trait CudaDevice {
     /// A matrix product through cuBLAS: `Ok(false)` when cuBLAS is missing
     /// (the op then runs its own kernel).
     fn gemm(&self, call: &GemmCall) -> Result<bool>;
+    /// Whether [`CudaDevice::gemm`] runs (cuBLAS loads on this device).
+    fn has_gemm(&self) -> Result<bool>;
     /// An error of this device (`Error::Backend` naming it).
     fn err(&self, msg: String) -> Error;
     /// The device address of this device's fault record (`struct

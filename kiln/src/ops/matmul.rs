@@ -246,6 +246,9 @@ impl Matmul {
                 b_form: (tb, ldb),
                 stride_a,
                 stride_b,
+                ldc: n,
+                stride_c: m * n,
+                accumulate: false,
                 count,
             };
             if !dev.gemm(&call)? {

@@ -8,7 +8,7 @@
 //!   (constants, ranges, random numbers), `index_select.rs`,
 //!   `index_add.rs`, `one_hot.rs`, `gather.rs`, `scatter.rs` (and scatter_add),
 //!   `sort.rs` (argsort; sort and topk gather through it),
-//!   `where_cond.rs`; the convolutional-network ops `conv.rs` (conv2d,
+//!   `where_cond.rs`; the convolutional-network ops `conv/` (conv2d,
 //!   conv_transpose2d, and the helpers the next share),
 //!   `pool.rs`, `norm.rs` (batch and layer norm), `interp.rs`.
 //! - Ops that move no element (`views.rs`, `slicing.rs`: `x.i((.., 0..2))`),

@@ -12,7 +12,7 @@ use crate::base::buffer::CpuBuffer;
 use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
 use crate::host_nn::{self, BatchNormParams, LayerNormParams};
-use crate::kernel::cuda::{dtype_tag, CudaDevice, CudaModule, BLOCK};
+use crate::kernel::cuda::{dtype_tag, grid_for_blocks, CudaDevice, CudaModule, BLOCK};
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
 use crate::runtime::host::try_vec;
@@ -100,6 +100,72 @@ crate::kernel_args! {
         x: u64, dy: u64, stats: u64, w: u64, b: u64, out: u64,
         batch: u64, channels: u64, spatial: u64, training: u64, eps: f64
     }
+}
+
+crate::kernel_args! {
+    /// A stage of batch norm's statistics or backward (`bn_partial`,
+    /// `bn_finish`, `bn_back_apply`): `ws` is the workspace of partial sums,
+    /// `parts` blocks per channel.
+    NormStageArgs {
+        x: u64, dy: u64, stats: u64, w: u64, out: u64, ws: u64,
+        batch: u64, channels: u64, spatial: u64, parts: u64, stage: u64, eps: f64
+    }
+}
+
+/// Elements one thread of `bn_partial` folds at most (until a channel has
+/// more than `1024 · BLOCK · BN_PER_THREAD` elements).
+const BN_PER_THREAD: usize = 16;
+
+/// Batch norm's statistics (`backward = None`) or input gradient on CUDA:
+/// the staged kernels above over a workspace of partial sums.
+fn bn_cuda(dev: &dyn CudaDevice, a: &NormArgs, backward: Option<bool>, out_dtype: crate::DType) -> Result<()> {
+    let (c, total) = (a.channels as usize, (a.batch * a.spatial) as usize);
+    if c == 0 {
+        return Ok(());
+    }
+    let parts = total.div_ceil(BLOCK as usize * BN_PER_THREAD).clamp(1, 1024);
+    let ws = dev.temp((c * parts * 2 + c * 2) * 8)?;
+    let mut st = NormStageArgs {
+        x: a.x,
+        dy: a.dy,
+        stats: a.stats,
+        w: a.w,
+        out: a.out,
+        ws: ws.ptr(),
+        batch: a.batch,
+        channels: a.channels,
+        spatial: a.spatial,
+        parts: parts as u64,
+        stage: 0,
+        eps: a.eps,
+    };
+    let tag = dtype_tag(out_dtype);
+    let partial_blocks = grid_for_blocks(c * parts);
+    let finish_blocks = grid_for_blocks(c);
+    let stage = |k: &str, stage: u64, grid: u32, st: &mut NormStageArgs| {
+        st.stage = stage;
+        dev.launch(&MODULE, &format!("{k}_{tag}"), grid, BLOCK, st)
+    };
+    match backward {
+        None => {
+            for s in [0, 1] {
+                stage("bn_partial", s, partial_blocks, &mut st)?;
+                stage("bn_finish", s, finish_blocks, &mut st)?;
+            }
+        }
+        Some(true) => {
+            stage("bn_load_mean", 2, dev.grid_for(c), &mut st)?;
+            stage("bn_partial", 2, partial_blocks, &mut st)?;
+            stage("bn_finish", 2, finish_blocks, &mut st)?;
+            let n = total * c;
+            stage("bn_back_apply", 2, dev.grid_for(n), &mut st)?;
+        }
+        Some(false) => {
+            let n = total * c;
+            stage("bn_back_apply", 0, dev.grid_for(n), &mut st)?;
+        }
+    }
+    Ok(())
 }
 
 impl CustomKernel for NormOp {
@@ -204,8 +270,23 @@ impl CustomKernel for NormOp {
             }
         };
         check_extents(self.name(), inputs, &needs, out, out_len)?;
+        match *self {
+            NormOp::BnStats(_) => return bn_cuda(dev, &a, None, out.dtype),
+            NormOp::BnBackInput { training, .. } => {
+                if out_len == 0 {
+                    return Ok(());
+                }
+                return bn_cuda(dev, &a, Some(training), out.dtype);
+            }
+            NormOp::BnApply { .. } | NormOp::LnForward { .. } | NormOp::LnBackInput { .. } => {}
+        }
         let name = format!("{kernel}_{}", dtype_tag(out.dtype));
-        dev.launch(&MODULE, &name, dev.grid_for(count), BLOCK, &a)
+        let grid = match *self {
+            // One block per row.
+            NormOp::LnForward { .. } | NormOp::LnBackInput { .. } => grid_for_blocks(count),
+            NormOp::BnStats(_) | NormOp::BnApply { .. } | NormOp::BnBackInput { .. } => dev.grid_for(count),
+        };
+        dev.launch(&MODULE, &name, grid, BLOCK, &a)
     }
     fn to_shared(&self) -> Arc<dyn CustomKernel> {
         Arc::new(*self)
@@ -217,28 +298,111 @@ inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {
     let mut s = String::from(NormArgs::C_DECL);
+    s.push_str(NormStageArgs::C_DECL);
     s.push_str(
         r#"
 #define NORM_RUN(n, c) ((n) * p.channels + (c)) * p.spatial
 
-template <typename T> __device__ void bn_stats_impl(const NormArgs& p) {
+// Batch statistics in two passes over each channel's N·S elements, each
+// pass split into `parts` blocks of BLOCK threads (every thread folds at
+// most a few dozen elements, whatever the batch) whose block sums go to a
+// workspace of doubles, then folded per channel by one block in a fixed
+// order. `stage`: 0 sums x; 1 sums (x − mean)²; 2 sums dy and dy·(x − mean).
+// ws holds [channels][parts][2] partial sums, then [channels][2] per-channel
+// results (mean and the rest) after them.
+template <typename T> __device__ void bn_partial_impl(const NormStageArgs& p) {
     const T* x = (const T*)p.x;
-    T* out = (T*)p.out;
-    GRID_LOOP(c, p.channels) {
-        double count = (double)(p.batch * p.spatial), sum = 0.0, sq = 0.0;
-        for (u64 n = 0; n < p.batch; ++n)
-            for (u64 i = 0; i < p.spatial; ++i) sum += Cv<T>::to(x[NORM_RUN(n, c) + i]);
-        double mean = sum / count;
-        for (u64 n = 0; n < p.batch; ++n)
-            for (u64 i = 0; i < p.spatial; ++i) {
-                double d = Cv<T>::to(x[NORM_RUN(n, c) + i]) - mean;
-                sq += d * d;
+    const T* dy = (const T*)p.dy;
+    double* ws = (double*)p.ws;
+    const double* chan = ws + p.channels * p.parts * 2;
+    __shared__ double s0[256];
+    __shared__ double s1[256];
+    u64 total = p.batch * p.spatial, chunk = (total + p.parts - 1) / p.parts;
+    for (u64 b = blockIdx.x; b < p.channels * p.parts; b += gridDim.x) {
+        u64 c = b / p.parts, q = b % p.parts;
+        u64 lo = q * chunk, hi = lo + chunk < total ? lo + chunk : total;
+        double mean = p.stage == 0 ? 0.0 : chan[2 * c];
+        double a0 = 0.0, a1 = 0.0;
+        for (u64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+            u64 at = ((j / p.spatial) * p.channels + c) * p.spatial + j % p.spatial;
+            double v = Cv<T>::to(x[at]);
+            if (p.stage == 0) a0 += v;
+            else if (p.stage == 1) a0 += (v - mean) * (v - mean);
+            else {
+                double g = Cv<T>::to(dy[at]);
+                a0 += g;
+                a1 += g * (v - mean);
             }
-        double var = sq / count;
-        out[c] = Cv<T>::from(mean);
-        out[p.channels + c] = Cv<T>::from(1.0 / ::sqrt(var + p.eps));
-        out[2 * p.channels + c] = Cv<T>::from(var);
+        }
+        s0[threadIdx.x] = a0;
+        s1[threadIdx.x] = a1;
+        __syncthreads();
+        for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (threadIdx.x < s) {
+                s0[threadIdx.x] += s0[threadIdx.x + s];
+                s1[threadIdx.x] += s1[threadIdx.x + s];
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            ws[b * 2] = s0[0];
+            ws[b * 2 + 1] = s1[0];
+        }
+        __syncthreads();
     }
+}
+
+// Folds each channel's parts (one block per channel, a tree in a fixed
+// order) and finishes the stage: 0 the mean; 1 the statistics rows (mean,
+// invstd, biased variance) of `out`; 2 the backward's mean(dy) and
+// dot·invstd²/count.
+template <typename T> __device__ void bn_finish_impl(const NormStageArgs& p) {
+    double* ws = (double*)p.ws;
+    double* chan = ws + p.channels * p.parts * 2;
+    const T* st = (const T*)p.stats;
+    T* out = (T*)p.out;
+    __shared__ double s0[256];
+    __shared__ double s1[256];
+    double count = (double)(p.batch * p.spatial);
+    for (u64 c = blockIdx.x; c < p.channels; c += gridDim.x) {
+        double a0 = 0.0, a1 = 0.0;
+        for (u64 q = threadIdx.x; q < p.parts; q += blockDim.x) {
+            a0 += ws[(c * p.parts + q) * 2];
+            a1 += ws[(c * p.parts + q) * 2 + 1];
+        }
+        s0[threadIdx.x] = a0;
+        s1[threadIdx.x] = a1;
+        __syncthreads();
+        for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (threadIdx.x < s) {
+                s0[threadIdx.x] += s0[threadIdx.x + s];
+                s1[threadIdx.x] += s1[threadIdx.x + s];
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            if (p.stage == 0) {
+                chan[2 * c] = s0[0] / count;
+            } else if (p.stage == 1) {
+                double var = s0[0] / count;
+                out[c] = Cv<T>::from(chan[2 * c]);
+                out[p.channels + c] = Cv<T>::from(1.0 / ::sqrt(var + p.eps));
+                out[2 * p.channels + c] = Cv<T>::from(var);
+            } else {
+                double inv = Cv<T>::to(st[p.channels + c]);
+                chan[2 * c] = s0[0] / count;
+                chan[2 * c + 1] = s1[0] * inv * inv / count;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// Puts the saved mean of each channel where stage 2 reads it.
+template <typename T> __device__ void bn_load_mean_impl(const NormStageArgs& p) {
+    const T* st = (const T*)p.stats;
+    double* chan = (double*)p.ws + p.channels * p.parts * 2;
+    GRID_LOOP(c, p.channels) chan[2 * c] = Cv<T>::to(st[c]);
 }
 
 template <typename T> __device__ void bn_apply_impl(const NormArgs& p) {
@@ -255,76 +419,92 @@ template <typename T> __device__ void bn_apply_impl(const NormArgs& p) {
     }
 }
 
-template <typename T> __device__ void bn_back_input_impl(const NormArgs& p) {
+// dx = (dy − mean(dy) − (x − mean)·k)·scale in training (k and mean(dy)
+// from bn_finish's stage 2 in ws), dy·scale in evaluation; one thread per
+// element.
+template <typename T> __device__ void bn_back_apply_impl(const NormStageArgs& p) {
     const T* x = (const T*)p.x;
     const T* dy = (const T*)p.dy;
     const T* st = (const T*)p.stats;
     const T* w = (const T*)p.w;
+    const double* chan = (const double*)p.ws + p.channels * p.parts * 2;
     T* dx = (T*)p.out;
-    GRID_LOOP(c, p.channels) {
-        double mean = Cv<T>::to(st[c]), inv = Cv<T>::to(st[p.channels + c]);
+    GRID_LOOP(t, p.batch * p.channels * p.spatial) {
+        u64 c = (t / p.spatial) % p.channels;
+        double inv = Cv<T>::to(st[p.channels + c]);
         double scale = inv * (p.w ? Cv<T>::to(w[c]) : 1.0);
-        double count = (double)(p.batch * p.spatial), sum_dy = 0.0, dotp = 0.0;
-        if (p.training) {
-            for (u64 n = 0; n < p.batch; ++n)
-                for (u64 i = 0; i < p.spatial; ++i) {
-                    u64 at = NORM_RUN(n, c) + i;
-                    double g = Cv<T>::to(dy[at]);
-                    sum_dy += g;
-                    dotp += g * (Cv<T>::to(x[at]) - mean);
-                }
+        double g = Cv<T>::to(dy[t]);
+        if (p.stage == 2) {
+            double mean = Cv<T>::to(st[c]);
+            dx[t] = Cv<T>::from((g - chan[2 * c] - (Cv<T>::to(x[t]) - mean) * chan[2 * c + 1]) * scale);
+        } else {
+            dx[t] = Cv<T>::from(g * scale);
         }
-        double k = dotp * inv * inv / count, gm = sum_dy / count;
-        for (u64 n = 0; n < p.batch; ++n)
-            for (u64 i = 0; i < p.spatial; ++i) {
-                u64 at = NORM_RUN(n, c) + i;
-                double g = Cv<T>::to(dy[at]);
-                dx[at] = Cv<T>::from(p.training ? (g - gm - (Cv<T>::to(x[at]) - mean) * k) * scale : g * scale);
-            }
     }
 }
 
-template <typename T> __device__ void ln_row_stats(const T* x, u64 f, double eps, double* mean, double* rstd) {
+// A block's sum of one value per thread (a fixed-order tree over the
+// block's 256 slots of `sh`); every thread gets the total.
+__device__ double block_sum(double v, double* sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    double total = sh[0];
+    __syncthreads();
+    return total;
+}
+
+// A row's mean and 1/sqrt(var + eps), the row's features split over the
+// block's threads.
+template <typename T> __device__ void ln_row_stats(const T* x, u64 f, double eps, double* sh, double* mean, double* rstd) {
     double sum = 0.0, sq = 0.0;
-    for (u64 i = 0; i < f; ++i) sum += Cv<T>::to(x[i]);
-    *mean = sum / (double)f;
-    for (u64 i = 0; i < f; ++i) {
+    for (u64 i = threadIdx.x; i < f; i += blockDim.x) sum += Cv<T>::to(x[i]);
+    *mean = block_sum(sum, sh) / (double)f;
+    for (u64 i = threadIdx.x; i < f; i += blockDim.x) {
         double d = Cv<T>::to(x[i]) - *mean;
         sq += d * d;
     }
-    *rstd = 1.0 / ::sqrt(sq / (double)f + eps);
+    *rstd = 1.0 / ::sqrt(block_sum(sq, sh) / (double)f + eps);
 }
 
+// One block per row.
 template <typename T> __device__ void ln_forward_impl(const NormArgs& p) {
     const T* w = (const T*)p.w;
     const T* b = (const T*)p.b;
-    GRID_LOOP(r, p.batch) {
+    __shared__ double sh[256];
+    for (u64 r = blockIdx.x; r < p.batch; r += gridDim.x) {
         const T* x = (const T*)p.x + r * p.spatial;
         T* y = (T*)p.out + r * p.spatial;
         double mean, rstd;
-        ln_row_stats(x, p.spatial, p.eps, &mean, &rstd);
-        for (u64 i = 0; i < p.spatial; ++i) {
+        ln_row_stats(x, p.spatial, p.eps, sh, &mean, &rstd);
+        for (u64 i = threadIdx.x; i < p.spatial; i += blockDim.x) {
             double v = (Cv<T>::to(x[i]) - mean) * rstd;
             y[i] = Cv<T>::from(v * (p.w ? Cv<T>::to(w[i]) : 1.0) + (p.b ? Cv<T>::to(b[i]) : 0.0));
         }
     }
 }
 
-// dx = rstd · (g − mean(g) − x̂ · mean(g · x̂)), g = dy · w.
+// dx = rstd · (g − mean(g) − x̂ · mean(g · x̂)), g = dy · w; one block per row.
 template <typename T> __device__ void ln_back_input_impl(const NormArgs& p) {
     const T* w = (const T*)p.w;
-    GRID_LOOP(r, p.batch) {
+    __shared__ double sh[256];
+    for (u64 r = blockIdx.x; r < p.batch; r += gridDim.x) {
         const T* x = (const T*)p.x + r * p.spatial;
         const T* dy = (const T*)p.dy + r * p.spatial;
         T* dx = (T*)p.out + r * p.spatial;
         double mean, rstd, sg = 0.0, sgx = 0.0, f = (double)p.spatial;
-        ln_row_stats(x, p.spatial, p.eps, &mean, &rstd);
-        for (u64 i = 0; i < p.spatial; ++i) {
+        ln_row_stats(x, p.spatial, p.eps, sh, &mean, &rstd);
+        for (u64 i = threadIdx.x; i < p.spatial; i += blockDim.x) {
             double g = Cv<T>::to(dy[i]) * (p.w ? Cv<T>::to(w[i]) : 1.0);
             sg += g;
             sgx += g * (Cv<T>::to(x[i]) - mean) * rstd;
         }
-        for (u64 i = 0; i < p.spatial; ++i) {
+        sg = block_sum(sg, sh);
+        sgx = block_sum(sgx, sh);
+        for (u64 i = threadIdx.x; i < p.spatial; i += blockDim.x) {
             double g = Cv<T>::to(dy[i]) * (p.w ? Cv<T>::to(w[i]) : 1.0);
             double xh = (Cv<T>::to(x[i]) - mean) * rstd;
             dx[i] = Cv<T>::from(rstd * (g - sg / f - xh * sgx / f));
@@ -333,8 +513,11 @@ template <typename T> __device__ void ln_back_input_impl(const NormArgs& p) {
 }
 "#,
     );
-    for k in ["bn_stats", "bn_apply", "bn_back_input", "ln_forward", "ln_back_input"] {
+    for k in ["bn_apply", "ln_forward", "ln_back_input"] {
         instantiate(&mut s, k, "NormArgs");
+    }
+    for k in ["bn_partial", "bn_finish", "bn_load_mean", "bn_back_apply"] {
+        instantiate(&mut s, k, "NormStageArgs");
     }
     s
 }

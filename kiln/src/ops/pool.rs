@@ -211,7 +211,7 @@ impl CustomKernel for PoolOp {
             (_, true) => a.dy = dptr(dev, &inputs[0])?,
             (_, false) => a.x = dptr(dev, &inputs[0])?,
         }
-        let count = if backward { a.planes } else { a.planes * a.oh * a.ow } as usize;
+        let count = if backward { a.planes * a.h * a.w } else { a.planes * a.oh * a.ow } as usize;
         let name = format!("{kernel}_{}_{}", if backward { "bwd" } else { "fwd" }, dtype_tag(out.dtype));
         dev.launch(&MODULE, &name, dev.grid_for(count), BLOCK, &a)
     }
@@ -262,20 +262,36 @@ template <typename T> __device__ void max_pool_fwd_impl(const PoolArgs& p) {
     }
 }
 
+// The output rows (or columns) whose windows may cover input row y: from
+// the first whose last tap reaches y to the last whose first tap is at or
+// before it (a window of k taps dilated by d, stride s, padding pad).
+__device__ void covering(u64 y, u64 k, u64 d, u64 s, u64 pad, u64 out, u64* lo, u64* hi) {
+    i64 last = (i64)y + (i64)pad, first = last - (i64)((k - 1) * d);
+    *lo = first <= 0 ? 0 : (u64)((first + (i64)s - 1) / (i64)s);
+    u64 h = last < 0 ? 0 : (u64)(last / (i64)s) + 1;
+    *hi = h < out ? h : out;
+}
+
+// One thread per input element: the gradient of every window whose argmax
+// it is, windows in row-major order (the order the CPU adds them in).
 template <typename T> __device__ void max_pool_bwd_impl(const PoolArgs& p) {
     const T* x = (const T*)p.x;
     const T* dy = (const T*)p.dy;
     T* dx = (T*)p.out;
-    GRID_LOOP(pl, p.planes) {
-        T* d = dx + pl * p.h * p.w;
-        for (u64 i = 0; i < p.h * p.w; ++i) d[i] = Cv<T>::from(0.0);
-        for (u64 oy = 0; oy < p.oh; ++oy) {
-            for (u64 ox = 0; ox < p.ow; ++ox) {
+    GRID_LOOP(t, p.planes * p.h * p.w) {
+        u64 xx = t % p.w, yy = (t / p.w) % p.h, pl = t / (p.w * p.h);
+        u64 oy0, oy1, ox0, ox1;
+        covering(yy, p.kh, p.dh, p.sh, p.ph, p.oh, &oy0, &oy1);
+        covering(xx, p.kw, p.dw, p.sw, p.pw, p.ow, &ox0, &ox1);
+        T acc = Cv<T>::from(0.0);
+        i64 me = (i64)(yy * p.w + xx);
+        for (u64 oy = oy0; oy < oy1; ++oy) {
+            for (u64 ox = ox0; ox < ox1; ++ox) {
                 T best;
-                i64 at = max_window(p, x + pl * p.h * p.w, oy, ox, &best);
-                if (at >= 0) d[at] = d[at] + dy[(pl * p.oh + oy) * p.ow + ox];
+                if (max_window(p, x + pl * p.h * p.w, oy, ox, &best) == me) acc = acc + dy[(pl * p.oh + oy) * p.ow + ox];
             }
         }
+        dx[t] = acc;
     }
 }
 
@@ -313,21 +329,25 @@ template <typename T> __device__ void avg_pool_fwd_impl(const PoolArgs& p) {
     }
 }
 
+// One thread per input element: the share of every window that covers it.
 template <typename T> __device__ void avg_pool_bwd_impl(const PoolArgs& p) {
     const T* dy = (const T*)p.dy;
     T* dx = (T*)p.out;
-    GRID_LOOP(pl, p.planes) {
-        T* d = dx + pl * p.h * p.w;
-        for (u64 i = 0; i < p.h * p.w; ++i) d[i] = Cv<T>::from(0.0);
-        for (u64 oy = 0; oy < p.oh; ++oy) {
-            for (u64 ox = 0; ox < p.ow; ++ox) {
+    GRID_LOOP(t, p.planes * p.h * p.w) {
+        u64 xx = t % p.w, yy = (t / p.w) % p.h, pl = t / (p.w * p.h);
+        u64 oy0, oy1, ox0, ox1;
+        covering(yy, p.kh, 1, p.sh, p.ph, p.oh, &oy0, &oy1);
+        covering(xx, p.kw, 1, p.sw, p.pw, p.ow, &ox0, &ox1);
+        T acc = Cv<T>::from(0.0);
+        for (u64 oy = oy0; oy < oy1; ++oy) {
+            for (u64 ox = ox0; ox < ox1; ++ox) {
                 i64 y0, y1, x0, x1;
                 double div = avg_window(p, oy, ox, &y0, &y1, &x0, &x1);
-                T g = dy[(pl * p.oh + oy) * p.ow + ox] / Cv<T>::from(div);
-                for (i64 yy = y0; yy < y1; ++yy)
-                    for (i64 xx = x0; xx < x1; ++xx) d[yy * (i64)p.w + xx] = d[yy * (i64)p.w + xx] + g;
+                if ((i64)yy < y0 || (i64)yy >= y1 || (i64)xx < x0 || (i64)xx >= x1) continue;
+                acc = acc + dy[(pl * p.oh + oy) * p.ow + ox] / Cv<T>::from(div);
             }
         }
+        dx[t] = acc;
     }
 }
 
@@ -353,22 +373,33 @@ template <typename T> __device__ void adaptive_pool_fwd_impl(const PoolArgs& p) 
     }
 }
 
+// One thread per input element: the share of every window that covers it
+// (the windows of output o cover [o·size/out, ceil((o+1)·size/out)), so
+// those covering i lie between o = i·out/size − 1 and (i+1)·out/size).
 template <typename T> __device__ void adaptive_pool_bwd_impl(const PoolArgs& p) {
     const T* dy = (const T*)p.dy;
     T* dx = (T*)p.out;
-    GRID_LOOP(pl, p.planes) {
-        T* d = dx + pl * p.h * p.w;
-        for (u64 i = 0; i < p.h * p.w; ++i) d[i] = Cv<T>::from(0.0);
-        for (u64 oy = 0; oy < p.oh; ++oy) {
-            for (u64 ox = 0; ox < p.ow; ++ox) {
-                u64 y0, y1, x0, x1;
-                adaptive_range(oy, p.oh, p.h, &y0, &y1);
+    GRID_LOOP(t, p.planes * p.h * p.w) {
+        u64 xx = t % p.w, yy = (t / p.w) % p.h, pl = t / (p.w * p.h);
+        u64 oy0 = yy * p.oh / p.h, oy1 = ((yy + 1) * p.oh + p.h - 1) / p.h;
+        u64 ox0 = xx * p.ow / p.w, ox1 = ((xx + 1) * p.ow + p.w - 1) / p.w;
+        oy0 = oy0 > 0 ? oy0 - 1 : 0;
+        ox0 = ox0 > 0 ? ox0 - 1 : 0;
+        if (oy1 > p.oh) oy1 = p.oh;
+        if (ox1 > p.ow) ox1 = p.ow;
+        T acc = Cv<T>::from(0.0);
+        for (u64 oy = oy0; oy < oy1; ++oy) {
+            u64 y0, y1;
+            adaptive_range(oy, p.oh, p.h, &y0, &y1);
+            if (yy < y0 || yy >= y1) continue;
+            for (u64 ox = ox0; ox < ox1; ++ox) {
+                u64 x0, x1;
                 adaptive_range(ox, p.ow, p.w, &x0, &x1);
-                T g = dy[(pl * p.oh + oy) * p.ow + ox] / Cv<T>::from((double)((y1 - y0) * (x1 - x0)));
-                for (u64 yy = y0; yy < y1; ++yy)
-                    for (u64 xx = x0; xx < x1; ++xx) d[yy * p.w + xx] = d[yy * p.w + xx] + g;
+                if (xx < x0 || xx >= x1) continue;
+                acc = acc + dy[(pl * p.oh + oy) * p.ow + ox] / Cv<T>::from((double)((y1 - y0) * (x1 - x0)));
             }
         }
+        dx[t] = acc;
     }
 }
 "#,

@@ -78,6 +78,11 @@ impl CudaBackend {
     pub(super) fn gemm_blas(&self, call: &GemmCall) -> Result<bool> {
         Ok(self.with_blas(|blas| gemm(self, blas, call))?.is_some())
     }
+
+    /// Whether cuBLAS loads here (loading it on the first call).
+    pub(super) fn blas_loads(&self) -> Result<bool> {
+        Ok(self.with_blas(|_| Ok(()))?.is_some())
+    }
 }
 
 /// Row-major C (m x n) = A (m x k) B (k x n) as column-major
@@ -89,14 +94,14 @@ fn gemm(be: &CudaBackend, blas: &Blas, g: &GemmCall) -> Result<()> {
     let (ta, lda) = g.a_form;
     let h = blas.handle.0;
     let (mm, nn, kk) = (g.n as i32, g.m as i32, g.k as i32);
-    let ldc = g.n as i32;
-    let stride_c = (g.m * g.n) as i64;
+    let ldc = g.ldc as i32;
+    let stride_c = g.stride_c as i64;
     // SAFETY: pointers address device buffers holding every element the
     // strides reach (checked by the front end); alpha/beta live on the stack.
     let status = unsafe {
         match g.dtype {
             DType::F32 => {
-                let (alpha, beta) = (1f32, 0f32);
+                let (alpha, beta) = (1f32, g.accumulate as u8 as f32);
                 cb::cublasSgemmStridedBatched(
                     h,
                     op(tb),
@@ -119,7 +124,7 @@ fn gemm(be: &CudaBackend, blas: &Blas, g: &GemmCall) -> Result<()> {
                 )
             }
             DType::F64 => {
-                let (alpha, beta) = (1f64, 0f64);
+                let (alpha, beta) = (1f64, g.accumulate as u8 as f64);
                 cb::cublasDgemmStridedBatched(
                     h,
                     op(tb),
@@ -143,7 +148,7 @@ fn gemm(be: &CudaBackend, blas: &Blas, g: &GemmCall) -> Result<()> {
             }
             DType::F16 => {
                 // f16 in and out, f32 accumulation.
-                let (alpha, beta) = (1f32, 0f32);
+                let (alpha, beta) = (1f32, g.accumulate as u8 as f32);
                 cb::cublasGemmStridedBatchedEx(
                     h,
                     op(tb),

@@ -154,6 +154,9 @@ impl CudaDevice for CudaBackend {
     fn gemm(&self, call: &GemmCall) -> Result<bool> {
         self.gemm_blas(call)
     }
+    fn has_gemm(&self) -> Result<bool> {
+        self.blas_loads()
+    }
     fn err(&self, msg: String) -> Error {
         CudaBackend::err(self, msg)
     }

@@ -331,10 +331,21 @@ impl CudaBackend {
     }
 
     /// A temporary device buffer, returned to the cache when dropped.
+    /// Booked in the device's ledger like a tensor (a convolution's
+    /// workspace counts against `KILN_CUDA_MEMORY` and shows in the memory
+    /// figures while it lives).
     pub(crate) fn temp_buf(&self, bytes: usize) -> Result<TempBuf<'_>> {
-        match self.alloc_dev(bytes)? {
-            Some(buf) => Ok(TempBuf { backend: self, buf: Some(buf) }),
-            None => Err(self.oom(bytes)),
+        self.pool.reserve(bytes)?;
+        match self.alloc_dev(bytes) {
+            Ok(Some(buf)) => Ok(TempBuf { backend: self, buf: Some(buf), bytes }),
+            Ok(None) => {
+                self.pool.unreserve(bytes);
+                Err(self.oom(bytes))
+            }
+            Err(e) => {
+                self.pool.unreserve(bytes);
+                Err(e)
+            }
         }
     }
 }
@@ -343,6 +354,7 @@ impl CudaBackend {
 pub(crate) struct TempBuf<'a> {
     backend: &'a CudaBackend,
     buf: Option<DevBuf>,
+    bytes: usize,
 }
 
 impl TempBuf<'_> {
@@ -355,6 +367,7 @@ impl Drop for TempBuf<'_> {
     fn drop(&mut self) {
         if let Some(b) = self.buf.take() {
             self.backend.free_dev(b);
+            self.backend.pool.unreserve(self.bytes);
         }
     }
 }

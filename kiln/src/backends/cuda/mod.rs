@@ -15,6 +15,7 @@
 //! (or, when probing, into a [`FallbackReason`]).
 
 mod blas;
+pub(crate) mod census;
 mod launch;
 mod memory;
 pub(crate) mod modules;
@@ -384,6 +385,16 @@ impl Backend for CudaBackend {
         let cached = self.cache.lock().map(|c| c.bytes).unwrap_or(0);
         d.push(("kiln cache".to_string(), human_bytes(cached)));
         d.push(("cublas".to_string(), self.blas_status()));
+        let conv = match crate::kernel::cuda::conv_path() {
+            crate::kernel::cuda::ConvPath::Direct => "direct kernels (KILN_CUDA_CONV=direct)".to_string(),
+            crate::kernel::cuda::ConvPath::Gemm => "im2col + cuBLAS (KILN_CUDA_CONV=gemm)".to_string(),
+            crate::kernel::cuda::ConvPath::Auto => match self.blas_status().as_str() {
+                "yes" => "im2col + cuBLAS".to_string(),
+                "not loaded yet" => "im2col + cuBLAS once cuBLAS loads (direct kernels without it)".to_string(),
+                why => format!("direct kernels (cuBLAS {why})"),
+            },
+        };
+        d.push(("convolution".to_string(), conv));
         d
     }
     fn alloc_buffer(&self, dtype: DType, len: usize) -> Result<Buffer> {

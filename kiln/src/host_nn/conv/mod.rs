@@ -333,7 +333,7 @@ pub fn conv2d_forward<T: NnFloat>(
 
 // ---- the kernels over an explicit geometry ------------------------------------
 //
-// What `ops/conv.rs` runs: a transposed convolution's input may have fewer
+// What `ops/conv/` runs: a transposed convolution's input may have fewer
 // rows and columns than the windows of the convolution it transposes
 // (output_padding ≥ stride), so its kernels take the geometry itself, not
 // the convolution's arguments. Every slice is checked against the geometry

@@ -3,8 +3,10 @@
 //! (explicit or `"same"`), dilation, groups and an optional bias, with
 //! gradients. Three kernels serve both ops: the forward convolution, its
 //! input gradient (which is the transposed convolution's forward) and its
-//! weight gradient. Host kernels call [`crate::host_nn`]; CUDA kernels are
-//! direct (one thread per output element, f64 accumulation).
+//! weight gradient. Host kernels call [`crate::host_nn`]. On CUDA they run
+//! through im2col and cuBLAS (`gemm.rs`) when cuBLAS loads, else (or with
+//! `KILN_CUDA_CONV=direct`) through the direct kernels below: one thread per
+//! output element, f64 accumulation.
 //!
 //! Also the helpers that the other convolutional-network ops (`pool.rs`,
 //! `norm.rs`) share: the host dispatch over f32/f64 slices and the device
@@ -16,14 +18,16 @@ use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
 use crate::host_nn::{self, Conv2dParams, ConvGeom, ConvTranspose2dParams, NnFloat, Padding2d};
-use crate::kernel::cuda::{c_type, dtype_tag, CudaDevice, CudaModule, BLOCK};
+use crate::kernel::cuda::{c_type, conv_path, dtype_tag, ConvPath, CudaDevice, CudaModule, BLOCK};
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
 use crate::tensor::{check_same_device, check_same_dtype};
 use crate::Tensor;
 use std::sync::Arc;
 
-// ---- helpers shared by conv.rs, pool.rs and norm.rs --------------------------
+mod gemm;
+
+// ---- helpers shared by conv/, pool.rs and norm.rs -----------------------------
 
 /// A float element type of the convolutional-network kernels.
 pub(crate) trait HostFloat: NnFloat {
@@ -337,6 +341,25 @@ impl CustomKernel for ConvOp {
             pl: g.pl as i64,
         };
         if count == 0 {
+            return Ok(());
+        }
+        let empty = [g.n, g.k_len(), g.out_plane(), g.ocg, g.in_plane()].contains(&0);
+        let through_gemm = match conv_path() {
+            ConvPath::Direct => false,
+            ConvPath::Gemm | ConvPath::Auto if empty || !gemm::fits(g) => false,
+            ConvPath::Auto => dev.has_gemm()?,
+            ConvPath::Gemm => {
+                if !dev.has_gemm()? {
+                    return Err(dev.err(format!(
+                        "{}: KILN_CUDA_CONV=gemm asks for im2col + cuBLAS, but cuBLAS does not load here; \
+                         unset it (or set KILN_CUDA_CONV=direct) to use kiln's direct kernels",
+                        self.name()
+                    )));
+                }
+                true
+            }
+        };
+        if through_gemm && gemm::run(g, self.kind, dev, inputs, out)? {
             return Ok(());
         }
         let name = format!("{name}_{}", dtype_tag(out.dtype));

@@ -1,0 +1,138 @@
+//! The launch census of one training step on simulated CUDA: every kernel
+//! kiln launches in a step of LeNet and of ResNet-18 gives each thread a
+//! bounded amount of serial work, and the convolutions' multiply-adds run
+//! inside cuBLAS. The CUDA simulator counts each thread's work in basic
+//! blocks (`KILN_CUDASIM_CENSUS=1`, see cudasim/README.md); the step runs in
+//! a child process with the census on and a device of 132 multiprocessors
+//! (an H100/H200's count), so that grid-stride loops get the threads a real
+//! GPU gives them. Without the CUDA simulator the tests report a skip.
+
+#[path = "common/mod.rs"]
+#[macro_use]
+mod common;
+
+use common::Ran;
+use kiln::models::{lenet, resnet18, synthetic_images};
+use kiln::nn::{Loss, Module, Sequential};
+use kiln::optim::{Optimizer, Sgd};
+use kiln::{Device, LaunchRecord, Result};
+
+/// The most basic blocks one thread of any kernel may run in a step: about
+/// what a thread of an elementwise kernel runs over a few elements with a
+/// strided index, or a reduction thread folding a few dozen values. A
+/// kernel that loops over a batch, an image or a channel's N·H·W from one
+/// thread runs thousands.
+const WORK_BOUND: u64 = 400;
+
+/// The direct convolution kernels, which must not run when cuBLAS is there.
+const DIRECT_CONV: [&str; 3] = ["conv2d_fwd", "conv2d_bwd_input", "conv2d_bwd_weight"];
+
+/// The settings of the child that takes the census.
+const CENSUS_ENV: &[(&str, &str)] = &[("KILN_CUDASIM_CENSUS", "1"), ("KILN_CUDASIM_SMS", "132"), ("KILN_CUDASIM_DEVICES", "1")];
+
+fn main() -> std::process::ExitCode {
+    common::run_suite(trials![
+        a_lenet_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas,
+        a_resnet18_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas
+    ])
+}
+
+/// The CUDA device to take the census on, or a skip.
+fn census_device() -> std::result::Result<Option<Device>, common::Skip> {
+    let Some(&d) = common::cuda_devices().first() else {
+        return Err(common::skip_no_cuda(format!(
+            "the launch census needs the CUDA simulator (scripts/cudasim.sh): {}",
+            common::why_no_cuda()
+        )));
+    };
+    Ok(Some(d))
+}
+
+/// One SGD step of `net` on `batch` synthetic images of `size`×`size` on `d`,
+/// after a first step (which loads modules and sizes lazy layers); the
+/// census of the second step.
+fn census_of_a_step(mut net: Sequential, batch: usize, size: usize, d: Device) -> Result<Vec<LaunchRecord>> {
+    let (x, y) = synthetic_images(batch, 3, &d)?;
+    let x = if size == 28 { x } else { x.interpolate([size, size], kiln::InterpMode::Nearest)? };
+    let x = x.contiguous()?;
+    net.init_lazy(&x.to(&kiln::cpu())?)?;
+    net.to(&d)?;
+    let mut opt = Sgd::new(net.parameters(), 0.01);
+    let mut step = || -> Result<()> {
+        opt.zero_grad();
+        let loss = Loss::CrossEntropy.compute(&net.forward(&x)?, &y)?;
+        loss.backward()?;
+        opt.step()
+    };
+    step()?;
+    kiln::take_launch_census()?;
+    step()?;
+    kiln::take_launch_census()
+}
+
+/// Checks a step's census: no thread above [`WORK_BOUND`], no direct
+/// convolution kernel, and at least `conv_macs` multiply-adds in cuBLAS.
+fn check(records: &[LaunchRecord], conv_macs: u64) {
+    let table = kiln::census_table(records);
+    println!("{table}");
+    assert!(!records.is_empty(), "the census recorded nothing");
+    for r in records.iter().filter(|r| r.kind == "kernel") {
+        assert!(
+            r.work_max <= WORK_BOUND,
+            "{} gives one thread {} basic blocks of serial work (bound {WORK_BOUND}, {} threads):\n{table}",
+            r.name,
+            r.work_max,
+            r.threads
+        );
+        assert!(
+            !DIRECT_CONV.iter().any(|k| r.name.starts_with(k)),
+            "the direct convolution kernel {} ran although cuBLAS is there:\n{table}",
+            r.name
+        );
+    }
+    let macs: u64 = records.iter().filter(|r| r.kind == "gemm").map(|r| r.macs).sum();
+    assert!(macs >= conv_macs, "{macs} multiply-adds ran in cuBLAS, fewer than the step's convolutions need ({conv_macs}):\n{table}");
+}
+
+fn in_child(f: impl FnOnce(Device) -> Result<()>) -> Ran {
+    let Some(d) = census_device()? else { return Ok(()) };
+    if common::is_child() {
+        f(d).unwrap();
+        println!("CHILD-OK");
+    } else {
+        let out = common::run_child(CENSUS_ENV);
+        print!("{out}");
+        common::report_ran(d);
+    }
+    Ok(())
+}
+
+fn a_lenet_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas() -> Ran {
+    in_child(|d| {
+        let mut busiest = Vec::new();
+        for batch in [8u64, 32] {
+            let records = census_of_a_step(lenet(10), batch as usize, 28, d)?;
+            // LeNet's convolutions per image: 1→6 channels, 5×5, 28×28 out;
+            // 6→16 channels, 5×5, 10×10 out. Forward, input and weight
+            // gradients (the first layer's input needs none).
+            let conv1 = 6 * 25 * 28 * 28;
+            let conv2 = 16 * 6 * 25 * 10 * 10;
+            check(&records, batch * (2 * conv1 + 3 * conv2));
+            busiest.push(records.iter().map(|r| r.work_max).max().unwrap_or(0));
+        }
+        // Four times the batch, the same serial work per thread (a few
+        // blocks of slack for index arithmetic).
+        assert!(busiest[1] <= busiest[0] + busiest[0] / 10, "the busiest thread's work grew with the batch: {busiest:?} at batch 8 and 32");
+        Ok(())
+    })
+}
+
+fn a_resnet18_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas() -> Ran {
+    in_child(|d| {
+        let records = census_of_a_step(resnet18(10), 2, 96, d)?;
+        // The stem alone: 3→64 channels, 7×7, 48×48 out, forward and weight
+        // gradient, per image.
+        check(&records, 2 * 2 * 64 * 3 * 49 * 48 * 48);
+        Ok(())
+    })
+}
