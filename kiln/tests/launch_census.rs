@@ -33,7 +33,9 @@ const CENSUS_ENV: &[(&str, &str)] = &[("KILN_CUDASIM_CENSUS", "1"), ("KILN_CUDAS
 fn main() -> std::process::ExitCode {
     common::run_suite(trials![
         a_lenet_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas,
-        a_resnet18_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas
+        a_resnet18_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas,
+        contiguous_elementwise_kernels_move_16_bytes_per_access_with_the_cpus_bits,
+        the_elementwise_families_have_a_16_byte_packed_path_in_their_source,
     ])
 }
 
@@ -135,4 +137,47 @@ fn a_resnet18_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cubl
         check(&records, 2 * 2 * 64 * 3 * 49 * 48 * 48);
         Ok(())
     })
+}
+
+/// A contiguous f32/f64 add and exp run a thread per 16 bytes (4 floats or
+/// 2 doubles, and the tail), the add with the CPU's bits, the exp within
+/// the device's ulps of it.
+fn contiguous_elementwise_kernels_move_16_bytes_per_access_with_the_cpus_bits() -> Ran {
+    in_child(|d| {
+        let n = (1usize << 16) + 3;
+        for (dtype, per_thread) in [(kiln::DType::F32, 4usize), (kiln::DType::F64, 2)] {
+            let x = kiln::Tensor::arange_dtype(0.0, n as f64, 1.0, dtype, &kiln::cpu())?.mul_scalar(1e-4)?;
+            let xd = x.to(&d)?;
+            kiln::take_launch_census()?;
+            let (sum, exp) = (xd.add(&xd)?, xd.exp()?);
+            let records = kiln::take_launch_census()?;
+            let threads = (n.div_ceil(per_thread).div_ceil(256) * 256) as u64;
+            for name in ["binary_add", "unary_exp"] {
+                let r = records.iter().find(|r| r.name.starts_with(name)).unwrap_or_else(|| panic!("no {name} launch in the census"));
+                assert_eq!(r.threads, threads, "{name} {dtype}: a thread per {per_thread} elements (16 bytes)");
+            }
+            assert_eq!(sum.to_vec_f64()?, x.add(&x)?.to_vec_f64()?, "{dtype}: add differs from the CPU");
+            let ulps = common::transcendental_ulps(d);
+            if dtype == kiln::DType::F32 {
+                for (g, w) in exp.to_vec::<f32>()?.iter().zip(x.exp()?.to_vec::<f32>()?) {
+                    assert!((g.to_bits() as i64 - w.to_bits() as i64).unsigned_abs() <= ulps, "f32 exp: {g:e} on {d}, {w:e} on the CPU");
+                }
+            } else {
+                common::assert_ulps(&exp.to_vec_f64()?, &x.exp()?.to_vec_f64()?, ulps, "f64 exp");
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The generated CUDA source of the unary and binary families loads and
+/// stores 16-byte packs on contiguous operands.
+fn the_elementwise_families_have_a_16_byte_packed_path_in_their_source() -> Ran {
+    let sources = kiln::cuda_check::kernel_sources();
+    for family in ["unary", "binary"] {
+        let (_, src) = sources.iter().find(|(m, _)| m == family).unwrap_or_else(|| panic!("no {family} module"));
+        assert!(src.contains("#define PACK_BYTES 16"), "{family}: the prelude's pack size");
+        assert!(src.contains("Pack<T, N>") && src.contains("__restrict__"), "{family}: no packed path in its source");
+    }
+    Ok(())
 }

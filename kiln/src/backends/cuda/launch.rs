@@ -33,7 +33,8 @@ pub(crate) fn run(be: &CudaBackend, kernel: &Kernel<'_>, out: &Storage) -> Resul
                 b: call.b,
                 pn: call.n,
             };
-            be.launch(call.module, &call.kernel, be.grid_for(out.len), BLOCK, &args)
+            let per_thread = if contiguous(&[&args.sl]) { pack_len(src.storage.dtype.size_in_bytes()) } else { 1 };
+            be.launch(call.module, &call.kernel, be.grid_for(out.len.div_ceil(per_thread)), BLOCK, &args)
         }
         Kernel::Binary { op, lhs, rhs } => {
             let call = op.cuda(lhs.storage.dtype);
@@ -46,7 +47,8 @@ pub(crate) fn run(be: &CudaBackend, kernel: &Kernel<'_>, out: &Storage) -> Resul
                 out: be.ptr(out)?,
                 n: out.len as u64,
             };
-            be.launch(call.module, &call.kernel, be.grid_for(out.len), BLOCK, &args)
+            let per_thread = if contiguous(&[&args.la, &args.lb]) { pack_len(lhs.storage.dtype.size_in_bytes()) } else { 1 };
+            be.launch(call.module, &call.kernel, be.grid_for(out.len.div_ceil(per_thread)), BLOCK, &args)
         }
         Kernel::Reduce { op, src, dims } => {
             let call = op.cuda(src.storage.dtype);
@@ -54,6 +56,18 @@ pub(crate) fn run(be: &CudaBackend, kernel: &Kernel<'_>, out: &Storage) -> Resul
         }
         Kernel::Custom { op, inputs } => op.cuda(be, inputs, out),
     }
+}
+
+/// Elements of a 16-byte pack (`PACK_BYTES` in the prelude): what a thread
+/// of an elementwise kernel handles at a time over contiguous operands.
+fn pack_len(elem_size: usize) -> usize {
+    (16 / elem_size.max(1)).max(1)
+}
+
+/// Whether every operand is one contiguous run (the kernels' packed path;
+/// it also needs aligned addresses, which the kernel checks).
+fn contiguous(lays: &[&crate::kernel::cuda::Lay]) -> bool {
+    lays.iter().all(|l| l.rank == 1 && l.strides[0] == 1)
 }
 
 /// A reduction of `src` over `dims` with the kernels `{prefix}_block`,

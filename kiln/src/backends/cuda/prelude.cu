@@ -40,6 +40,16 @@ __device__ __forceinline__ i64 lay_off(const Lay& l, u64 i) {
 #define GRID_LOOP(i, n) \
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (u64)blockDim.x * gridDim.x)
 
+// ---- 16-byte packs: elementwise kernels over contiguous operands ---------
+// A thread loads and stores PACK_BYTES at a time (LDG.128/STG.128 on the
+// GPU) when every operand is aligned, PackOf<T>::N elements a pack; the
+// elements are computed one by one with the same expression as the scalar
+// path, so the results are the same bits.
+#define PACK_BYTES 16
+template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T e[N]; };
+template <typename T> struct PackOf { static constexpr int N = PACK_BYTES / sizeof(T) > 0 ? PACK_BYTES / sizeof(T) : 1; };
+__device__ __forceinline__ bool aligned_to(const void* p, u64 bytes) { return ((u64)p % bytes) == 0; }
+
 // ---- conversions: to/from f64, as the CPU's WithDType -------------------
 
 #ifdef KILN_CUDASIM

@@ -176,9 +176,23 @@ template <typename T, typename O, typename F> __device__ __forceinline__ void bi
     const T* b = (const T*)p.b;
     O* out = (O*)p.out;
     if (p.la.rank == 1 && p.lb.rank == 1 && p.la.strides[0] == 1 && p.lb.strides[0] == 1) {
-        const T* x = a + p.la.off;
-        const T* y = b + p.lb.off;
-        GRID_LOOP(i, p.n) out[i] = f(x[i], y[i]);
+        const T* __restrict__ x = a + p.la.off;
+        const T* __restrict__ y = b + p.lb.off;
+        O* __restrict__ o = out;
+        constexpr int N = PackOf<T>::N;
+        if (N > 1 && aligned_to(x, sizeof(T) * N) && aligned_to(y, sizeof(T) * N) && aligned_to(o, sizeof(O) * N)) {
+            u64 packs = p.n / N;
+            GRID_LOOP(v, packs) {
+                Pack<T, N> xv = ((const Pack<T, N>*)x)[v], yv = ((const Pack<T, N>*)y)[v];
+                Pack<O, N> ov;
+#pragma unroll
+                for (int k = 0; k < N; ++k) ov.e[k] = f(xv.e[k], yv.e[k]);
+                ((Pack<O, N>*)o)[v] = ov;
+            }
+            GRID_LOOP(i, p.n - packs * N) o[packs * N + i] = f(x[packs * N + i], y[packs * N + i]);
+        } else {
+            GRID_LOOP(i, p.n) o[i] = f(x[i], y[i]);
+        }
     } else {
         GRID_LOOP(i, p.n) out[i] = f(a[lay_off(p.la, i)], b[lay_off(p.lb, i)]);
     }

@@ -184,8 +184,21 @@ template <typename T, typename F> __device__ __forceinline__ void unary_map(cons
     T a = Cv<T>::from(p.a), b = Cv<T>::from(p.b);
     i64 n = p.pn;
     if (p.sl.rank == 1 && p.sl.strides[0] == 1) {
-        const T* s = src + p.sl.off;
-        GRID_LOOP(i, p.n) out[i] = f(s[i], a, b, n);
+        const T* __restrict__ s = src + p.sl.off;
+        T* __restrict__ o = out;
+        constexpr int N = PackOf<T>::N;
+        if (N > 1 && aligned_to(s, sizeof(T) * N) && aligned_to(o, sizeof(T) * N)) {
+            u64 packs = p.n / N;
+            GRID_LOOP(v, packs) {
+                Pack<T, N> sv = ((const Pack<T, N>*)s)[v], ov;
+#pragma unroll
+                for (int k = 0; k < N; ++k) ov.e[k] = f(sv.e[k], a, b, n);
+                ((Pack<T, N>*)o)[v] = ov;
+            }
+            GRID_LOOP(i, p.n - packs * N) o[packs * N + i] = f(s[packs * N + i], a, b, n);
+        } else {
+            GRID_LOOP(i, p.n) o[i] = f(s[i], a, b, n);
+        }
     } else {
         GRID_LOOP(i, p.n) out[i] = f(src[lay_off(p.sl, i)], a, b, n);
     }
