@@ -150,6 +150,51 @@ pub(crate) fn cuda_matmul_uses_cublas_again_after_a_failed_cublas_create() -> Ra
     })
 }
 
+/// Convolutions go through im2col + cuBLAS when cuBLAS loads and through
+/// kiln's direct kernels when it does not, with the same values as the CPU
+/// either way, and `kiln devices` names the path; KILN_CUDA_CONV=gemm where
+/// cuBLAS cannot be had is an error that says what to do, and the
+/// workspace is back in the cache afterwards (nothing in use is left).
+pub(crate) fn cuda_convolutions_fall_back_to_direct_kernels_without_cublas_and_say_why() -> Ran {
+    in_simulator_child(&[("KILN_CUDASIM_FAIL", "cublasCreate_v2:2")], |d| {
+        let conv_status = || {
+            let info = kiln::devices().into_iter().find(|i| i.device == d).expect("listed");
+            info.details.into_iter().find(|(k, _)| k == "convolution").map(|(_, v)| v).unwrap_or_default()
+        };
+        let x = Tensor::arange(0.0, 2.0 * 3.0 * 7.0 * 6.0, 1.0, &kiln::cpu())?.reshape((2, 3, 7, 6))?.mul_scalar(0.01)?;
+        let w = Tensor::arange(0.0, 4.0 * 3.0 * 3.0 * 2.0, 1.0, &kiln::cpu())?.reshape((4, 3, 3, 2))?.sub_scalar(30.0)?.mul_scalar(0.02)?;
+        let args = kiln::Conv2dArgs::default().stride((2, 1)).padding(1);
+        let want = x.conv2d(&w, None, args)?.to_vec::<f32>()?;
+        let (xd, wd) = (x.to(&d)?, w.to(&d)?);
+        assert!(conv_status().starts_with("im2col + cuBLAS once cuBLAS loads"), "{}", conv_status());
+        // KILN_CUDA_CONV=gemm with cuBLAS failing to load: an error, nothing run.
+        std::env::set_var("KILN_CUDA_CONV", "gemm");
+        match xd.conv2d(&wd, None, args).and_then(|y| y.to_vec::<f32>()) {
+            Err(e) => assert!(e.to_string().contains("KILN_CUDA_CONV=direct"), "{e}"),
+            Ok(_) => panic!("KILN_CUDA_CONV=gemm ran without cuBLAS"),
+        }
+        std::env::remove_var("KILN_CUDA_CONV");
+        let (gemms, direct) = (stat("gemms"), stat("launches:conv2d_fwd_f32"));
+        let close = |got: &[f32]| got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0));
+        let y = xd.conv2d(&wd, None, args)?.to_vec::<f32>()?;
+        assert!(close(&y), "direct kernels: {y:?} against the CPU's {want:?}");
+        assert_eq!((stat("gemms"), stat("launches:conv2d_fwd_f32")), (gemms, direct + 1), "the direct kernel ran");
+        assert!(conv_status().starts_with("direct kernels (cuBLAS no: cublasCreate failed"), "{}", conv_status());
+        // cuBLAS loads at the next convolution: im2col + gemm, the same values.
+        let y = xd.conv2d(&wd, None, args)?.to_vec::<f32>()?;
+        assert!(close(&y), "im2col + cuBLAS: {y:?} against the CPU's {want:?}");
+        assert_eq!((stat("gemms"), stat("launches:conv2d_fwd_f32")), (gemms + 1, direct + 1), "one cuBLAS gemm, no direct kernel");
+        assert_eq!(conv_status(), "im2col + cuBLAS");
+        kiln::synchronize(&d)?;
+        assert_eq!(
+            kiln::memory_stats(&d)?.in_use,
+            xd.storage_bytes() + wd.storage_bytes(),
+            "the workspace is not held after the convolution"
+        );
+        Ok(())
+    })
+}
+
 /// sum_all, mean_all, norm and a long argmax/argmin spread over the device:
 /// a first pass over many blocks, then one over their partial results.
 pub(crate) fn cuda_full_reductions_launch_many_blocks() -> Ran {
