@@ -50,7 +50,7 @@ mod tensor;
 pub mod trainer;
 
 pub use autograd::{is_grad_enabled, no_grad, NoGradGuard};
-pub use backends::cuda::census::{census_table, take_launch_census, LaunchRecord};
+pub use backends::cuda::census::{census_table, LaunchRecord};
 pub use backends::sim::{DEFAULT_SIM_GPU_MEMORY, MAX_SIM_GPUS};
 pub use base::buffer::CpuBuffer;
 pub use base::device::{cpu, gpu, Device, DeviceInfo, DeviceKind, FallbackReason};
@@ -71,7 +71,8 @@ pub use ops::unary::UnaryOp;
 pub use registry::hold_queue;
 pub use registry::{
     add_simulated_gpus, default_device, default_device_scope, devices, empty_cache, ensure_simulated_gpus, memory_stats, num_gpus,
-    reset_peak_memory, synchronize, try_all_gpus, try_ensure_simulated_gpus, try_gpu, why_no_cuda_device, why_not_gpu, DefaultDeviceGuard,
+    reset_peak_memory, synchronize, take_launch_census, try_all_gpus, try_ensure_simulated_gpus, try_gpu, why_no_cuda_device, why_not_gpu,
+    DefaultDeviceGuard,
 };
 #[doc(hidden)]
 pub use runtime::faults::inject_kernel_failure;

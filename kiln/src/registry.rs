@@ -342,3 +342,28 @@ pub fn default_device_scope(device: Device) -> Result<DefaultDeviceGuard> {
 pub fn hold_queue(device: &Device) -> Result<Option<QueueHold>> {
     backend(*device)?.hold_queue()
 }
+
+/// Takes (and clears) the CUDA simulator's launch census: every kernel and
+/// cuBLAS gemm that completed since the last call, in completion order,
+/// each with its threads and the serial work of its busiest thread (see
+/// [`LaunchRecord`](crate::LaunchRecord)). Synchronizes every CUDA device
+/// first, so work already queued is included.
+///
+/// An error when the process does not run on the CUDA simulator with
+/// `KILN_CUDASIM_CENSUS=1` (a real GPU has no census).
+///
+/// ```
+/// // Without the simulator there is no census, and the error says how to get one.
+/// if kiln::num_gpus() == 0 {
+///     let e = kiln::take_launch_census().unwrap_err();
+///     assert!(e.to_string().contains("KILN_CUDASIM_CENSUS=1"));
+/// }
+/// ```
+pub fn take_launch_census() -> Result<Vec<crate::LaunchRecord>> {
+    for d in devices() {
+        if d.kind == DeviceKind::Cuda {
+            synchronize(&d.device)?;
+        }
+    }
+    crate::backends::cuda::census::take_records()
+}

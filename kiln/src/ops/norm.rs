@@ -3,9 +3,10 @@
 //! the running statistics) and layer normalisation (`F.layer_norm`), with
 //! gradients. Kernels: batch statistics, the normalisation itself, and the
 //! input gradient; the weight and bias gradients are sums of tensors.
-//! Host kernels call [`crate::host_nn`]; CUDA kernels are direct (one
-//! thread per channel or row for the statistics and input gradients, f64
-//! sums).
+//! Host kernels call [`crate::host_nn`]. On CUDA, batch statistics and
+//! the input gradient are block reductions of each channel (a workspace of
+//! per-block partial sums in f64, folded per channel in a fixed order),
+//! layer norm runs a block per row: no thread's loop grows with the batch.
 
 use super::conv::{check_extents, check_float, dptr, host_dispatch, instantiate, HostFloat, HostNnKernel};
 use crate::base::buffer::CpuBuffer;
@@ -124,14 +125,15 @@ fn bn_cuda(dev: &dyn CudaDevice, a: &NormArgs, backward: Option<bool>, out_dtype
         return Ok(());
     }
     let parts = total.div_ceil(BLOCK as usize * BN_PER_THREAD).clamp(1, 1024);
-    let ws = dev.temp((c * parts * 2 + c * 2) * 8)?;
+    // Evaluation's backward reads no statistics of the batch: no workspace.
+    let ws = if backward == Some(false) { None } else { Some(dev.temp((c * parts * 3 + c * 2) * 8)?) };
     let mut st = NormStageArgs {
         x: a.x,
         dy: a.dy,
         stats: a.stats,
         w: a.w,
         out: a.out,
-        ws: ws.ptr(),
+        ws: ws.as_ref().map_or(0, |w| w.ptr()),
         batch: a.batch,
         channels: a.channels,
         spatial: a.spatial,
@@ -308,21 +310,22 @@ fn cuda_source() -> String {
 // most a few dozen elements, whatever the batch) whose block sums go to a
 // workspace of doubles, then folded per channel by one block in a fixed
 // order. `stage`: 0 sums x; 1 sums (x − mean)²; 2 sums dy and dy·(x − mean).
-// ws holds [channels][parts][2] partial sums, then [channels][2] per-channel
+// ws holds [channels][parts][3] partial sums, then [channels][2] per-channel
 // results (mean and the rest) after them.
 template <typename T> __device__ void bn_partial_impl(const NormStageArgs& p) {
     const T* x = (const T*)p.x;
     const T* dy = (const T*)p.dy;
     double* ws = (double*)p.ws;
-    const double* chan = ws + p.channels * p.parts * 2;
+    const double* chan = ws + p.channels * p.parts * 3;
     __shared__ double s0[256];
     __shared__ double s1[256];
+    __shared__ double s2[256];
     u64 total = p.batch * p.spatial, chunk = (total + p.parts - 1) / p.parts;
     for (u64 b = blockIdx.x; b < p.channels * p.parts; b += gridDim.x) {
         u64 c = b / p.parts, q = b % p.parts;
         u64 lo = q * chunk, hi = lo + chunk < total ? lo + chunk : total;
         double mean = p.stage == 0 ? 0.0 : chan[2 * c];
-        double a0 = 0.0, a1 = 0.0;
+        double a0 = 0.0, a1 = 0.0, a2 = 0.0;
         for (u64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
             u64 at = ((j / p.spatial) * p.channels + c) * p.spatial + j % p.spatial;
             double v = Cv<T>::to(x[at]);
@@ -332,21 +335,25 @@ template <typename T> __device__ void bn_partial_impl(const NormStageArgs& p) {
                 double g = Cv<T>::to(dy[at]);
                 a0 += g;
                 a1 += g * (v - mean);
+                a2 += v;
             }
         }
         s0[threadIdx.x] = a0;
         s1[threadIdx.x] = a1;
+        s2[threadIdx.x] = a2;
         __syncthreads();
         for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
             if (threadIdx.x < s) {
                 s0[threadIdx.x] += s0[threadIdx.x + s];
                 s1[threadIdx.x] += s1[threadIdx.x + s];
+                s2[threadIdx.x] += s2[threadIdx.x + s];
             }
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws[b * 2] = s0[0];
-            ws[b * 2 + 1] = s1[0];
+            ws[b * 3] = s0[0];
+            ws[b * 3 + 1] = s1[0];
+            ws[b * 3 + 2] = s2[0];
         }
         __syncthreads();
     }
@@ -358,25 +365,29 @@ template <typename T> __device__ void bn_partial_impl(const NormStageArgs& p) {
 // dot·invstd²/count.
 template <typename T> __device__ void bn_finish_impl(const NormStageArgs& p) {
     double* ws = (double*)p.ws;
-    double* chan = ws + p.channels * p.parts * 2;
+    double* chan = ws + p.channels * p.parts * 3;
     const T* st = (const T*)p.stats;
     T* out = (T*)p.out;
     __shared__ double s0[256];
     __shared__ double s1[256];
+    __shared__ double s2[256];
     double count = (double)(p.batch * p.spatial);
     for (u64 c = blockIdx.x; c < p.channels; c += gridDim.x) {
-        double a0 = 0.0, a1 = 0.0;
+        double a0 = 0.0, a1 = 0.0, a2 = 0.0;
         for (u64 q = threadIdx.x; q < p.parts; q += blockDim.x) {
-            a0 += ws[(c * p.parts + q) * 2];
-            a1 += ws[(c * p.parts + q) * 2 + 1];
+            a0 += ws[(c * p.parts + q) * 3];
+            a1 += ws[(c * p.parts + q) * 3 + 1];
+            a2 += ws[(c * p.parts + q) * 3 + 2];
         }
         s0[threadIdx.x] = a0;
         s1[threadIdx.x] = a1;
+        s2[threadIdx.x] = a2;
         __syncthreads();
         for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
             if (threadIdx.x < s) {
                 s0[threadIdx.x] += s0[threadIdx.x + s];
                 s1[threadIdx.x] += s1[threadIdx.x + s];
+                s2[threadIdx.x] += s2[threadIdx.x + s];
             }
             __syncthreads();
         }
@@ -389,9 +400,14 @@ template <typename T> __device__ void bn_finish_impl(const NormStageArgs& p) {
                 out[p.channels + c] = Cv<T>::from(1.0 / ::sqrt(var + p.eps));
                 out[2 * p.channels + c] = Cv<T>::from(var);
             } else {
+                // The saved mean is the batch mean rounded to T; invstd
+                // would amplify that rounding where a channel is nearly
+                // constant: Σ dy·(x − mean) = Σ dy·(x − m) + (m − Σx/N)·Σ dy
+                // (as the host kernel corrects it).
                 double inv = Cv<T>::to(st[p.channels + c]);
+                double dot = s1[0] + (count > 0.0 ? (Cv<T>::to(st[c]) - s2[0] / count) * s0[0] : 0.0);
                 chan[2 * c] = s0[0] / count;
-                chan[2 * c + 1] = s1[0] * inv * inv / count;
+                chan[2 * c + 1] = dot * inv * inv / count;
             }
         }
         __syncthreads();
@@ -401,7 +417,7 @@ template <typename T> __device__ void bn_finish_impl(const NormStageArgs& p) {
 // Puts the saved mean of each channel where stage 2 reads it.
 template <typename T> __device__ void bn_load_mean_impl(const NormStageArgs& p) {
     const T* st = (const T*)p.stats;
-    double* chan = (double*)p.ws + p.channels * p.parts * 2;
+    double* chan = (double*)p.ws + p.channels * p.parts * 3;
     GRID_LOOP(c, p.channels) chan[2 * c] = Cv<T>::to(st[c]);
 }
 
@@ -427,7 +443,7 @@ template <typename T> __device__ void bn_back_apply_impl(const NormStageArgs& p)
     const T* dy = (const T*)p.dy;
     const T* st = (const T*)p.stats;
     const T* w = (const T*)p.w;
-    const double* chan = (const double*)p.ws + p.channels * p.parts * 2;
+    const double* chan = (const double*)p.ws + p.channels * p.parts * 3;
     T* dx = (T*)p.out;
     GRID_LOOP(t, p.batch * p.channels * p.spatial) {
         u64 c = (t / p.spatial) % p.channels;

@@ -2,8 +2,8 @@
 //! padding, dilation, ceil_mode), `F.avg_pool2d` (count_include_pad,
 //! divisor_override) and `F.adaptive_avg_pool2d`, with gradients. Host
 //! kernels call [`crate::host_nn`]; CUDA kernels are direct: one thread per
-//! output element forward, one thread per image plane backward (the plane's
-//! gradient is scattered in the host's order, with no atomics).
+//! output element forward, one thread per input element backward (gathering
+//! from the windows that cover it in the host's order, with no atomics).
 
 use super::conv::{check_extents, check_float, dptr, host_dispatch, instantiate, HostFloat, HostNnKernel, Pair};
 use crate::base::buffer::CpuBuffer;

@@ -38,6 +38,7 @@ use std::collections::BTreeMap;
 mod adam;
 mod schedule;
 mod sgd;
+mod sgd_kernel;
 
 pub use adam::Adam;
 pub use schedule::{CosineLr, LinearWarmup, LrSchedule, StepLr, Then, Times};

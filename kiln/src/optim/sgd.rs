@@ -1,6 +1,6 @@
 //! Stochastic gradient descent with momentum and weight decay.
 
-use super::{check_params, follow_moves, non_negative, Optimizer, OptimizerState};
+use super::{check_params, follow_moves, non_negative, sgd_kernel, Optimizer, OptimizerState};
 use crate::{no_grad, Result, Tensor};
 use std::panic::Location;
 
@@ -57,6 +57,19 @@ impl Optimizer for Sgd {
         let mut updates: Vec<(usize, Tensor)> = Vec::with_capacity(self.params.len());
         for (i, p) in self.params.iter().enumerate() {
             let Some(mut g) = p.grad() else { continue };
+            if sgd_kernel::fused(p.dtype()) && g.dtype() == p.dtype() && g.dims() == p.dims() {
+                // One kernel (two with momentum): the same values as below.
+                let new = if self.momentum != 0.0 {
+                    let old = velocity[i].as_ref().map(|v| v.to(&p.device())).transpose()?;
+                    let next = sgd_kernel::velocity_step(p, &g, old.as_ref(), self.momentum, self.weight_decay)?;
+                    velocity[i] = Some(next.clone());
+                    sgd_kernel::param_step(p, &next, self.lr, 0.0)?
+                } else {
+                    sgd_kernel::param_step(p, &g, self.lr, self.weight_decay)?
+                };
+                updates.push((i, new));
+                continue;
+            }
             if self.weight_decay != 0.0 {
                 g = g.add(&p.mul_scalar(self.weight_decay)?)?;
             }

@@ -195,6 +195,33 @@ pub(crate) fn cuda_convolutions_fall_back_to_direct_kernels_without_cublas_and_s
     })
 }
 
+/// On a device of 8 MiB, a convolution whose im2col workspace does not fit
+/// for the whole batch takes one image at a time, and one whose single
+/// image does not fit runs the direct kernels: the CPU's values either way,
+/// and nothing held afterwards.
+pub(crate) fn cuda_a_convolution_without_room_for_its_workspace_takes_smaller_chunks_or_the_direct_kernels() -> Ran {
+    in_simulator_child(&[("KILN_CUDASIM_MEMORY", "8MiB")], |d| {
+        let x = Tensor::arange(0.0, (2 * 16 * 64 * 64) as f64, 1.0, &kiln::cpu())?.reshape((2, 16, 64, 64))?.mul_scalar(1e-5)?;
+        for (k, gemms_expected, direct_expected) in [(4usize, 2i64, 0i64), (7, 0, 1)] {
+            let w = Tensor::ones((16, 16, k, k), DType::F32, &kiln::cpu())?.mul_scalar(0.01)?;
+            let args = kiln::Conv2dArgs::default().padding(k / 2);
+            let want = x.conv2d(&w, None, args)?.to_vec::<f32>()?;
+            let (xd, wd) = (x.to(&d)?, w.to(&d)?);
+            let (gemms, direct) = (stat("gemms"), stat("launches:conv2d_fwd_f32"));
+            let got = xd.conv2d(&wd, None, args)?.to_vec::<f32>()?;
+            assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0)), "{k}×{k}: the CPU's values");
+            assert_eq!(
+                (stat("gemms") - gemms, stat("launches:conv2d_fwd_f32") - direct),
+                (gemms_expected, direct_expected),
+                "{k}×{k}: cuBLAS calls and direct launches"
+            );
+            kiln::synchronize(&d)?;
+            assert_eq!(kiln::memory_stats(&d)?.in_use, xd.storage_bytes() + wd.storage_bytes(), "{k}×{k}: nothing held afterwards");
+        }
+        Ok(())
+    })
+}
+
 /// sum_all, mean_all, norm and a long argmax/argmin spread over the device:
 /// a first pass over many blocks, then one over their partial results.
 pub(crate) fn cuda_full_reductions_launch_many_blocks() -> Ran {

@@ -64,6 +64,7 @@ fn main() -> std::process::ExitCode {
         cuda_a_lone_pinned_staging_chunk_and_its_event_are_not_leaked,
         cuda_matmul_uses_cublas_again_after_a_failed_cublas_create,
         cuda_convolutions_fall_back_to_direct_kernels_without_cublas_and_say_why,
+        cuda_a_convolution_without_room_for_its_workspace_takes_smaller_chunks_or_the_direct_kernels,
         cuda_full_reductions_launch_many_blocks,
         cuda_empty_cache_reports_a_failed_cumemfree,
         cuda_collectives_name_their_path_and_take_it,

@@ -83,26 +83,9 @@ fn unavailable(why: &str) -> Error {
     )
 }
 
-/// Takes (and clears) the simulator's launch census: every kernel and gemm
-/// that completed since the last call, in completion order. Synchronizes
-/// every CUDA device first, so work already queued is included.
-///
-/// An error when the process does not run on the CUDA simulator with
-/// `KILN_CUDASIM_CENSUS=1` (a real GPU has no census).
-///
-/// ```
-/// // Without the simulator there is no census, and the error says how to get one.
-/// if kiln::num_gpus() == 0 {
-///     let e = kiln::take_launch_census().unwrap_err();
-///     assert!(e.to_string().contains("KILN_CUDASIM_CENSUS=1"));
-/// }
-/// ```
-pub fn take_launch_census() -> Result<Vec<LaunchRecord>> {
-    for d in crate::registry::devices() {
-        if d.kind == crate::DeviceKind::Cuda {
-            crate::registry::synchronize(&d.device)?;
-        }
-    }
+/// Takes (and clears) the simulator's records; the caller synchronizes
+/// first ([`crate::take_launch_census`]).
+pub(crate) fn take_records() -> Result<Vec<LaunchRecord>> {
     let Some((take, enabled)) = functions() else {
         return Err(unavailable("no CUDA simulator is loaded in this process"));
     };
@@ -117,7 +100,8 @@ pub fn take_launch_census() -> Result<Vec<LaunchRecord>> {
         buf.resize(need + 1, 0);
         // SAFETY: `buf` holds `buf.len()` writable bytes.
         let got = unsafe { take(buf.as_mut_ptr() as *mut c_char, buf.len()) };
-        if got < buf.len() {
+        if got <= buf.len() {
+            // Written (and cleared in the simulator) whenever it fitted.
             buf.truncate(got);
             break String::from_utf8_lossy(&buf).into_owned();
         }

@@ -20,12 +20,16 @@
 //! input is already `col` (forward) and `dcol` is the input gradient.
 //! Images are taken in chunks whose workspace stays under
 //! [`WORKSPACE_BYTES`] (at least one image), allocated from the device's
-//! caching allocator and booked in its ledger while the chunk runs.
+//! caching allocator and booked in its ledger while the call runs; when the
+//! device has no room the chunk is halved, down to one image, and without
+//! room for one the direct kernels run instead. cuBLAS sums f32 in f32 (the
+//! direct kernels sum in f64), as PyTorch's cuDNN and cuBLAS paths do;
+//! `KILN_CUDA_TF32=1` lets it use TF32 here as in matmul.
 
 use super::{dptr, instantiate, ConvKind};
-use crate::base::error::Result;
+use crate::base::error::{Error, Result};
 use crate::host_nn::ConvGeom;
-use crate::kernel::cuda::{dtype_tag, CudaDevice, CudaModule, GemmCall, BLOCK};
+use crate::kernel::cuda::{dtype_tag, CudaDevice, CudaModule, GemmCall, TempBuffer, BLOCK};
 use crate::kernel::storage::Storage;
 use crate::kernel::Src;
 
@@ -141,6 +145,32 @@ fn pointwise(g: &ConvGeom) -> bool {
     g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0 && g.oh == g.h && g.ow == g.w
 }
 
+/// Whether im2col + cuBLAS is the better path for `g` when nothing forces
+/// one: not for a depthwise convolution (one input channel a group: a gemm
+/// per group of a single row), nor when one image's unfolded input exceeds
+/// [`WORKSPACE_BYTES`] (a large kernel over a large image, where the direct
+/// kernels need no workspace at all).
+pub(super) fn preferred(g: &ConvGeom, elem_size: usize) -> bool {
+    let depthwise = g.groups > 1 && g.icg == 1;
+    let per_image = g.c_in().saturating_mul(g.taps()).saturating_mul(g.out_plane()).saturating_mul(elem_size);
+    !depthwise && (pointwise(g) || per_image <= WORKSPACE_BYTES)
+}
+
+/// A workspace of `per_image` bytes for each of as many of `n` images as
+/// fit: the chunk under [`WORKSPACE_BYTES`], halved while the device has no
+/// room for it. None when not even one image's worth can be had.
+fn workspace<'d>(dev: &'d dyn CudaDevice, n: usize, per_image: usize) -> Result<Option<(Box<dyn TempBuffer + 'd>, usize)>> {
+    let mut nb = chunk(n, per_image);
+    loop {
+        match dev.temp(nb * per_image) {
+            Ok(ws) => return Ok(Some((ws, nb))),
+            Err(Error::OutOfMemory { .. }) if nb > 1 => nb /= 2,
+            Err(Error::OutOfMemory { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Images per chunk for `per_image` workspace bytes each.
 fn chunk(n: usize, per_image: usize) -> usize {
     if per_image == 0 {
@@ -158,7 +188,8 @@ struct Ptrs {
 }
 
 /// Runs `kind` of the convolution `g` through im2col and cuBLAS.
-/// `Ok(false)`: cuBLAS refused (missing), nothing was written.
+/// `Ok(false)`: cuBLAS refused (missing) or the device had no room for one
+/// image's workspace; the output is then written by the direct kernels.
 pub(super) fn run(g: &ConvGeom, kind: ConvKind, dev: &dyn CudaDevice, inputs: &[Src<'_>], out: &Storage) -> Result<bool> {
     let dt = out.dtype;
     let size = dt.size_in_bytes();
@@ -203,9 +234,14 @@ pub(super) fn run(g: &ConvGeom, kind: ConvKind, dev: &dyn CudaDevice, inputs: &[
     match kind {
         ConvKind::Forward { .. } | ConvKind::BackwardInput => {
             let forward = matches!(kind, ConvKind::Forward { .. });
-            let direct = pointwise(g);
-            let nb = chunk(g.n, if direct { 0 } else { col_per_image });
-            let ws = if direct { None } else { Some(dev.temp(nb * col_per_image)?) };
+            let (ws, nb) = if pointwise(g) {
+                (None, g.n.max(1))
+            } else {
+                match workspace(dev, g.n, col_per_image)? {
+                    Some((ws, nb)) => (Some(ws), nb),
+                    None => return Ok(false),
+                }
+            };
             let col_image = c_in * g.taps() * p;
             for i0 in (0..g.n).step_by(nb) {
                 let cnt = nb.min(g.n - i0);
@@ -278,8 +314,7 @@ pub(super) fn run(g: &ConvGeom, kind: ConvKind, dev: &dyn CudaDevice, inputs: &[
         ConvKind::BackwardWeight => {
             // colᵗ (c_in·kh·kw rows × nb·P) and dYᵗ (c_out × nb·P).
             let per_image = col_per_image + out_image * size;
-            let nb = chunk(g.n, per_image);
-            let ws = dev.temp(nb * per_image)?;
+            let Some((ws, nb)) = workspace(dev, g.n, per_image)? else { return Ok(false) };
             let col_t = ws.ptr();
             let dy_t = at(col_t, nb * c_in * g.taps() * p);
             for i0 in (0..g.n).step_by(nb) {

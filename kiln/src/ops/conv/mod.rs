@@ -344,10 +344,11 @@ impl CustomKernel for ConvOp {
             return Ok(());
         }
         let empty = [g.n, g.k_len(), g.out_plane(), g.ocg, g.in_plane()].contains(&0);
-        let through_gemm = match conv_path() {
+        let path = conv_path();
+        let through_gemm = match path {
             ConvPath::Direct => false,
             ConvPath::Gemm | ConvPath::Auto if empty || !gemm::fits(g) => false,
-            ConvPath::Auto => dev.has_gemm()?,
+            ConvPath::Auto => gemm::preferred(g, out.dtype.size_in_bytes()) && dev.has_gemm()?,
             ConvPath::Gemm => {
                 if !dev.has_gemm()? {
                     return Err(dev.err(format!(
@@ -359,8 +360,22 @@ impl CustomKernel for ConvOp {
                 true
             }
         };
-        if through_gemm && gemm::run(g, self.kind, dev, inputs, out)? {
-            return Ok(());
+        if through_gemm {
+            if gemm::run(g, self.kind, dev, inputs, out)? {
+                return Ok(());
+            }
+            if path == ConvPath::Gemm {
+                return Err(dev.err(format!(
+                    "{}: KILN_CUDA_CONV=gemm, but the device has no room for one image's im2col workspace ({} input channels × {}×{} kernel × {}×{} outputs); \
+                     free memory or unset KILN_CUDA_CONV (the direct kernels need no workspace)",
+                    self.name(),
+                    g.c_in(),
+                    g.kh,
+                    g.kw,
+                    g.oh,
+                    g.ow
+                )));
+            }
         }
         let name = format!("{name}_{}", dtype_tag(out.dtype));
         dev.launch(&MODULE, &name, dev.grid_for(count), BLOCK, &args)

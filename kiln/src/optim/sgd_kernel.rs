@@ -1,0 +1,181 @@
+//! SGD's update as one kernel per parameter (two with momentum) instead of
+//! one launch per arithmetic step: the same operations in the same order
+//! and precision as the composed ops (`g + p·λ`, `v·μ + g`, `p − v·lr`,
+//! each rounded to the parameter's type), so the values are the same bits.
+//! f32 and f64 parameters; other dtypes take the composed ops.
+
+use crate::backends::host::loops::{CHUNK, PAR_MIN};
+use crate::backends::host::unsupported_op;
+use crate::base::buffer::CpuBuffer;
+use crate::base::dtype::DType;
+use crate::base::error::Result;
+use crate::kernel::cuda::{c_type, dtype_tag, CudaDevice, CudaModule};
+use crate::kernel::storage::Storage;
+use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
+use crate::ops::conv::{check_extents, dptr};
+use crate::runtime::pool::on_pool;
+use crate::Tensor;
+use rayon::prelude::*;
+use std::sync::Arc;
+
+/// One SGD kernel. With `g' = g + p·λ` (λ = 0: `g' = g`):
+#[derive(Clone, Copy, Debug)]
+enum SgdKernel {
+    /// [p, g] → p − g'·lr.
+    Param { lr: f64, weight_decay: f64 },
+    /// [p, g, v] → v·μ + g'; [p, g] (the first step) → g'.
+    Velocity { momentum: f64, weight_decay: f64, has_velocity: bool },
+}
+
+impl SgdKernel {
+    fn at<T: crate::host_nn::NnFloat>(&self, p: T, g: T, v: Option<T>) -> T {
+        let (SgdKernel::Param { weight_decay: wd, .. } | SgdKernel::Velocity { weight_decay: wd, .. }) = *self;
+        let g = if wd != 0.0 { g + p * T::from_f64(wd) } else { g };
+        match *self {
+            SgdKernel::Param { lr, .. } => p - g * T::from_f64(lr),
+            SgdKernel::Velocity { momentum, .. } => match v {
+                Some(v) => v * T::from_f64(momentum) + g,
+                None => g,
+            },
+        }
+    }
+
+    fn run<T: crate::host_nn::NnFloat>(&self, p: &[T], g: &[T], v: Option<&[T]>, out: &mut [T], threads: usize) {
+        let body = |start: usize, o: &mut [T]| {
+            for (j, o) in o.iter_mut().enumerate() {
+                let i = start + j;
+                *o = self.at(p[i], g[i], v.map(|v| v[i]));
+            }
+        };
+        if threads > 1 && out.len() >= PAR_MIN {
+            on_pool(|| out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, o)| body(c * CHUNK, o)));
+        } else {
+            body(0, out);
+        }
+    }
+}
+
+crate::kernel_args! {
+    /// An SGD kernel's argument (`v` is 0 when absent).
+    SgdArgs { p: u64, g: u64, v: u64, out: u64, n: u64, lr: f64, momentum: f64, weight_decay: f64, kind: u64 }
+}
+
+impl CustomKernel for SgdKernel {
+    fn name(&self) -> &'static str {
+        match self {
+            SgdKernel::Param { .. } => "sgd_step",
+            SgdKernel::Velocity { .. } => "sgd_momentum",
+        }
+    }
+    fn host(&self, inputs: &[HostIn<'_>], out: &mut CpuBuffer, threads: usize) -> Result<()> {
+        fn slice<'a>(i: &'a HostIn<'_>) -> Option<&'a CpuBuffer> {
+            i.layout.contiguous_range().map(|_| i.buf)
+        }
+        let range = |i: &HostIn<'_>| i.layout.contiguous_range().unwrap_or((0, 0));
+        let v = inputs.get(2);
+        match (out, slice(&inputs[0]), slice(&inputs[1])) {
+            (CpuBuffer::F32(o), Some(CpuBuffer::F32(p)), Some(CpuBuffer::F32(g))) => {
+                let (pr, gr) = (range(&inputs[0]), range(&inputs[1]));
+                let vs = match v.map(|v| (v.buf, range(v))) {
+                    Some((CpuBuffer::F32(b), (a, e))) => Some(&b[a..e]),
+                    Some(_) => return Err(unsupported_op(self.name())),
+                    None => None,
+                };
+                self.run(&p[pr.0..pr.1], &g[gr.0..gr.1], vs, o, threads);
+            }
+            (CpuBuffer::F64(o), Some(CpuBuffer::F64(p)), Some(CpuBuffer::F64(g))) => {
+                let (pr, gr) = (range(&inputs[0]), range(&inputs[1]));
+                let vs = match v.map(|v| (v.buf, range(v))) {
+                    Some((CpuBuffer::F64(b), (a, e))) => Some(&b[a..e]),
+                    Some(_) => return Err(unsupported_op(self.name())),
+                    None => None,
+                };
+                self.run(&p[pr.0..pr.1], &g[gr.0..gr.1], vs, o, threads);
+            }
+            _ => return Err(unsupported_op(self.name())),
+        }
+        Ok(())
+    }
+    fn cuda(&self, dev: &dyn CudaDevice, inputs: &[Src<'_>], out: &Storage) -> Result<()> {
+        let n = out.len;
+        check_extents(self.name(), inputs, &vec![n; inputs.len()], out, n)?;
+        let (lr, momentum, weight_decay, kind) = match *self {
+            SgdKernel::Param { lr, weight_decay } => (lr, 0.0, weight_decay, 0),
+            SgdKernel::Velocity { momentum, weight_decay, has_velocity } => (0.0, momentum, weight_decay, if has_velocity { 1 } else { 2 }),
+        };
+        let args = SgdArgs {
+            p: dptr(dev, &inputs[0])?,
+            g: dptr(dev, &inputs[1])?,
+            v: if inputs.len() > 2 { dptr(dev, &inputs[2])? } else { 0 },
+            out: dev.ptr(out)?,
+            n: n as u64,
+            lr,
+            momentum,
+            weight_decay,
+            kind,
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        dev.launch(&MODULE, &format!("sgd_{}", dtype_tag(out.dtype)), dev.grid_for(n), crate::kernel::cuda::BLOCK, &args)
+    }
+    fn to_shared(&self) -> Arc<dyn CustomKernel> {
+        Arc::new(*self)
+    }
+}
+
+static MODULE: CudaModule = CudaModule::generated("sgd", cuda_source);
+inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
+
+fn cuda_source() -> String {
+    let mut s = String::from(SgdArgs::C_DECL);
+    s.push_str(
+        r#"
+// kind 0: p − g'·lr; 1: v·μ + g'; 2: g' (g' = g + p·λ, or g when λ = 0),
+// each product and sum rounded to T as the composed ops round them.
+template <typename T> __device__ void sgd_impl(const SgdArgs& a) {
+    const T* __restrict__ p = (const T*)a.p;
+    const T* __restrict__ g = (const T*)a.g;
+    const T* __restrict__ v = (const T*)a.v;
+    T* __restrict__ out = (T*)a.out;
+    T lr = (T)a.lr, mu = (T)a.momentum, wd = (T)a.weight_decay;
+    GRID_LOOP(i, a.n) {
+        T gi = g[i];
+        if (a.weight_decay != 0.0) gi = Ar<T>::add(gi, Ar<T>::mul(p[i], wd));
+        if (a.kind == 0) out[i] = Ar<T>::sub(p[i], Ar<T>::mul(gi, lr));
+        else if (a.kind == 1) out[i] = Ar<T>::add(Ar<T>::mul(v[i], mu), gi);
+        else out[i] = gi;
+    }
+}
+"#,
+    );
+    for dt in [DType::F32, DType::F64] {
+        s.push_str(&format!("extern \"C\" __global__ void sgd_{}(SgdArgs a) {{ sgd_impl<{}>(a); }}\n", dtype_tag(dt), c_type(dt)));
+    }
+    s
+}
+
+/// Whether the fused kernels take a parameter of this dtype.
+pub(super) fn fused(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F64)
+}
+
+fn run(k: SgdKernel, inputs: &[&Tensor]) -> Result<Tensor> {
+    let contiguous: Vec<Tensor> = inputs.iter().map(|t| t.contiguous()).collect::<Result<_>>()?;
+    let refs: Vec<&Tensor> = contiguous.iter().collect();
+    let kernel = Kernel::Custom { op: OpRef::Borrowed(&k), inputs: refs.iter().map(|t| t.src()).collect() };
+    refs[0].run_new(kernel, refs[0].dtype(), refs[0].shape().clone())
+}
+
+/// `p − (g + p·λ)·lr` in one kernel.
+pub(super) fn param_step(p: &Tensor, g: &Tensor, lr: f64, weight_decay: f64) -> Result<Tensor> {
+    run(SgdKernel::Param { lr, weight_decay }, &[p, g])
+}
+
+/// `v·μ + (g + p·λ)`, or `g + p·λ` at the first step, in one kernel.
+pub(super) fn velocity_step(p: &Tensor, g: &Tensor, v: Option<&Tensor>, momentum: f64, weight_decay: f64) -> Result<Tensor> {
+    match v {
+        Some(v) => run(SgdKernel::Velocity { momentum, weight_decay, has_velocity: true }, &[p, g, v]),
+        None => run(SgdKernel::Velocity { momentum, weight_decay, has_velocity: false }, &[p, g]),
+    }
+}
