@@ -305,6 +305,20 @@ fn cuda_source() -> String {
         r#"
 #define NORM_RUN(n, c) ((n) * p.channels + (c)) * p.spatial
 
+// A block's sum of one value per thread (a fixed-order tree over the
+// block's 256 slots of `sh`); every thread gets the total.
+__device__ double block_sum(double v, double* sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    double total = sh[0];
+    __syncthreads();
+    return total;
+}
+
 // Batch statistics in two passes over each channel's N·S elements, each
 // pass split into `parts` blocks of BLOCK threads (every thread folds at
 // most a few dozen elements, whatever the batch) whose block sums go to a
@@ -317,9 +331,7 @@ template <typename T> __device__ void bn_partial_impl(const NormStageArgs& p) {
     const T* dy = (const T*)p.dy;
     double* ws = (double*)p.ws;
     const double* chan = ws + p.channels * p.parts * 3;
-    __shared__ double s0[256];
-    __shared__ double s1[256];
-    __shared__ double s2[256];
+    __shared__ double sh[256];
     u64 total = p.batch * p.spatial, chunk = (total + p.parts - 1) / p.parts;
     for (u64 b = blockIdx.x; b < p.channels * p.parts; b += gridDim.x) {
         u64 c = b / p.parts, q = b % p.parts;
@@ -338,24 +350,12 @@ template <typename T> __device__ void bn_partial_impl(const NormStageArgs& p) {
                 a2 += v;
             }
         }
-        s0[threadIdx.x] = a0;
-        s1[threadIdx.x] = a1;
-        s2[threadIdx.x] = a2;
-        __syncthreads();
-        for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
-            if (threadIdx.x < s) {
-                s0[threadIdx.x] += s0[threadIdx.x + s];
-                s1[threadIdx.x] += s1[threadIdx.x + s];
-                s2[threadIdx.x] += s2[threadIdx.x + s];
-            }
-            __syncthreads();
-        }
+        double t0 = block_sum(a0, sh), t1 = block_sum(a1, sh), t2 = block_sum(a2, sh);
         if (threadIdx.x == 0) {
-            ws[b * 3] = s0[0];
-            ws[b * 3 + 1] = s1[0];
-            ws[b * 3 + 2] = s2[0];
+            ws[b * 3] = t0;
+            ws[b * 3 + 1] = t1;
+            ws[b * 3 + 2] = t2;
         }
-        __syncthreads();
     }
 }
 
@@ -368,9 +368,7 @@ template <typename T> __device__ void bn_finish_impl(const NormStageArgs& p) {
     double* chan = ws + p.channels * p.parts * 3;
     const T* st = (const T*)p.stats;
     T* out = (T*)p.out;
-    __shared__ double s0[256];
-    __shared__ double s1[256];
-    __shared__ double s2[256];
+    __shared__ double sh[256];
     double count = (double)(p.batch * p.spatial);
     for (u64 c = blockIdx.x; c < p.channels; c += gridDim.x) {
         double a0 = 0.0, a1 = 0.0, a2 = 0.0;
@@ -379,23 +377,12 @@ template <typename T> __device__ void bn_finish_impl(const NormStageArgs& p) {
             a1 += ws[(c * p.parts + q) * 3 + 1];
             a2 += ws[(c * p.parts + q) * 3 + 2];
         }
-        s0[threadIdx.x] = a0;
-        s1[threadIdx.x] = a1;
-        s2[threadIdx.x] = a2;
-        __syncthreads();
-        for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
-            if (threadIdx.x < s) {
-                s0[threadIdx.x] += s0[threadIdx.x + s];
-                s1[threadIdx.x] += s1[threadIdx.x + s];
-                s2[threadIdx.x] += s2[threadIdx.x + s];
-            }
-            __syncthreads();
-        }
+        double t0 = block_sum(a0, sh), t1 = block_sum(a1, sh), t2 = block_sum(a2, sh);
         if (threadIdx.x == 0) {
             if (p.stage == 0) {
-                chan[2 * c] = s0[0] / count;
+                chan[2 * c] = t0 / count;
             } else if (p.stage == 1) {
-                double var = s0[0] / count;
+                double var = t0 / count;
                 out[c] = Cv<T>::from(chan[2 * c]);
                 out[p.channels + c] = Cv<T>::from(1.0 / ::sqrt(var + p.eps));
                 out[2 * p.channels + c] = Cv<T>::from(var);
@@ -405,12 +392,11 @@ template <typename T> __device__ void bn_finish_impl(const NormStageArgs& p) {
                 // constant: Σ dy·(x − mean) = Σ dy·(x − m) + (m − Σx/N)·Σ dy
                 // (as the host kernel corrects it).
                 double inv = Cv<T>::to(st[p.channels + c]);
-                double dot = s1[0] + (count > 0.0 ? (Cv<T>::to(st[c]) - s2[0] / count) * s0[0] : 0.0);
-                chan[2 * c] = s0[0] / count;
+                double dot = t1 + (count > 0.0 ? (Cv<T>::to(st[c]) - t2 / count) * t0 : 0.0);
+                chan[2 * c] = t0 / count;
                 chan[2 * c + 1] = dot * inv * inv / count;
             }
         }
-        __syncthreads();
     }
 }
 
@@ -457,20 +443,6 @@ template <typename T> __device__ void bn_back_apply_impl(const NormStageArgs& p)
             dx[t] = Cv<T>::from(g * scale);
         }
     }
-}
-
-// A block's sum of one value per thread (a fixed-order tree over the
-// block's 256 slots of `sh`); every thread gets the total.
-__device__ double block_sum(double v, double* sh) {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
-        __syncthreads();
-    }
-    double total = sh[0];
-    __syncthreads();
-    return total;
 }
 
 // A row's mean and 1/sqrt(var + eps), the row's features split over the
