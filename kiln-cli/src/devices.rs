@@ -86,5 +86,6 @@ pub fn run(json: bool) -> Result<()> {
     } else {
         println!("{gpus} GPU(s).");
     }
+    println!("Across processes: {}.", kiln::dist::describe());
     Ok(())
 }

@@ -28,14 +28,15 @@
 
 // The layers, bottom up (ARCHITECTURE.md; `tests/layers.rs` checks that no
 // module imports one above it): base → runtime → kernel → backends →
-// registry → tensor → autograd → ops → nn, data, comm → optim, trainer,
-// checkpoint, io.
+// registry → tensor → autograd → ops → nn, data, comm → optim, dist,
+// checkpoint, io → trainer.
 mod autograd;
 mod backends;
 mod base;
 pub mod checkpoint;
 pub mod comm;
 pub mod data;
+pub mod dist;
 #[doc(hidden)]
 pub mod host_nn;
 pub mod io;
@@ -120,6 +121,11 @@ pub struct TrainingDoctests;
 #[doc = include_str!("../../docs/MULTI_GPU.md")]
 #[cfg(doctest)]
 pub struct MultiGpuDoctests;
+
+/// The examples of docs/DISTRIBUTED.md, run as doctests.
+#[doc = include_str!("../../docs/DISTRIBUTED.md")]
+#[cfg(doctest)]
+pub struct DistributedDoctests;
 
 /// The examples of docs/CUSTOM_OPS.md, run as doctests.
 #[doc = include_str!("../../docs/CUSTOM_OPS.md")]

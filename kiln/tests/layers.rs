@@ -63,7 +63,7 @@ const LAYERS: &[&[&str]] = &[
     &["autograd"],
     &["ops"],
     &["nn", "data", "comm"],
-    &["optim", "checkpoint", "io", "models"],
+    &["optim", "checkpoint", "io", "models", "dist"],
     &["trainer"],
     &["lib"],
 ];
@@ -71,7 +71,7 @@ const LAYERS: &[&[&str]] = &[
 /// Modules below the front end: they must not import it.
 const BELOW_FRONT_END: &[&str] = &["base", "runtime", "kernel", "backends"];
 /// The front end (and the registry above the backends).
-const FRONT_END: &[&str] = &["registry", "tensor", "autograd", "ops", "nn", "optim", "data", "comm", "trainer", "checkpoint", "io"];
+const FRONT_END: &[&str] = &["registry", "tensor", "autograd", "ops", "nn", "optim", "data", "comm", "dist", "trainer", "checkpoint", "io"];
 
 /// One import: where it is written and which top-level module it names.
 #[derive(Clone, Debug)]

@@ -255,6 +255,20 @@ pub enum Error {
         /// What is wrong with it, naming the tensor when there is one.
         msg: String,
     },
+    /// A call of a process group ([`crate::dist`]) failed: another rank was
+    /// silent past the timeout, called a different collective, or the
+    /// engine (MPI) returned an error; or the launch cannot be served.
+    #[error("rank {rank} of {size}: {op}: {msg}")]
+    Distributed {
+        /// This process's rank.
+        rank: usize,
+        /// The number of processes.
+        size: usize,
+        /// The call, e.g. `all_reduce`.
+        op: String,
+        /// What happened, naming the other ranks involved and what to do.
+        msg: String,
+    },
 }
 
 /// The message of `UnsupportedDType`: an op on a tensor can convert its

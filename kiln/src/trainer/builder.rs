@@ -17,11 +17,36 @@ pub struct TrainerBuilder {
     check_replicas: bool,
     progress: Progress,
     callbacks: Vec<Box<dyn Callback>>,
+    group: Option<crate::dist::Group>,
     #[cfg(feature = "plot")]
     plot: Option<PathBuf>,
 }
 
 impl TrainerBuilder {
+    /// Trains data-parallel across the processes of `group` (one device per
+    /// process: the group's, [`Group::device`]), as PyTorch's
+    /// `DistributedDataParallel`: each global batch (the loader's batch
+    /// size) is cut into one piece per rank, gradients are summed across
+    /// the ranks, and every rank takes the same step, so n processes train
+    /// as one process on the same batches. Every rank reports the same
+    /// history; only rank 0 shows progress and writes checkpoints. A group
+    /// of one process changes nothing. Replaces [`TrainerBuilder::device`],
+    /// [`TrainerBuilder::num_gpus`] and [`TrainerBuilder::devices`].
+    ///
+    /// ```
+    /// use kiln::trainer::Trainer;
+    /// let group = kiln::dist::init()?; // under mpirun: every rank of the job
+    /// let trainer = Trainer::builder().max_epochs(1).process_group(group.clone()).build()?;
+    /// assert_eq!(trainer.device(), group.device());
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    ///
+    /// [`Group::device`]: crate::dist::Group::device
+    pub fn process_group(mut self, group: crate::dist::Group) -> TrainerBuilder {
+        self.group = Some(group);
+        self
+    }
+
     /// Epochs each [`Trainer::fit`] runs (required).
     pub fn max_epochs(mut self, max_epochs: usize) -> TrainerBuilder {
         self.max_epochs = Some(max_epochs);
@@ -164,7 +189,11 @@ impl TrainerBuilder {
             }
             names.push(name);
         }
-        let (num_gpus, gpus) = match (self.device, self.devices) {
+        let (device, devices) = match &self.group {
+            Some(g) => (Some(g.device()), None),
+            None => (self.device, self.devices),
+        };
+        let (num_gpus, gpus) = match (device, devices) {
             (_, Some(devices)) => {
                 if devices.is_empty() {
                     return Err(Error::invalid(op, "devices is empty; list at least one GPU, or use `.device(kiln::cpu())`"));
@@ -220,6 +249,7 @@ impl TrainerBuilder {
             check_replicas: self.check_replicas,
             progress: self.progress,
             callbacks: self.callbacks,
+            group: self.group,
             #[cfg(feature = "plot")]
             plot: self.plot,
         })

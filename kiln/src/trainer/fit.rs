@@ -67,7 +67,7 @@ impl Trainer {
         Replicas::new(&model.net, optimizer, &model.optimizer, &self.gpus, self.bucket_bytes, self.check_replicas).map(Some)
     }
 
-    fn clip_gradients(&self, params: &[Tensor]) -> Result<()> {
+    pub(super) fn clip_gradients(&self, params: &[Tensor]) -> Result<()> {
         let grads: Vec<(Tensor, Tensor)> = params.iter().filter_map(|p| p.grad().map(|g| (p.clone(), g))).collect();
         let mut total: Option<Tensor> = None;
         for (_, g) in &grads {
@@ -109,19 +109,30 @@ impl Trainer {
         }
         self.materialize(model, data)?;
         model.ensure_optimizer()?;
+        if let Some(group) = self.process_group() {
+            // Every rank starts from rank 0's model and epoch order.
+            super::distributed::broadcast_module(group, &mut model.net)?;
+            if data.train.is_shuffled() {
+                let seed = *model.shuffle_seed.get_or_insert_with(crate::runtime::rng::next_u64);
+                model.shuffle_seed = Some(super::distributed::broadcast_seed(group, seed)?);
+            }
+        }
         let mut replicas = self.replicas(model)?;
         // A data-parallel fit's examples on every device (made by its first epoch).
         let mut resident: Option<Option<Resident>> = None;
-        let bar = Bar::new(self.progress, (self.max_epochs.saturating_mul(data.train.len())) as u64);
+        // Progress and logs from rank 0 only.
+        let progress = if self.process_group().is_some_and(|g| !g.is_main()) { super::Progress::Off } else { self.progress };
+        let bar = Bar::new(progress, (self.max_epochs.saturating_mul(data.train.len())) as u64);
         let mut history = History { epochs: Vec::new(), metric_name: model.loss.metric_name().map(String::from), device, stopped_by: None };
         for _ in 0..self.max_epochs {
             let timer = Instant::now();
             let epoch = model.epochs_trained;
             let lr = model.optimizer.learning_rate() * model.lr_factor(epoch)?;
             let before = ParallelProbe::start(replicas.as_ref().map(|r| r.devices()));
+            let comm_before = self.process_group().map(|g| g.stats());
             let (train, val_sums) = self.run_epoch(model, data, lr, &bar, replicas.as_mut(), &mut resident)?;
-            let parallel = before.finish()?;
-            let (train_n, val_n) = (train.examples, val_sums.as_ref().map_or(0, |s| s.examples));
+            let mut parallel = before.finish()?;
+            let (mut train_n, mut val_n) = (train.examples, val_sums.as_ref().map_or(0, |s| s.examples));
             let mut parts = train.parts(&device)?.to_vec();
             if let Some(v) = val_sums {
                 parts.extend(v.parts(&device)?);
@@ -131,7 +142,22 @@ impl Trainer {
                 Tensor::stack(&parts.iter().collect::<Vec<_>>(), 0)?
             };
             // The one device-to-host read of the epoch.
-            let values = sums.to_vec_f64()?;
+            let mut values = sums.to_vec_f64()?;
+            if let (Some(group), Some(before)) = (self.process_group(), comm_before) {
+                // Every rank's sums and example counts, summed: the same
+                // history on every rank.
+                values.extend([train_n as f64, val_n as f64]);
+                values = super::distributed::reduce_epoch_sums(group, values)?;
+                val_n = values.pop().unwrap_or(0.0) as usize;
+                train_n = values.pop().unwrap_or(0.0) as usize;
+                let after = group.stats();
+                parallel = Some(super::ParallelStats {
+                    devices: group.size(),
+                    compute_seconds: None,
+                    comm_wait_seconds: Some(after.seconds - before.seconds),
+                    comm_bytes: after.bytes - before.bytes,
+                });
+            }
             let has_metric = model.loss.metric_name().is_some();
             let stats = EpochStats {
                 epoch,
@@ -162,6 +188,7 @@ impl Trainer {
             }
             let (stop, checkpoints) = (end.stop, end.checkpoints);
             for path in checkpoints {
+                // Rank 0 writes (save_checkpoint_at skips the others).
                 self.save_checkpoint_at(model, &path, Location::caller())?;
             }
             if stop.is_some() {
@@ -201,6 +228,10 @@ impl Trainer {
         let optimizer = configured.as_mut().ok_or_else(|| Error::invalid("fit", "the optimizer was not built"))?.get_mut();
         optimizer.set_learning_rate(lr);
         net.train();
+        if let Some(group) = self.process_group() {
+            let val = data.val.as_ref().filter(|v| !v.is_empty());
+            return self.run_distributed_epoch(group, net, optimizer, *kind, &data.train, val, order, steps_trained, bar);
+        }
         let mut train = Sums::new();
         if let Some(replicas) = replicas {
             replicas.set_learning_rate(lr);

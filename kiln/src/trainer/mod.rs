@@ -43,6 +43,7 @@ use std::path::PathBuf;
 mod bench;
 mod builder;
 mod callbacks;
+mod distributed;
 mod fit;
 mod learner;
 mod metrics;
@@ -83,6 +84,8 @@ pub struct Trainer {
     check_replicas: bool,
     progress: Progress,
     callbacks: Vec<Box<dyn Callback>>,
+    /// The processes training together (`None`: this process alone).
+    group: Option<crate::dist::Group>,
     #[cfg(feature = "plot")]
     plot: Option<PathBuf>,
 }
@@ -167,6 +170,12 @@ impl Trainer {
     /// Where training runs: `gpus[0]`, or the CPU.
     pub fn device(&self) -> Device {
         self.gpus.first().copied().unwrap_or(Device::Cpu)
+    }
+
+    /// The process group this trainer trains across, when it has one of
+    /// more than one process ([`TrainerBuilder::process_group`]).
+    pub fn process_group(&self) -> Option<&crate::dist::Group> {
+        self.group.as_ref().filter(|g| g.size() > 1)
     }
 
     /// The state of each callback, by name (what a checkpoint saves).

@@ -58,6 +58,10 @@ impl Trainer {
     }
 
     pub(super) fn save_checkpoint_at<N: Module>(&self, model: &Learner<N>, path: &Path, site: &'static Location<'static>) -> Result<()> {
+        // Across processes the ranks hold the same state: rank 0 writes it.
+        if self.process_group().is_some_and(|g| !g.is_main()) {
+            return Ok(());
+        }
         let mut tensors: Vec<(String, Tensor)> =
             crate::checkpoint::state_tensors(&model.net).into_iter().map(|(n, t)| (format!("model.{n}"), t)).collect();
         let mut metadata = HashMap::new();

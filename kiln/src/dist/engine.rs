@@ -1,0 +1,83 @@
+//! The seam every process-group engine implements, the list engines are
+//! found in, and the engine of a world of one.
+
+use super::launch::Launch;
+use super::wire::{dist_error, Call, CallKind, HostBuf};
+use crate::Result;
+use std::time::Duration;
+
+/// One way for the processes of a job to talk: it runs this rank's part of
+/// each call, on buffers staged in host memory, and returns this rank's
+/// result. Every call is rank-local: each rank passes its own buffer.
+pub(crate) trait Engine: Send + Sync {
+    /// The engine's name (`kiln devices`, errors).
+    fn name(&self) -> &'static str;
+    /// This process's rank.
+    fn rank(&self) -> usize;
+    /// The number of processes.
+    fn size(&self) -> usize;
+    /// Runs `call` and returns this rank's result: an error names the
+    /// ranks and the call when another rank is silent past the timeout or
+    /// called something else.
+    fn run(&self, call: Call) -> Result<HostBuf>;
+    /// How long a call waits for the other ranks before it is an error.
+    fn timeout(&self) -> Duration;
+    /// Sets that wait.
+    fn set_timeout(&self, timeout: Duration);
+}
+
+/// An engine's constructor: `None` when it does not serve this launch.
+pub(crate) type Open = fn(&Launch, Duration) -> Option<Result<Box<dyn Engine>>>;
+
+/// The engines, in the order they are tried for a launch. A new engine is a
+/// folder under `dist/` plus one line here.
+pub(crate) const ENGINES: &[(&str, Open)] = &[
+    #[cfg(feature = "mpi")]
+    ("mpi", super::mpi::open),
+    ("single", open_single),
+];
+
+/// A world of one: every collective returns this rank's own data (the
+/// reduction of one tensor), as PyTorch's with one process.
+pub(crate) struct Single;
+
+fn open_single(launch: &Launch, _: Duration) -> Option<Result<Box<dyn Engine>>> {
+    (launch.size == 1).then(|| Ok(Box::new(Single) as Box<dyn Engine>))
+}
+
+impl Engine for Single {
+    fn name(&self) -> &'static str {
+        "single"
+    }
+
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn size(&self) -> usize {
+        1
+    }
+
+    fn run(&self, call: Call) -> Result<HostBuf> {
+        match call.kind {
+            CallKind::AllReduce(_)
+            | CallKind::Broadcast { .. }
+            | CallKind::Reduce { .. }
+            | CallKind::AllGather
+            | CallKind::ReduceScatter(_)
+            | CallKind::Barrier => Ok(call.data),
+            CallKind::Send { peer } | CallKind::Recv { peer } => Err(dist_error(
+                0,
+                1,
+                call.kind.name(),
+                format!("rank {peer} does not exist in a world of one; launch several processes with mpirun or srun"),
+            )),
+        }
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::MAX
+    }
+
+    fn set_timeout(&self, _: Duration) {}
+}

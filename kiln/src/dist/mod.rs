@@ -1,0 +1,402 @@
+//! Training across processes and machines: a rank-local process group
+//! over the engines clusters already run (MPI, behind the `mpi` feature),
+//! as PyTorch's `torch.distributed`.
+//!
+//! Start the same program once per device with a launcher — `mpirun -np 4
+//! ./train`, `srun -n 8 ./train` — and call [`init`] in each process. It
+//! reads what the launcher set (this process's rank, the job's size, its
+//! rank on its machine), opens the engine that serves the launch, and gives
+//! a [`Group`]: collectives over *this rank's* tensor ([`Group::all_reduce`],
+//! [`Group::broadcast`], [`Group::reduce`], [`Group::all_gather`],
+//! [`Group::reduce_scatter`], [`Group::barrier`], [`Group::send`],
+//! [`Group::recv`]). Started without a launcher, [`init`] gives a world of
+//! one, so the same program runs on a laptop. The
+//! [`Trainer`](crate::trainer::Trainer) takes a group
+//! ([`TrainerBuilder::process_group`](crate::trainer::TrainerBuilder::process_group))
+//! and trains data-parallel across the processes.
+//!
+//! Failures are named, not hung: every collective carries a sequence
+//! number and a fingerprint (call, reduction, dtype, element count, root)
+//! that each rank sends to the others; the first
+//! [`CHECKED_COLLECTIVES`] collectives (all of them with
+//! `KILN_DIST_DEBUG=1`) wait for every rank's fingerprint before they start,
+//! so two ranks calling different collectives get an error naming both
+//! calls instead of a wrong sum. A rank that does not arrive within the
+//! timeout (`KILN_DIST_TIMEOUT` seconds, 60 by default,
+//! [`Group::set_timeout`]) is an error on every waiting rank naming the
+//! silent rank and the collective; the group is then broken (every later
+//! call fails at once) and the job is aborted (`MPI_Abort`) when the process
+//! exits, so that the silent rank does not hang on.
+//!
+//! Tensors on the CPU and on simulated GPUs are staged through host memory;
+//! the transfers are counted as every host read is. Calls block until this
+//! rank's part is done and are not differentiable.
+//!
+//! ```
+//! use kiln::comm::ReduceOp;
+//! use kiln::{dist, Tensor};
+//!
+//! let group = dist::init()?; // a world of one when started without mpirun
+//! let x = Tensor::new(&[1f32, 2.], &group.device())?;
+//! let sum = group.all_reduce(&x, ReduceOp::Sum)?; // every rank's x, summed
+//! if group.size() == 1 {
+//!     assert_eq!(sum.to_vec::<f32>()?, vec![1., 2.]);
+//! }
+//! let all = group.all_gather(&x)?; // rank 0's x, then rank 1's, ...
+//! assert_eq!(all.dims(), &[2 * group.size()]);
+//! # Ok::<(), kiln::Error>(())
+//! ```
+
+mod engine;
+mod launch;
+#[cfg(feature = "mpi")]
+mod mpi;
+mod sampler;
+mod wire;
+
+pub use launch::{Launch, Launcher};
+pub use sampler::DistributedSampler;
+
+use crate::comm::ReduceOp;
+use crate::{no_grad, DType, Device, Error, Result, Tensor};
+use engine::{Engine, ENGINES};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+use wire::{dist_error, Call, CallKind, HostBuf};
+
+/// How many collectives at the start of a group wait for every rank's
+/// fingerprint before they run (all of them with `KILN_DIST_DEBUG=1`):
+/// enough to cover a training step's first all-reduces and the
+/// parameters' broadcast, where a program that diverges across ranks
+/// usually does.
+pub const CHECKED_COLLECTIVES: u64 = 256;
+
+/// The default wait for the other ranks (`KILN_DIST_TIMEOUT`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What this rank's calls have moved and waited, since the group was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CommStats {
+    /// Calls made.
+    pub calls: u64,
+    /// Bytes of this rank's buffers handed to the engine.
+    pub bytes: u64,
+    /// Seconds spent inside calls (staging included).
+    pub seconds: f64,
+}
+
+/// A group of processes: this process's rank in it, its size, the device it
+/// computes on, and collectives over this rank's tensors. Cheap to clone
+/// (the clones share one engine). Made by [`init`] or [`Group::single`].
+#[derive(Clone)]
+pub struct Group {
+    engine: Arc<dyn Engine>,
+    device: Device,
+    local_rank: usize,
+    stats: Arc<Mutex<CommStats>>,
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group")
+            .field("engine", &self.engine.name())
+            .field("rank", &self.rank())
+            .field("size", &self.size())
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+/// The launch this process is part of, read from the environment (see
+/// [`Launcher`]); a variable that is set but not a rank is an error.
+///
+/// ```
+/// let launch = kiln::dist::launch()?;
+/// assert!(launch.rank < launch.size);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn launch() -> Result<Launch> {
+    launch::detect(&|k| std::env::var(k).ok()).map_err(|msg| dist_error(0, 1, "dist::launch", msg))
+}
+
+/// The names of the engines compiled into this build, in the order they
+/// are tried (`"mpi"` with the `mpi` feature, then `"single"`).
+pub fn engines() -> Vec<&'static str> {
+    ENGINES.iter().map(|(name, _)| *name).collect()
+}
+
+/// The process group of this launch, made by the first call and returned
+/// by the next ones: under `mpirun`, `mpiexec` or `srun` the MPI engine
+/// (feature `mpi`) over every rank of the job, started without a launcher a
+/// world of one. The group's device is `gpu(local_rank)` when this machine
+/// has that GPU, else the CPU.
+///
+/// Errors when a launcher started several processes but no engine of this
+/// build serves it (each rank would otherwise train alone on all the data),
+/// and when the engine fails to start.
+pub fn init() -> Result<Group> {
+    static WORLD: OnceLock<std::result::Result<Group, String>> = OnceLock::new();
+    WORLD.get_or_init(|| open_world().map_err(|e| e.to_string())).clone().map_err(|msg| dist_error(0, 1, "dist::init", msg))
+}
+
+fn timeout_from_env() -> Result<Duration> {
+    match std::env::var("KILN_DIST_TIMEOUT") {
+        Err(_) => Ok(DEFAULT_TIMEOUT),
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s)),
+            _ => Err(dist_error(0, 1, "dist::init", format!("KILN_DIST_TIMEOUT={v:?} is not a positive number of seconds"))),
+        },
+    }
+}
+
+fn open_world() -> Result<Group> {
+    let launch = launch()?;
+    let timeout = timeout_from_env()?;
+    for (_, open) in ENGINES {
+        if let Some(engine) = open(&launch, timeout) {
+            let engine: Arc<dyn Engine> = Arc::from(engine?);
+            let device = if launch.local_rank < crate::num_gpus() { Device::Gpu(launch.local_rank) } else { Device::Cpu };
+            return Ok(Group { engine, device, local_rank: launch.local_rank, stats: Arc::default() });
+        }
+    }
+    let why = if launch.launcher.is_mpi() {
+        format!(
+            "this process is {launch}, but this build of kiln has no MPI engine: rebuild with `--features mpi` \
+             (e.g. `cargo build --release --features mpi`, with Open MPI or MPICH installed); \
+             otherwise every rank would train alone on all the data"
+        )
+    } else {
+        format!(
+            "this process is {launch}: torchrun-style launches need NCCL across processes, which this build does not have; \
+             launch with mpirun or srun and build with `--features mpi`"
+        )
+    };
+    Err(dist_error(launch.rank, launch.size, "dist::init", why))
+}
+
+/// What `kiln devices` says about distributed support: the engines compiled
+/// in, and what [`init`] would do in this process.
+pub fn describe() -> String {
+    let engines = engines().join(", ");
+    let this = match launch() {
+        Ok(l) if l.size > 1 => match ENGINES.iter().find(|(name, _)| *name != "single") {
+            Some((name, _)) => format!("{l}: engine {name}"),
+            None => format!("{l}: no engine in this build (rebuild with `--features mpi`)"),
+        },
+        Ok(l) => format!("{l}"),
+        Err(e) => e.to_string(),
+    };
+    let compiled = if cfg!(feature = "mpi") { "MPI compiled in" } else { "no MPI (build with `--features mpi`)" };
+    format!("{compiled}; engines: {engines}; this process: {this}")
+}
+
+impl Group {
+    /// A world of one on `device`: every collective returns this rank's own
+    /// tensor (what PyTorch's give with one process).
+    ///
+    /// ```
+    /// use kiln::{dist::Group, comm::ReduceOp, Tensor, cpu};
+    /// let g = Group::single(cpu());
+    /// assert_eq!((g.rank(), g.size(), g.engine()), (0, 1, "single"));
+    /// let x = Tensor::new(&[3i64, 4], &cpu())?;
+    /// assert_eq!(g.all_reduce(&x, ReduceOp::Max)?.to_vec::<i64>()?, vec![3, 4]);
+    /// assert!(g.send(&x, 1).is_err()); // no rank 1
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn single(device: Device) -> Group {
+        Group { engine: Arc::new(engine::Single), device, local_rank: 0, stats: Arc::default() }
+    }
+
+    /// This process's rank, 0 to `size() - 1`.
+    pub fn rank(&self) -> usize {
+        self.engine.rank()
+    }
+
+    /// The number of processes.
+    pub fn size(&self) -> usize {
+        self.engine.size()
+    }
+
+    /// This process's rank among the processes of its machine.
+    pub fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+
+    /// Whether this is rank 0, the one that writes checkpoints and logs.
+    pub fn is_main(&self) -> bool {
+        self.rank() == 0
+    }
+
+    /// The device this process computes on: `gpu(local_rank)` when this
+    /// machine has it, else the CPU.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The engine's name (`"mpi"`, `"single"`).
+    pub fn engine(&self) -> &'static str {
+        self.engine.name()
+    }
+
+    /// How long a call waits for the other ranks before it is an error.
+    pub fn timeout(&self) -> Duration {
+        self.engine.timeout()
+    }
+
+    /// Sets that wait for every clone of this group (zero is refused).
+    pub fn set_timeout(&self, timeout: Duration) -> Result<()> {
+        if timeout.is_zero() {
+            return Err(self.error("set_timeout", "the timeout must be longer than zero"));
+        }
+        self.engine.set_timeout(timeout);
+        Ok(())
+    }
+
+    /// What this rank's calls have moved and waited so far.
+    pub fn stats(&self) -> CommStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn error(&self, op: &str, msg: impl Into<String>) -> Error {
+        dist_error(self.rank(), self.size(), op, msg)
+    }
+
+    fn check_rank(&self, op: &str, what: &str, r: usize) -> Result<()> {
+        if r >= self.size() {
+            return Err(self.error(op, format!("{what} {r} is not a rank of this group of {} (0 to {})", self.size(), self.size() - 1)));
+        }
+        Ok(())
+    }
+
+    fn run(&self, kind: CallKind, data: HostBuf) -> Result<HostBuf> {
+        let start = Instant::now();
+        let bytes = data.bytes() as u64;
+        let out = self.engine.run(Call { kind, data });
+        let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        s.calls += 1;
+        s.bytes += bytes;
+        s.seconds += start.elapsed().as_secs_f64();
+        out
+    }
+
+    /// Stages `t`, runs `kind`, and makes a tensor of `dims` on `t`'s device.
+    fn collective(&self, kind: CallKind, t: &Tensor, dims: &[usize]) -> Result<Tensor> {
+        let _g = no_grad();
+        let out = self.run(kind, HostBuf::of(t)?)?;
+        out.into_tensor(t.dtype(), dims, &t.device())
+    }
+
+    fn check_mean(&self, op: &str, t: &Tensor, reduce: ReduceOp) -> Result<()> {
+        if reduce == ReduceOp::Mean && !t.dtype().is_float() {
+            return Err(Error::UnsupportedDType { op: format!("{op}(Mean)"), dtype: t.dtype() });
+        }
+        Ok(())
+    }
+
+    fn finish_mean(&self, t: Tensor, reduce: ReduceOp) -> Result<Tensor> {
+        if reduce == ReduceOp::Mean && self.size() > 1 {
+            let _g = no_grad();
+            t.div_scalar(self.size() as f64)
+        } else {
+            Ok(t)
+        }
+    }
+
+    /// Every rank's `t` combined by `op`, on every rank (on `t`'s device).
+    /// All ranks pass tensors of one dtype and element count.
+    ///
+    /// ```
+    /// use kiln::{comm::ReduceOp, dist::Group, Tensor, cpu};
+    /// let g = Group::single(cpu());
+    /// let x = Tensor::new(&[1f32, 2.], &cpu())?;
+    /// assert_eq!(g.all_reduce(&x, ReduceOp::Mean)?.to_vec::<f32>()?, vec![1., 2.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        self.check_mean("all_reduce", t, op)?;
+        let out = self.collective(CallKind::AllReduce(op), t, t.dims())?;
+        self.finish_mean(out, op)
+    }
+
+    /// `root`'s `t` on every rank; the others' `t` gives the dtype and shape
+    /// (the same as root's).
+    pub fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
+        self.check_rank("broadcast", "root", root)?;
+        self.collective(CallKind::Broadcast { root }, t, t.dims())
+    }
+
+    /// Every rank's `t` combined by `op` on `root`; the other ranks get
+    /// their own `t` back.
+    pub fn reduce(&self, t: &Tensor, root: usize, op: ReduceOp) -> Result<Tensor> {
+        self.check_rank("reduce", "root", root)?;
+        self.check_mean("reduce", t, op)?;
+        let out = self.collective(CallKind::Reduce { root, op }, t, t.dims())?;
+        if self.rank() == root {
+            self.finish_mean(out, op)
+        } else {
+            Ok(out)
+        }
+    }
+
+    /// Every rank's `t`, concatenated along dimension 0 in rank order
+    /// (PyTorch's `all_gather_into_tensor`); a scalar gives a vector of
+    /// `size()` elements.
+    pub fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
+        let mut dims = t.dims().to_vec();
+        match dims.first_mut() {
+            Some(d0) => *d0 *= self.size(),
+            None => dims.push(self.size()),
+        }
+        self.collective(CallKind::AllGather, t, &dims)
+    }
+
+    /// `t` cut along dimension 0 into `size()` equal pieces; rank r gets
+    /// piece r combined by `op` across ranks (PyTorch's
+    /// `reduce_scatter_tensor`). Dimension 0 must divide by `size()`.
+    pub fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        self.check_mean("reduce_scatter", t, op)?;
+        let mut dims = t.dims().to_vec();
+        let n = self.size();
+        match dims.first_mut() {
+            Some(d0) if *d0 % n == 0 => *d0 /= n,
+            _ => {
+                return Err(
+                    self.error("reduce_scatter", format!("dimension 0 of shape {:?} must be a multiple of the group's size {n}", t.dims()))
+                )
+            }
+        }
+        let out = self.collective(CallKind::ReduceScatter(op), t, &dims)?;
+        self.finish_mean(out, op)
+    }
+
+    /// Returns when every rank has called it.
+    pub fn barrier(&self) -> Result<()> {
+        self.run(CallKind::Barrier, HostBuf::U8(Vec::new())).map(drop)
+    }
+
+    /// Sends `t` to rank `dst`, which calls [`Group::recv`] with its shape
+    /// and dtype.
+    pub fn send(&self, t: &Tensor, dst: usize) -> Result<()> {
+        self.check_rank("send", "destination", dst)?;
+        if dst == self.rank() {
+            return Err(self.error("send", "a rank cannot send to itself"));
+        }
+        let _g = no_grad();
+        self.run(CallKind::Send { peer: dst }, HostBuf::of(t)?).map(drop)
+    }
+
+    /// A tensor of `dims` and `dtype` on this group's device, received from
+    /// rank `src`'s [`Group::send`].
+    pub fn recv(&self, dims: &[usize], dtype: DType, src: usize) -> Result<Tensor> {
+        self.check_rank("recv", "source", src)?;
+        if src == self.rank() {
+            return Err(self.error("recv", "a rank cannot receive from itself"));
+        }
+        let len = dims
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| self.error("recv", format!("shape {dims:?} overflows")))?;
+        let out = self.run(CallKind::Recv { peer: src }, HostBuf::zeros(dtype, len))?;
+        out.into_tensor(dtype, dims, &self.device)
+    }
+}

@@ -1,0 +1,331 @@
+//! What crosses between processes: a tensor's elements staged in host
+//! memory ([`HostBuf`]), the call an engine runs on them ([`Call`]) and the
+//! fingerprint every rank publishes for each collective ([`Fingerprint`]).
+
+// Fingerprints and raw pointers serve the engines that cross processes
+// (feature `mpi`).
+#![cfg_attr(not(feature = "mpi"), allow(dead_code))]
+
+use crate::comm::ReduceOp;
+use crate::{DType, Device, Error, Result, Tensor};
+use std::fmt;
+
+/// A tensor's elements in host memory, in a type every engine can reduce.
+/// f16 and bf16 travel as f32 (exact both ways; their sums are rounded
+/// once, at the end).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum HostBuf {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    U8(Vec<u8>),
+}
+
+/// The element type on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wire {
+    F32,
+    F64,
+    I32,
+    I64,
+    U8,
+}
+
+impl Wire {
+    pub(crate) fn code(self) -> u64 {
+        match self {
+            Wire::F32 => 1,
+            Wire::F64 => 2,
+            Wire::I32 => 3,
+            Wire::I64 => 4,
+            Wire::U8 => 5,
+        }
+    }
+
+    pub(crate) fn size(self) -> usize {
+        match self {
+            Wire::F32 | Wire::I32 => 4,
+            Wire::F64 | Wire::I64 => 8,
+            Wire::U8 => 1,
+        }
+    }
+
+    fn name(code: u64) -> &'static str {
+        match code {
+            1 => "f32",
+            2 => "f64",
+            3 => "i32",
+            4 => "i64",
+            5 => "u8",
+            _ => "none",
+        }
+    }
+}
+
+impl HostBuf {
+    /// `t`'s elements, read to the host (a counted transfer from a GPU).
+    pub(crate) fn of(t: &Tensor) -> Result<HostBuf> {
+        Ok(match t.dtype() {
+            DType::F32 => HostBuf::F32(t.to_vec::<f32>()?),
+            DType::F16 | DType::BF16 => HostBuf::F32(t.to_dtype(DType::F32)?.to_vec::<f32>()?),
+            DType::F64 => HostBuf::F64(t.to_vec::<f64>()?),
+            DType::I32 => HostBuf::I32(t.to_vec::<i32>()?),
+            DType::I64 => HostBuf::I64(t.to_vec::<i64>()?),
+            DType::U8 => HostBuf::U8(t.to_vec::<u8>()?),
+        })
+    }
+
+    /// `len` zeros of `dtype`'s wire type.
+    pub(crate) fn zeros(dtype: DType, len: usize) -> HostBuf {
+        match dtype {
+            DType::F32 | DType::F16 | DType::BF16 => HostBuf::F32(vec![0.0; len]),
+            DType::F64 => HostBuf::F64(vec![0.0; len]),
+            DType::I32 => HostBuf::I32(vec![0; len]),
+            DType::I64 => HostBuf::I64(vec![0; len]),
+            DType::U8 => HostBuf::U8(vec![0; len]),
+        }
+    }
+
+    /// Zeros of this buffer's type.
+    pub(crate) fn zeros_like(&self, len: usize) -> HostBuf {
+        match self {
+            HostBuf::F32(_) => HostBuf::F32(vec![0.0; len]),
+            HostBuf::F64(_) => HostBuf::F64(vec![0.0; len]),
+            HostBuf::I32(_) => HostBuf::I32(vec![0; len]),
+            HostBuf::I64(_) => HostBuf::I64(vec![0; len]),
+            HostBuf::U8(_) => HostBuf::U8(vec![0; len]),
+        }
+    }
+
+    /// A tensor of `dtype` and `dims` on `device` holding these elements.
+    pub(crate) fn into_tensor(self, dtype: DType, dims: &[usize], device: &Device) -> Result<Tensor> {
+        let t = match self {
+            HostBuf::F32(v) => Tensor::from_vec(v, dims, device)?,
+            HostBuf::F64(v) => Tensor::from_vec(v, dims, device)?,
+            HostBuf::I32(v) => Tensor::from_vec(v, dims, device)?,
+            HostBuf::I64(v) => Tensor::from_vec(v, dims, device)?,
+            HostBuf::U8(v) => Tensor::from_vec(v, dims, device)?,
+        };
+        if t.dtype() == dtype {
+            Ok(t)
+        } else {
+            t.to_dtype(dtype)
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            HostBuf::F32(v) => v.len(),
+            HostBuf::F64(v) => v.len(),
+            HostBuf::I32(v) => v.len(),
+            HostBuf::I64(v) => v.len(),
+            HostBuf::U8(v) => v.len(),
+        }
+    }
+
+    pub(crate) fn wire(&self) -> Wire {
+        match self {
+            HostBuf::F32(_) => Wire::F32,
+            HostBuf::F64(_) => Wire::F64,
+            HostBuf::I32(_) => Wire::I32,
+            HostBuf::I64(_) => Wire::I64,
+            HostBuf::U8(_) => Wire::U8,
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.len() * self.wire().size()
+    }
+
+    pub(crate) fn as_ptr(&self) -> *const std::ffi::c_void {
+        match self {
+            HostBuf::F32(v) => v.as_ptr().cast(),
+            HostBuf::F64(v) => v.as_ptr().cast(),
+            HostBuf::I32(v) => v.as_ptr().cast(),
+            HostBuf::I64(v) => v.as_ptr().cast(),
+            HostBuf::U8(v) => v.as_ptr().cast(),
+        }
+    }
+
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut std::ffi::c_void {
+        match self {
+            HostBuf::F32(v) => v.as_mut_ptr().cast(),
+            HostBuf::F64(v) => v.as_mut_ptr().cast(),
+            HostBuf::I32(v) => v.as_mut_ptr().cast(),
+            HostBuf::I64(v) => v.as_mut_ptr().cast(),
+            HostBuf::U8(v) => v.as_mut_ptr().cast(),
+        }
+    }
+}
+
+/// What an engine does with a rank's buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CallKind {
+    /// Every rank gets the combination of all ranks' buffers.
+    AllReduce(ReduceOp),
+    /// Every rank gets `root`'s buffer.
+    Broadcast { root: usize },
+    /// `root` gets the combination; the others keep their buffer.
+    Reduce { root: usize, op: ReduceOp },
+    /// Every rank gets all buffers one after another, rank 0 first.
+    AllGather,
+    /// Rank r gets the combination of the r-th of `size` equal pieces.
+    ReduceScatter(ReduceOp),
+    /// Returns when every rank has called it (an empty buffer).
+    Barrier,
+    /// The buffer goes to `peer`, which calls `Recv`.
+    Send { peer: usize },
+    /// The buffer (its length and type) is filled from `peer`'s `Send`.
+    Recv { peer: usize },
+}
+
+impl CallKind {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            CallKind::AllReduce(_) => "all_reduce",
+            CallKind::Broadcast { .. } => "broadcast",
+            CallKind::Reduce { .. } => "reduce",
+            CallKind::AllGather => "all_gather",
+            CallKind::ReduceScatter(_) => "reduce_scatter",
+            CallKind::Barrier => "barrier",
+            CallKind::Send { .. } => "send",
+            CallKind::Recv { .. } => "recv",
+        }
+    }
+
+    /// Whether every rank of the group takes part (and so gets a
+    /// sequence number): not `send`/`recv`.
+    pub(crate) fn is_collective(self) -> bool {
+        match self {
+            CallKind::AllReduce(_)
+            | CallKind::Broadcast { .. }
+            | CallKind::Reduce { .. }
+            | CallKind::AllGather
+            | CallKind::ReduceScatter(_)
+            | CallKind::Barrier => true,
+            CallKind::Send { .. } | CallKind::Recv { .. } => false,
+        }
+    }
+
+    fn code(self) -> u64 {
+        match self {
+            CallKind::AllReduce(_) => 1,
+            CallKind::Broadcast { .. } => 2,
+            CallKind::Reduce { .. } => 3,
+            CallKind::AllGather => 4,
+            CallKind::ReduceScatter(_) => 5,
+            CallKind::Barrier => 6,
+            CallKind::Send { .. } => 7,
+            CallKind::Recv { .. } => 8,
+        }
+    }
+
+    fn op_code(self) -> u64 {
+        let op = match self {
+            CallKind::AllReduce(op) | CallKind::Reduce { op, .. } | CallKind::ReduceScatter(op) => op,
+            CallKind::Broadcast { .. } | CallKind::AllGather | CallKind::Barrier | CallKind::Send { .. } | CallKind::Recv { .. } => {
+                return 0
+            }
+        };
+        match op {
+            ReduceOp::Sum => 1,
+            ReduceOp::Mean => 2,
+            ReduceOp::Max => 3,
+            ReduceOp::Min => 4,
+        }
+    }
+
+    fn root(self) -> u64 {
+        match self {
+            CallKind::Broadcast { root } | CallKind::Reduce { root, .. } => root as u64,
+            CallKind::Send { peer } | CallKind::Recv { peer } => peer as u64,
+            CallKind::AllReduce(_) | CallKind::AllGather | CallKind::ReduceScatter(_) | CallKind::Barrier => 0,
+        }
+    }
+}
+
+/// One call: what to do, and this rank's buffer.
+#[derive(Debug)]
+pub(crate) struct Call {
+    pub(crate) kind: CallKind,
+    pub(crate) data: HostBuf,
+}
+
+/// What every rank publishes for its n-th collective, so that two ranks
+/// that call different collectives (another op, dtype, size or root) get an
+/// error naming both calls instead of a wrong result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Fingerprint {
+    pub(crate) seq: u64,
+    pub(crate) kind: u64,
+    pub(crate) op: u64,
+    pub(crate) wire: u64,
+    pub(crate) count: u64,
+    pub(crate) root: u64,
+}
+
+impl Fingerprint {
+    pub(crate) fn of(seq: u64, call: &Call) -> Fingerprint {
+        Fingerprint {
+            seq,
+            kind: call.kind.code(),
+            op: call.kind.op_code(),
+            wire: call.data.wire().code(),
+            count: call.data.len() as u64,
+            root: call.kind.root(),
+        }
+    }
+
+    pub(crate) fn to_words(self) -> [u64; 6] {
+        [self.seq, self.kind, self.op, self.wire, self.count, self.root]
+    }
+
+    pub(crate) fn from_words(w: [u64; 6]) -> Fingerprint {
+        Fingerprint { seq: w[0], kind: w[1], op: w[2], wire: w[3], count: w[4], root: w[5] }
+    }
+
+    /// Equal calls, whatever their sequence numbers.
+    pub(crate) fn same_call(&self, other: &Fingerprint) -> bool {
+        (self.kind, self.op, self.wire, self.count, self.root) == (other.kind, other.op, other.wire, other.count, other.root)
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            1 => "all_reduce",
+            2 => "broadcast",
+            3 => "reduce",
+            4 => "all_gather",
+            5 => "reduce_scatter",
+            6 => "barrier",
+            7 => "send",
+            8 => "recv",
+            _ => "unknown call",
+        };
+        write!(f, "#{} {kind}", self.seq)?;
+        let op = match self.op {
+            1 => Some("sum"),
+            2 => Some("mean"),
+            3 => Some("max"),
+            4 => Some("min"),
+            _ => None,
+        };
+        if let Some(op) = op {
+            write!(f, " ({op})")?;
+        }
+        if self.kind != 6 {
+            write!(f, " of {} {} elements", self.count, Wire::name(self.wire))?;
+        }
+        if matches!(self.kind, 2 | 3) {
+            write!(f, " from root {}", self.root)?;
+        }
+        Ok(())
+    }
+}
+
+/// The error of a process group.
+pub(crate) fn dist_error(rank: usize, size: usize, op: &str, msg: impl Into<String>) -> Error {
+    Error::Distributed { rank, size, op: op.to_string(), msg: msg.into() }
+}

@@ -1,0 +1,199 @@
+//! Data-parallel training across processes (PyTorch's
+//! `DistributedDataParallel` with one process per device), over a
+//! [`Group`] of [`crate::dist`]:
+//!
+//! - at the start of a fit every parameter and buffer is broadcast from
+//!   rank 0 (written in place, so an optimizer built before keeps them), and
+//!   so is the learner's shuffling seed: every rank draws the same epoch
+//!   order;
+//! - each global batch (the loader's `batch_size`) is cut into one disjoint
+//!   piece per rank ([`DistributedSampler`]); each rank gathers its piece's
+//!   rows from its own copy of the data and runs forward and backward on it,
+//!   its loss weighted by its share of the batch;
+//! - the gradients are summed across ranks in buckets of parameters (the
+//!   last first, one dtype each, [`TrainerBuilder::bucket_size`]) with one
+//!   flag per parameter saying whether any rank reached it (a parameter no
+//!   rank reached keeps no gradient, as on one process);
+//! - every rank clips and steps on the same sums, so the ranks stay
+//!   identical and one step equals one process's step on the whole batch;
+//! - an epoch's loss and metric sums are summed across ranks, so every rank
+//!   reports the same history; validation batches are cut the same way;
+//! - batch normalisation uses each rank's piece statistics (no
+//!   SyncBatchNorm); its running statistics are broadcast from rank 0 at
+//!   the start of each fit.
+//!
+//! [`TrainerBuilder::bucket_size`]: super::TrainerBuilder::bucket_size
+
+use super::fit::{owned_input, split_batch};
+use super::metrics::Sums;
+use super::Trainer;
+use crate::comm::ReduceOp;
+use crate::data::DataLoader;
+use crate::dist::{DistributedSampler, Group};
+use crate::nn::{Loss, Module};
+use crate::optim::Optimizer;
+use crate::{no_grad, DType, Device, Error, Result, Tensor};
+
+/// Writes rank 0's parameters and buffers into every rank's `net`.
+pub(super) fn broadcast_module(group: &Group, net: &mut dyn Module) -> Result<()> {
+    let _g = no_grad();
+    net.visit_parameters_mut(&mut |_, p| p.assign(&group.broadcast(p, 0)?))?;
+    net.visit_buffers_mut(&mut |_, b| b.assign(&group.broadcast(b, 0)?))
+}
+
+/// Rank 0's shuffling seed, on every rank.
+pub(super) fn broadcast_seed(group: &Group, seed: u64) -> Result<u64> {
+    let t = Tensor::new(&[seed as i64], &Device::Cpu)?;
+    Ok(group.broadcast(&t, 0)?.to_vec::<i64>()?[0] as u64)
+}
+
+/// Buckets of at most `bytes` (a larger parameter gets one of its own) of
+/// the trainable parameters, the last first, one dtype per bucket.
+pub(super) fn plan_buckets(params: &[Tensor], bytes: usize) -> Vec<Vec<usize>> {
+    let mut buckets: Vec<Vec<usize>> = Vec::new();
+    let mut filled = 0usize;
+    let mut dtype = None;
+    for (i, p) in params.iter().enumerate().rev() {
+        if !p.requires_grad() {
+            continue;
+        }
+        let size = p.elem_count().saturating_mul(p.dtype().size_in_bytes());
+        if buckets.is_empty() || dtype != Some(p.dtype()) || (filled.saturating_add(size) > bytes.max(1) && filled > 0) {
+            buckets.push(Vec::new());
+            filled = 0;
+            dtype = Some(p.dtype());
+        }
+        filled = filled.saturating_add(size);
+        if let Some(b) = buckets.last_mut() {
+            b.push(i);
+        }
+    }
+    buckets
+}
+
+/// Sums the gradients of `params` across the group, bucket by bucket, and
+/// sets each parameter's gradient to the sum (none where no rank had one).
+pub(super) fn all_reduce_gradients(group: &Group, params: &[Tensor], buckets: &[Vec<usize>]) -> Result<()> {
+    let _g = no_grad();
+    for bucket in buckets {
+        let Some(&first) = bucket.first() else { continue };
+        let (dtype, device) = (params[first].dtype(), params[first].device());
+        let mut pieces = Vec::with_capacity(bucket.len() + 1);
+        let mut flags = Vec::with_capacity(bucket.len());
+        for &i in bucket {
+            let p = &params[i];
+            match p.grad() {
+                Some(g) => {
+                    pieces.push(g.to_dtype(dtype)?.flatten_all()?);
+                    flags.push(1.0);
+                }
+                None => {
+                    pieces.push(Tensor::zeros(p.elem_count(), dtype, &device)?);
+                    flags.push(0.0);
+                }
+            }
+        }
+        pieces.push(Tensor::new(flags.as_slice(), &device)?.to_dtype(dtype)?);
+        let flat = Tensor::cat(&pieces.iter().collect::<Vec<_>>(), 0)?;
+        let sum = group.all_reduce(&flat, ReduceOp::Sum)?;
+        let total = sum.elem_count();
+        let reached = sum.narrow(0, total - bucket.len(), bucket.len())?.to_vec_f64()?;
+        let mut offset = 0;
+        for (k, &i) in bucket.iter().enumerate() {
+            let p = &params[i];
+            let len = p.elem_count();
+            if reached[k] > 0.0 {
+                p.set_grad(Some(sum.narrow(0, offset, len)?.reshape(p.dims())?))?;
+            }
+            offset += len;
+        }
+    }
+    Ok(())
+}
+
+/// This rank's rows of one global batch: `(x, y)` on `device`, or `None`
+/// when its piece is empty.
+fn piece(loader: &DataLoader, ids: Vec<i64>, device: &Device) -> Result<Option<(Tensor, Tensor)>> {
+    if ids.is_empty() {
+        return Ok(None);
+    }
+    let (x, y) = split_batch("fit", loader.tensors())?;
+    let _g = no_grad();
+    let len = ids.len();
+    let idx = Tensor::from_vec(ids, len, &x.device())?;
+    Ok(Some((x.index_select(&idx, 0)?.to(device)?, y.index_select(&idx, 0)?.to(device)?)))
+}
+
+impl Trainer {
+    /// One data-parallel epoch of this rank at learning rate `lr`:
+    /// this rank's training and validation sums (summed across ranks by
+    /// the caller).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_distributed_epoch(
+        &self,
+        group: &Group,
+        net: &mut dyn Module,
+        optimizer: &mut dyn Optimizer,
+        kind: Loss,
+        train_loader: &DataLoader,
+        val: Option<&DataLoader>,
+        order: Option<(u64, u64)>,
+        steps_trained: &mut u64,
+        bar: &super::progress::Bar,
+    ) -> Result<(Sums, Option<Sums>)> {
+        let device = self.device();
+        let sampler = DistributedSampler::new(train_loader.num_examples(), train_loader.batch_size(), group.rank(), group.size())
+            .shuffle(order.map(|(seed, _)| seed))
+            .drop_last(train_loader.is_drop_last());
+        let epoch = order.map_or(0, |(_, e)| e);
+        let params = optimizer.parameters().to_vec();
+        let buckets = plan_buckets(&params, self.bucket_bytes);
+        let mut train = Sums::new();
+        net.train();
+        for (ids, (_, rows)) in sampler.batches(epoch).into_iter().zip(sampler.global_batches()) {
+            optimizer.zero_grad();
+            if let Some((x, y)) = piece(train_loader, ids, &device)? {
+                let pred = net.forward(&x).map_err(|e| owned_input("fit", device, e))?;
+                let loss = kind.compute(&pred, &y)?;
+                let n = x.dims()[0];
+                train.add(&loss, &pred, &y, kind, n)?;
+                loss.mul_scalar(n as f64 / rows as f64)?.backward()?;
+            }
+            all_reduce_gradients(group, &params, &buckets)?;
+            if self.gradient_clip_val > 0.0 {
+                self.clip_gradients(&params)?;
+            }
+            optimizer.step()?;
+            *steps_trained += 1;
+            bar.inc();
+        }
+        let val_sums = match val {
+            Some(loader) => {
+                let _g = no_grad();
+                net.eval();
+                let sampler = DistributedSampler::new(loader.num_examples(), loader.batch_size(), group.rank(), group.size());
+                let mut sums = Sums::new();
+                for ids in sampler.batches(0) {
+                    if let Some((x, y)) = piece(loader, ids, &device)? {
+                        let pred = net.forward(&x).map_err(|e| owned_input("fit", device, e))?;
+                        let loss = kind.compute(&pred, &y)?;
+                        sums.add(&loss, &pred, &y, kind, x.dims()[0])?;
+                    }
+                }
+                net.train();
+                Some(sums)
+            }
+            None => None,
+        };
+        Ok((train, val_sums))
+    }
+}
+
+/// The epoch's sums of every rank, summed: `[train loss, train correct,
+/// (val loss, val correct)]` followed by the example counts, as f64 on the
+/// host.
+pub(super) fn reduce_epoch_sums(group: &Group, values: Vec<f64>) -> Result<Vec<f64>> {
+    let t = Tensor::from_vec(values.clone(), values.len(), &Device::Cpu)?;
+    let summed = group.all_reduce(&t.to_dtype(DType::F64)?, ReduceOp::Sum)?;
+    summed.to_vec_f64().map_err(|e| Error::invalid("fit", format!("reading the epoch's sums across ranks: {e}")))
+}

@@ -1,0 +1,485 @@
+//! Training across processes: this binary runs itself under `mpirun`
+//! (`KILN_TEST_DIST_SCENARIO` names what each rank does) and checks what
+//! the ranks computed and said:
+//! - every collective of a group gives the values one can work out by hand,
+//!   on 2 and 4 ranks, on the CPU and on simulated GPUs;
+//! - LeNet trained by 2 and 4 processes gives one process's parameters (one
+//!   step) and loss curve (3 epochs), on the CPU and on simulated GPUs;
+//! - a checkpoint written by rank 0 of 2 resumes in a world of one;
+//! - two ranks that call different collectives get an error naming both
+//!   calls; a rank that hangs is named by the others' watchdog within the
+//!   timeout, and the job ends; a killed rank ends the job.
+//!
+//! Needs the `mpi` feature and Open MPI's `mpirun`
+//! (`cargo test -p kiln --features mpi --test dist`); otherwise each test
+//! reports itself ignored with the reason.
+
+#[path = "common/mod.rs"]
+#[macro_use]
+mod common;
+
+use common::{Ran, Skip};
+use kiln::comm::ReduceOp;
+use kiln::data::{DataLoader, DataModule};
+use kiln::nn::{Loss, Module};
+use kiln::optim::OptimizerConfig;
+use kiln::trainer::{Learner, Progress, Trainer};
+use kiln::{cpu, dist, DType, Result, Tensor};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+fn main() -> ExitCode {
+    if let Ok(scenario) = std::env::var("KILN_TEST_DIST_SCENARIO") {
+        return worker(&scenario);
+    }
+    common::run_suite(trials![
+        collectives_on_two_ranks,
+        collectives_on_four_ranks,
+        one_step_on_two_processes_gives_one_process_parameters,
+        lenet_on_two_and_four_processes_follows_one_process_curve,
+        lenet_on_simulated_gpus_in_two_processes_follows_one_process_curve,
+        a_checkpoint_of_two_ranks_resumes_in_a_world_of_one,
+        ranks_calling_different_collectives_get_an_error_naming_both,
+        a_hung_rank_is_named_by_the_others_within_the_timeout,
+        a_killed_rank_ends_the_job,
+    ])
+}
+
+// ---------------------------------------------------------------- driver
+
+struct Run {
+    ok: bool,
+    output: String,
+    seconds: f64,
+}
+
+fn mpirun_path() -> Option<PathBuf> {
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join("mpirun")).find(|p| p.is_file())
+}
+
+/// Runs this binary on `np` ranks under mpirun with `scenario`, killing it
+/// after `limit` (a hang is a failure).
+fn mpirun(np: usize, scenario: &str, env: &[(&str, String)], limit: Duration) -> std::result::Result<Run, Skip> {
+    let skip = |why: &str| {
+        // CI sets KILN_REQUIRE_MPI=1: there a missing piece is a failure.
+        if std::env::var_os("KILN_REQUIRE_MPI").is_some() {
+            panic!("KILN_REQUIRE_MPI is set but {why}");
+        }
+        common::skip(why)
+    };
+    if !cfg!(feature = "mpi") {
+        return Err(skip("built without the `mpi` feature: run `cargo test -p kiln --features mpi --test dist`"));
+    }
+    let Some(mpirun) = mpirun_path() else {
+        return Err(skip("no `mpirun` on PATH: install Open MPI (Debian: openmpi-bin libopenmpi-dev)"));
+    };
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut cmd = Command::new(mpirun);
+    cmd.args(["--oversubscribe", "-np", &np.to_string()])
+        .arg(exe)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("KILN_TEST_DIST_SCENARIO", scenario)
+        .env_remove("KILN_SIM_GPUS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let start = Instant::now();
+    let mut child = cmd.spawn().expect("mpirun starts");
+    let out_pipe = child.stdout.take().expect("stdout");
+    let err_pipe = child.stderr.take().expect("stderr");
+    let read = |mut p: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = p.read_to_string(&mut s);
+            s
+        })
+    };
+    let (out_t, err_t) = (read(Box::new(out_pipe)), read(Box::new(err_pipe)));
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for mpirun") {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            let output = out_t.join().unwrap_or_default() + &err_t.join().unwrap_or_default();
+            panic!("mpirun -np {np} ({scenario}) hung past {limit:?}; its output:\n{output}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let output = out_t.join().unwrap_or_default() + &err_t.join().unwrap_or_default();
+    Ok(Run { ok: status.success(), output, seconds: start.elapsed().as_secs_f64() })
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-dist-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn collectives(np: usize) -> Ran {
+    let run = mpirun(np, "collectives", &[], Duration::from_secs(240))?;
+    assert!(run.ok, "{}", run.output);
+    for r in 0..np {
+        assert!(run.output.contains(&format!("rank {r} of {np}: collectives ok")), "{}", run.output);
+    }
+    Ok(())
+}
+
+fn collectives_on_two_ranks() -> Ran {
+    collectives(2)
+}
+
+fn collectives_on_four_ranks() -> Ran {
+    collectives(4)
+}
+
+/// (losses per epoch, parameters) of a training written by rank 0.
+fn read_result(path: &Path) -> (Vec<f64>, Vec<f64>) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut lines = text.lines();
+    let parse = |l: Option<&str>| -> Vec<f64> { l.unwrap_or("").split_whitespace().map(|v| v.parse().expect("a number")).collect() };
+    (parse(lines.next()), parse(lines.next()))
+}
+
+fn max_rel(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let scale = a.iter().chain(b).fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
+    a.iter().zip(b).map(|(x, y)| (x - y).abs() / scale).fold(0.0, f64::max)
+}
+
+fn compare_training(np: usize, setup: Setup, extra: &[(&str, String)], loss_tol: f64, param_tol: f64) -> Ran {
+    let dir = temp_dir(&format!("train{np}"));
+    let out = dir.join("result.txt");
+    let mut env = vec![("KILN_TEST_DIST_OUT", out.display().to_string()), ("KILN_TEST_DIST_SETUP", setup.name().to_string())];
+    env.extend(extra.iter().cloned());
+    let run = mpirun(np, "train", &env, Duration::from_secs(600))?;
+    assert!(run.ok, "{}", run.output);
+    let (losses, params) = read_result(&out);
+    let (one_losses, one_params) = train(setup, None).expect("one process trains");
+    let (dl, dp) = (max_rel(&losses, &one_losses), max_rel(&params, &one_params));
+    println!("{np} ranks, {}: losses {losses:?} (one process {one_losses:?}); max relative difference: losses {dl:.2e}, parameters {dp:.2e}; {:.1} s", setup.name(), run.seconds);
+    assert!(dl <= loss_tol, "losses differ by {dl:e} (bound {loss_tol:e}): {losses:?} against {one_losses:?}");
+    assert!(dp <= param_tol, "parameters differ by {dp:e} (bound {param_tol:e})");
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
+fn one_step_on_two_processes_gives_one_process_parameters() -> Ran {
+    compare_training(2, Setup::OneStep, &[], 1e-6, 1e-6)
+}
+
+fn lenet_on_two_and_four_processes_follows_one_process_curve() -> Ran {
+    compare_training(2, Setup::ThreeEpochs, &[], 1e-4, 1e-5)?;
+    compare_training(4, Setup::ThreeEpochs, &[], 1e-4, 1e-5)
+}
+
+fn lenet_on_simulated_gpus_in_two_processes_follows_one_process_curve() -> Ran {
+    compare_training(2, Setup::ThreeEpochs, &[("KILN_TEST_DIST_SIM", "1".into())], 1e-4, 1e-5)
+}
+
+fn a_checkpoint_of_two_ranks_resumes_in_a_world_of_one() -> Ran {
+    let dir = temp_dir("ckpt");
+    let out = dir.join("result.txt");
+    let ckpt = dir.join("two.safetensors");
+    let env = [
+        ("KILN_TEST_DIST_OUT", out.display().to_string()),
+        ("KILN_TEST_DIST_SETUP", Setup::TwoEpochs.name().to_string()),
+        ("KILN_TEST_DIST_CHECKPOINT", ckpt.display().to_string()),
+    ];
+    let run = mpirun(2, "train", &env, Duration::from_secs(600))?;
+    assert!(run.ok, "{}", run.output);
+    // Rank 1 wrote nothing: one checkpoint, whole.
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(files.len(), 2, "{files:?}");
+    let (resumed_losses, resumed) = train(Setup::OneMoreEpoch, Some(&ckpt)).expect("the checkpoint resumes");
+    let (straight_losses, straight) = train(Setup::ThreeEpochs, None).expect("one process trains");
+    let (two_losses, _) = read_result(&out);
+    let all: Vec<f64> = two_losses.iter().chain(&resumed_losses).copied().collect();
+    assert!(max_rel(&all, &straight_losses) <= 1e-4, "{all:?} against {straight_losses:?}");
+    assert!(max_rel(&resumed, &straight) <= 1e-3);
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
+fn ranks_calling_different_collectives_get_an_error_naming_both() -> Ran {
+    let run = mpirun(2, "mismatch", &[], Duration::from_secs(120))?;
+    assert!(!run.ok, "the job must end with an error:\n{}", run.output);
+    assert!(
+        run.output.contains("rank 0 called #2 all_reduce (sum) of 4 f32 elements, rank 1 called #2 all_reduce (sum) of 5 f32 elements"),
+        "{}",
+        run.output
+    );
+    Ok(())
+}
+
+fn a_hung_rank_is_named_by_the_others_within_the_timeout() -> Ran {
+    let run = mpirun(3, "hang", &[("KILN_DIST_TIMEOUT", "3".into())], Duration::from_secs(120))?;
+    assert!(!run.ok, "the job must end with an error:\n{}", run.output);
+    for r in [0, 2] {
+        assert!(
+            run.output.contains(&format!("rank {r} of 3: all_reduce: rank 1 (its last collective: #1 all_reduce (sum) of 2 f32 elements) did not reach #2 all_reduce")),
+            "rank {r} names rank 1:\n{}",
+            run.output
+        );
+    }
+    // Rank 1 sleeps 600 s: the job was aborted long before.
+    assert!(run.seconds < 60.0, "{} s", run.seconds);
+    Ok(())
+}
+
+fn a_killed_rank_ends_the_job() -> Ran {
+    let run = mpirun(2, "kill", &[("KILN_DIST_TIMEOUT", "5".into())], Duration::from_secs(120))?;
+    assert!(!run.ok, "{}", run.output);
+    assert!(run.output.contains("rank 1"), "the output names the killed rank:\n{}", run.output);
+    assert!(run.seconds < 60.0, "{} s", run.seconds);
+    Ok(())
+}
+
+// ---------------------------------------------------------------- training
+
+#[derive(Clone, Copy)]
+enum Setup {
+    OneStep,
+    TwoEpochs,
+    ThreeEpochs,
+    OneMoreEpoch,
+}
+
+impl Setup {
+    fn name(self) -> &'static str {
+        match self {
+            Setup::OneStep => "one-step",
+            Setup::TwoEpochs => "two-epochs",
+            Setup::ThreeEpochs => "three-epochs",
+            Setup::OneMoreEpoch => "one-more-epoch",
+        }
+    }
+
+    fn from_name(name: &str) -> Setup {
+        match name {
+            "one-step" => Setup::OneStep,
+            "two-epochs" => Setup::TwoEpochs,
+            "one-more-epoch" => Setup::OneMoreEpoch,
+            _ => Setup::ThreeEpochs,
+        }
+    }
+}
+
+/// LeNet on 200 random 28×28 images of 10 classes (batches of 48, the last
+/// one short), shuffled, with validation; trained on `group` (one process
+/// when `None`). Returns the training losses and the parameters.
+fn train_on(setup: Setup, group: Option<dist::Group>, resume: Option<&Path>, save: Option<&Path>) -> Result<(Vec<f64>, Vec<f64>)> {
+    kiln::manual_seed(7);
+    let n = if matches!(setup, Setup::OneStep) { 64 } else { 200 };
+    let x = Tensor::randn((n, 1, 28, 28), &cpu())?;
+    let y = Tensor::rand(n, &cpu())?.mul_scalar(9.99)?.to_dtype(DType::I64)?;
+    let batch = if matches!(setup, Setup::OneStep) { 64 } else { 48 };
+    let train = DataLoader::new(vec![x.narrow(0, 0, n * 3 / 4)?, y.narrow(0, 0, n * 3 / 4)?], batch)?.shuffle(true);
+    let val = DataLoader::new(vec![x.narrow(0, n * 3 / 4, n - n * 3 / 4)?, y.narrow(0, n * 3 / 4, n - n * 3 / 4)?], batch)?;
+    let data = DataModule { train, val: Some(val) };
+    let epochs = match setup {
+        Setup::OneStep | Setup::OneMoreEpoch => 1,
+        Setup::TwoEpochs => 2,
+        Setup::ThreeEpochs => 3,
+    };
+    let mut learner =
+        Learner::new(kiln::models::lenet(10), Loss::CrossEntropy, OptimizerConfig::Sgd { lr: 0.05, momentum: 0.9, weight_decay: 0.0 });
+    let mut builder = Trainer::builder().max_epochs(epochs).progress(Progress::Off);
+    if let Some(g) = group {
+        builder = builder.process_group(g);
+    }
+    let mut trainer = builder.build()?;
+    if let Some(path) = resume {
+        // The lazy layers' parameters exist before the checkpoint fills them.
+        let _g = kiln::no_grad();
+        learner.net.init_lazy(&data.train.tensors()[0].narrow(0, 0, 1)?)?;
+        drop(_g);
+        trainer.load_checkpoint(&mut learner, path)?;
+    }
+    let history = trainer.fit(&mut learner, &data)?;
+    if let Some(path) = save {
+        trainer.save_checkpoint(&learner, path)?;
+    }
+    let mut params = Vec::new();
+    for p in learner.net.parameters() {
+        params.extend(p.to_vec_f64()?);
+    }
+    Ok((history.train_losses(), params))
+}
+
+fn train(setup: Setup, resume: Option<&Path>) -> Result<(Vec<f64>, Vec<f64>)> {
+    train_on(setup, None, resume, None)
+}
+
+// ---------------------------------------------------------------- ranks
+
+fn fail(op: &str, msg: impl Into<String>) -> kiln::Error {
+    kiln::Error::Io { path: op.to_string(), msg: msg.into() }
+}
+
+fn worker(scenario: &str) -> ExitCode {
+    let result = match scenario {
+        "collectives" => worker_collectives(),
+        "train" => worker_train(),
+        "mismatch" => worker_mismatch(),
+        "hang" => worker_hang(),
+        "kill" => worker_kill(),
+        other => Err(fail("dist test", format!("no scenario {other}"))),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            println!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn check(what: &str, got: Vec<f64>, want: Vec<f64>) -> Result<()> {
+    let same = got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| a == b || (a.is_nan() && b.is_nan()));
+    if same {
+        Ok(())
+    } else {
+        Err(fail("dist test", format!("{what}: got {got:?}, want {want:?}")))
+    }
+}
+
+fn worker_collectives() -> Result<()> {
+    kiln::ensure_simulated_gpus(1, 64 << 20);
+    let g = dist::init()?;
+    let (r, n) = (g.rank(), g.size());
+    let (rf, nf) = (r as f64, n as f64);
+    let tri = nf * (nf - 1.0) / 2.0;
+    for device in [cpu(), kiln::gpu(0)] {
+        let x = Tensor::new(&[rf as f32 + 1.0, 10.0 * rf as f32], &device)?;
+        let sum = g.all_reduce(&x, ReduceOp::Sum)?;
+        if sum.device() != device {
+            return Err(fail("dist test", "the sum left the tensor's device"));
+        }
+        check("sum", sum.to_vec_f64()?, vec![tri + nf, 10.0 * tri])?;
+        check("mean", g.all_reduce(&x, ReduceOp::Mean)?.to_vec_f64()?, vec![(tri + nf) / nf, 10.0 * tri / nf])?;
+        check("max", g.all_reduce(&x, ReduceOp::Max)?.to_vec_f64()?, vec![nf, 10.0 * (nf - 1.0)])?;
+        check("min", g.all_reduce(&x, ReduceOp::Min)?.to_vec_f64()?, vec![1.0, 0.0])?;
+        let nan = Tensor::new(&[if r == 1 { f32::NAN } else { 1.0 }, -1.0], &device)?;
+        check("NaN wins max", g.all_reduce(&nan, ReduceOp::Max)?.to_vec_f64()?, vec![f64::NAN, -1.0])?;
+        check("NaN wins min", g.all_reduce(&nan, ReduceOp::Min)?.to_vec_f64()?, vec![f64::NAN, -1.0])?;
+        let ints = Tensor::new(&[r as i64, 1 << 40], &device)?;
+        check("i64 sum", g.all_reduce(&ints, ReduceOp::Sum)?.to_vec_f64()?, vec![tri, nf * (1u64 << 40) as f64])?;
+        let half = x.to_dtype(DType::BF16)?;
+        let hs = g.all_reduce(&half, ReduceOp::Sum)?;
+        if hs.dtype() != DType::BF16 {
+            return Err(fail("dist test", "bf16 came back as another dtype"));
+        }
+        check("bf16 sum", hs.to_vec_f64()?, vec![tri + nf, 10.0 * tri])?;
+        check("broadcast", g.broadcast(&x, n - 1)?.to_vec_f64()?, vec![nf, 10.0 * (nf - 1.0)])?;
+        let reduced = g.reduce(&x, 0, ReduceOp::Sum)?.to_vec_f64()?;
+        check("reduce", reduced, if r == 0 { vec![tri + nf, 10.0 * tri] } else { vec![rf + 1.0, 10.0 * rf] })?;
+        let gathered = g.all_gather(&x)?;
+        let want: Vec<f64> = (0..n).flat_map(|k| [k as f64 + 1.0, 10.0 * k as f64]).collect();
+        check("all_gather", gathered.to_vec_f64()?, want)?;
+        // Rank k holds k at every position: rank r gets its piece summed.
+        let ramp = Tensor::from_vec((0..2 * n).map(|i| (i as f32) * (rf as f32 + 1.0)).collect::<Vec<f32>>(), (n, 2), &device)?;
+        let piece = g.reduce_scatter(&ramp, ReduceOp::Sum)?;
+        let s = tri + nf;
+        check("reduce_scatter", piece.to_vec_f64()?, vec![2.0 * rf * s, (2.0 * rf + 1.0) * s])?;
+        if piece.dims() != [1, 2] {
+            return Err(fail("dist test", format!("reduce_scatter gave shape {:?}", piece.dims())));
+        }
+        // A ring of sends: even ranks send first.
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        let mine = Tensor::new(&[rf as f32; 3], &device)?;
+        let got = if r % 2 == 0 {
+            g.send(&mine, next)?;
+            g.recv(&[3], DType::F32, prev)?
+        } else {
+            let got = g.recv(&[3], DType::F32, prev)?;
+            g.send(&mine, next)?;
+            got
+        };
+        check("recv", got.to_vec_f64()?, vec![prev as f64; 3])?;
+        g.barrier()?;
+    }
+    // Refusals name the problem before anything is sent.
+    let x = Tensor::new(&[1i32, 2], &cpu())?;
+    assert!(matches!(g.all_reduce(&x, ReduceOp::Mean), Err(kiln::Error::UnsupportedDType { .. })));
+    assert!(g.broadcast(&x, n).unwrap_err().to_string().contains(&format!("root {n} is not a rank")));
+    assert!(g.reduce_scatter(&Tensor::zeros(n + 1, DType::F32, &cpu())?, ReduceOp::Sum).is_err());
+    assert!(g.send(&x, r).is_err());
+    let stats = g.stats();
+    assert!(stats.calls > 20 && stats.bytes > 0, "{stats:?}");
+    g.barrier()?;
+    println!("rank {r} of {n}: collectives ok");
+    Ok(())
+}
+
+fn worker_train() -> Result<()> {
+    let sim = std::env::var("KILN_TEST_DIST_SIM").is_ok();
+    let launch = dist::launch()?;
+    if sim {
+        kiln::ensure_simulated_gpus(launch.size, 256 << 20);
+    }
+    let g = dist::init()?;
+    if sim && g.device() != kiln::gpu(g.local_rank()) {
+        return Err(fail("dist test", format!("rank {} trains on {}", g.rank(), g.device())));
+    }
+    let setup = Setup::from_name(&std::env::var("KILN_TEST_DIST_SETUP").unwrap_or_default());
+    let save = std::env::var("KILN_TEST_DIST_CHECKPOINT").ok().map(PathBuf::from);
+    let (losses, params) = train_on(setup, Some(g.clone()), None, save.as_deref())?;
+    if g.is_main() {
+        let out = std::env::var("KILN_TEST_DIST_OUT").map_err(|_| fail("dist test", "KILN_TEST_DIST_OUT"))?;
+        let line = |v: &[f64]| v.iter().map(|x| format!("{x:e}")).collect::<Vec<_>>().join(" ");
+        std::fs::write(out, format!("{}\n{}\n", line(&losses), line(&params))).map_err(|e| fail("dist test", e.to_string()))?;
+    }
+    let s = g.stats();
+    println!("rank {}: {} calls, {} bytes, {:.3} s in collectives", g.rank(), s.calls, s.bytes, s.seconds);
+    Ok(())
+}
+
+fn worker_mismatch() -> Result<()> {
+    let g = dist::init()?;
+    g.barrier()?;
+    let len = if g.rank() == 0 { 4 } else { 5 };
+    let x = Tensor::zeros(len, DType::F32, &cpu())?;
+    match g.all_reduce(&x, ReduceOp::Sum) {
+        Ok(_) => Err(fail("dist test", "different collectives gave a result")),
+        Err(e) => {
+            println!("{e}");
+            Err(e)
+        }
+    }
+}
+
+fn worker_hang() -> Result<()> {
+    let g = dist::init()?;
+    let x = Tensor::new(&[1f32, 2.], &cpu())?;
+    g.all_reduce(&x, ReduceOp::Sum)?;
+    if g.rank() == 1 {
+        std::thread::sleep(Duration::from_secs(600));
+    }
+    let started = Instant::now();
+    let e = g.all_reduce(&x, ReduceOp::Sum).expect_err("rank 1 hangs");
+    println!("{e} (after {:.1} s)", started.elapsed().as_secs_f64());
+    // Every later call fails at once.
+    let again = Instant::now();
+    assert!(g.barrier().unwrap_err().to_string().contains("broken"));
+    assert!(again.elapsed() < Duration::from_secs(1));
+    Err(e)
+}
+
+fn worker_kill() -> Result<()> {
+    let g = dist::init()?;
+    let x = Tensor::new(&[1f32, 2.], &cpu())?;
+    g.all_reduce(&x, ReduceOp::Sum)?;
+    if g.rank() == 1 {
+        // SAFETY: ends this process at once, as a crash or `kill -9` does.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    g.all_reduce(&x, ReduceOp::Sum).map(drop)
+}
