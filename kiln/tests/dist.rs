@@ -115,8 +115,12 @@ fn mpirun(np: usize, scenario: &str, env: &[(&str, String)], limit: Duration) ->
     Ok(Run { ok: status.success(), output, seconds: start.elapsed().as_secs_f64() })
 }
 
+/// A fresh folder of this test's own: tests run in parallel, so each call
+/// gets another name.
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kiln-dist-{name}-{}", std::process::id()));
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("kiln-dist-{name}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir

@@ -17,16 +17,14 @@
 //!
 //! Failures are named, not hung: every collective carries a sequence
 //! number and a fingerprint (call, reduction, dtype, element count, root)
-//! that each rank sends to the others; the first
-//! [`CHECKED_COLLECTIVES`] collectives (all of them with
-//! `KILN_DIST_DEBUG=1`) wait for every rank's fingerprint before they start,
-//! so two ranks calling different collectives get an error naming both
-//! calls instead of a wrong sum. A rank that does not arrive within the
-//! timeout (`KILN_DIST_TIMEOUT` seconds, 60 by default,
+//! that each rank sends to the others, and waits for every rank's before it
+//! starts, so two ranks calling different collectives get an error naming
+//! both calls instead of a wrong sum, and a rank that does not arrive
+//! within the timeout (`KILN_DIST_TIMEOUT` seconds, 60 by default,
 //! [`Group::set_timeout`]) is an error on every waiting rank naming the
-//! silent rank and the collective; the group is then broken (every later
-//! call fails at once) and the job is aborted (`MPI_Abort`) when the process
-//! exits, so that the silent rank does not hang on.
+//! silent rank and the collective. The group is then broken (every later
+//! call fails at once) and the job is aborted (`MPI_Abort`) when the
+//! process exits, so that the silent rank does not hang on.
 //!
 //! Tensors on the CPU and on simulated GPUs are staged through host memory;
 //! the transfers are counted as every host read is. Calls block until this
@@ -63,13 +61,6 @@ use engine::{Engine, ENGINES};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use wire::{dist_error, Call, CallKind, HostBuf};
-
-/// How many collectives at the start of a group wait for every rank's
-/// fingerprint before they run (all of them with `KILN_DIST_DEBUG=1`):
-/// enough to cover a training step's first all-reduces and the
-/// parameters' broadcast, where a program that diverges across ranks
-/// usually does.
-pub const CHECKED_COLLECTIVES: u64 = 256;
 
 /// The default wait for the other ranks (`KILN_DIST_TIMEOUT`).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
