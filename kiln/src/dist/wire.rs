@@ -266,15 +266,9 @@ pub(crate) struct Fingerprint {
 }
 
 impl Fingerprint {
-    pub(crate) fn of(seq: u64, call: &Call) -> Fingerprint {
-        Fingerprint {
-            seq,
-            kind: call.kind.code(),
-            op: call.kind.op_code(),
-            wire: call.data.wire().code(),
-            count: call.data.len() as u64,
-            root: call.kind.root(),
-        }
+    /// The fingerprint of collective number `seq`: `kind` on `data`.
+    pub(crate) fn of(seq: u64, kind: CallKind, data: &HostBuf) -> Fingerprint {
+        Fingerprint { seq, kind: kind.code(), op: kind.op_code(), wire: data.wire().code(), count: data.len() as u64, root: kind.root() }
     }
 
     pub(crate) fn to_words(self) -> [u64; 6] {

@@ -32,7 +32,7 @@ use crate::data::DataLoader;
 use crate::dist::{DistributedSampler, Group};
 use crate::nn::{Loss, Module};
 use crate::optim::Optimizer;
-use crate::{no_grad, DType, Device, Error, Result, Tensor};
+use crate::{no_grad, Device, Result, Tensor};
 
 /// Writes rank 0's parameters and buffers into every rank's `net`.
 pub(super) fn broadcast_module(group: &Group, net: &mut dyn Module) -> Result<()> {
@@ -193,7 +193,6 @@ impl Trainer {
 /// (val loss, val correct)]` followed by the example counts, as f64 on the
 /// host.
 pub(super) fn reduce_epoch_sums(group: &Group, values: Vec<f64>) -> Result<Vec<f64>> {
-    let t = Tensor::from_vec(values.clone(), values.len(), &Device::Cpu)?;
-    let summed = group.all_reduce(&t.to_dtype(DType::F64)?, ReduceOp::Sum)?;
-    summed.to_vec_f64().map_err(|e| Error::invalid("fit", format!("reading the epoch's sums across ranks: {e}")))
+    let len = values.len();
+    group.all_reduce(&Tensor::from_vec(values, len, &Device::Cpu)?, ReduceOp::Sum)?.to_vec::<f64>()
 }

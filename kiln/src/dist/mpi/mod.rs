@@ -622,8 +622,7 @@ impl Comm {
             return self.point_to_point(kind, data, started, deadline);
         }
         self.seq += 1;
-        let fp = Fingerprint::of(self.seq, &Call { kind, data: data.zeros_like(0) });
-        let fp = Fingerprint { count: data.len() as u64, ..fp };
+        let fp = Fingerprint::of(self.seq, kind, &data);
         self.history.push_back(fp);
         if self.history.len() > 4096 {
             self.history.pop_front();
