@@ -30,8 +30,8 @@ t = {}
 for side, size, sec in rows:
     t.setdefault((side, int(size)), []).append(float(sec))
 print(f"all-reduce of f32 on {sys.argv[2]} ranks (medians of {len(t[rows[0][0], int(rows[0][1])])} interleaved runs)")
-print(f"{'size':>8} {'raw MPI':>12} {'kiln':>12} {'kiln/raw throughput':>20}")
+print(f"{'size':>8} {'raw MPI':>12} {'all_reduce':>12} {'kiln/raw':>9} {'all_reduce_':>12} {'kiln/raw':>9}")
 for size in sorted({s for _, s in t}):
-    raw, kiln = statistics.median(t["raw", size]), statistics.median(t["kiln", size])
-    print(f"{size >> 20:>5} MiB {raw * 1e3:>9.2f} ms {kiln * 1e3:>9.2f} ms {raw / kiln:>19.2f}x")
+    raw, kiln, inplace = (statistics.median(t[side, size]) for side in ("raw", "kiln", "kiln_"))
+    print(f"{size >> 20:>5} MiB {raw * 1e3:>9.2f} ms {kiln * 1e3:>9.2f} ms {raw / kiln:>8.2f}x {inplace * 1e3:>9.2f} ms {raw / inplace:>8.2f}x")
 PY

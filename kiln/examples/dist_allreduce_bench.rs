@@ -81,6 +81,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 if group.is_main() {
                     println!("kiln {bytes} {:.6}", median(times));
                 }
+                // In place (PyTorch's `dist.all_reduce(t)`): the sum is made
+                // in the tensor's own memory. Ones summed repeatedly grow
+                // by the size each time (exact for 2 and 4 ranks).
+                let mut times = Vec::new();
+                let rounds = iters(bytes) + 2;
+                for i in 0..rounds {
+                    group.barrier()?;
+                    let t = Instant::now();
+                    group.all_reduce_(&x, ReduceOp::Sum)?;
+                    group.barrier()?;
+                    if i >= 2 {
+                        times.push(t.elapsed().as_secs_f64());
+                    }
+                }
+                let want = (group.size() as f64).powi(rounds as i32);
+                let got = x.narrow(0, n - 1, 1)?.to_vec::<f32>()?[0] as f64;
+                assert!((got - want).abs() <= 1e-5 * want, "{got} after {rounds} in-place sums, want {want}");
+                if group.is_main() {
+                    println!("kiln_ {bytes} {:.6}", median(times));
+                }
             }
         }
     }

@@ -49,8 +49,12 @@ fn lenet_and_bn_lenet_train_on_the_synthetic_images_with_the_same_curve_on_every
         for (i, (x, y)) in curve.iter().zip(&c).enumerate() {
             assert!(close(*x, *y), "LeNet epoch {i}: loss {y} on {d}, {x} on the CPU");
         }
-        let (c, a) = fit(bn_lenet(SYNTHETIC_CLASSES), 8, d)?;
-        assert!(a >= ACCURACY, "BN-LeNet on {d} reached {a}");
+        // The CUDA simulator runs every kernel thread on the CPU, eight
+        // epochs of BN-LeNet take it minutes: there the curve is held over
+        // the first three epochs and the accuracy is the CPU's to reach.
+        let simulated_cuda = cuda && std::env::var_os("KILN_CUDASIM").is_some();
+        let (c, a) = fit(bn_lenet(SYNTHETIC_CLASSES), if simulated_cuda { 3 } else { 8 }, d)?;
+        assert!(simulated_cuda || a >= ACCURACY, "BN-LeNet on {d} reached {a}");
         for (i, (x, y)) in bn_curve.iter().zip(&c).enumerate() {
             assert!(close(*x, *y), "BN-LeNet epoch {i}: loss {y} on {d}, {x} on the CPU");
         }
@@ -225,11 +229,17 @@ fn books_lenet_recipe(device: Device, epochs: usize) -> Result<(Vec<f64>, Vec<f6
 /// of 256), as the README writes it, learns scikit-learn's digits as
 /// PyTorch does from the same weights, data and batch order: the same
 /// plateau of about 100 epochs (6 steps each), the same escape, and the same
-/// validation accuracy at the end, on the CPU and a simulated GPU (and any
-/// CUDA device, which sums in another order: held to the accuracy only).
-/// kiln's and PyTorch's losses agreed to 1e-4 at every epoch when recorded;
-/// the bounds leave room for summation order, not for a wrong gradient
-/// (which moves the escape by tens of epochs or stops it).
+/// validation accuracy at the end. kiln's and PyTorch's losses agreed to
+/// 1e-4 at every epoch when recorded; the bounds leave room for summation
+/// order, not for a wrong gradient (which moves the escape by tens of
+/// epochs or stops it).
+///
+/// A simulated GPU runs the CPU's kernels, so its run is held to the CPU's
+/// own losses and accuracies, to 1e-6, over the first
+/// [`SIM_RECIPE_EPOCHS`] epochs (the loss moves by about 1e-3 a step on the
+/// plateau, so a wrong gradient shows at once); the 200 epochs are the
+/// CPU's. A CUDA device sums in another order and runs the whole recipe,
+/// held to PyTorch's final accuracy.
 #[test]
 fn the_books_lenet_recipe_learns_the_digits_as_pytorch_does_from_the_same_weights() -> Result<()> {
     let torch: Vec<(f64, f64)> = TORCH_LENET_DIGITS
@@ -243,32 +253,48 @@ fn the_books_lenet_recipe_learns_the_digits_as_pytorch_does_from_the_same_weight
     let epochs = torch.len();
     let final_accuracy = torch[epochs - 1].1;
     assert!(final_accuracy >= 0.85, "the recorded PyTorch run ends at {final_accuracy}");
-    let mut runs = vec![(cpu(), false), (sims()[0], false)];
-    runs.extend(cuda_devices().into_iter().map(|d| (d, true)));
-    for (d, cuda) in runs {
-        let (losses, accs) = books_lenet_recipe(d, epochs)?;
-        eprintln!(
-            "LeNet recipe on the digits on {d}: loss {:?} ... {:?}, accuracy {:?} ... {:?}",
-            &losses[..2],
-            &losses[epochs - 2..],
-            &accs[..2],
-            &accs[epochs - 2..]
+    let (losses, accs) = books_lenet_recipe(cpu(), epochs)?;
+    eprintln!(
+        "LeNet recipe on the digits on the CPU: loss {:?} ... {:?}, accuracy {:?} ... {:?}",
+        &losses[..2],
+        &losses[epochs - 2..],
+        &accs[..2],
+        &accs[epochs - 2..]
+    );
+    let acc = accs[epochs - 1];
+    assert!((acc - final_accuracy).abs() <= 0.02, "the recipe ends at validation accuracy {acc}, PyTorch at {final_accuracy}");
+    for (e, ((loss, acc), (t_loss, t_acc))) in losses.iter().zip(&accs).zip(&torch).enumerate() {
+        assert!(
+            (loss - t_loss).abs() <= 0.01 + 0.02 * t_loss && (acc - t_acc).abs() <= 0.03,
+            "epoch {}: loss {loss} and validation accuracy {acc}, PyTorch {t_loss} and {t_acc}",
+            e + 1
         );
-        let acc = accs[epochs - 1];
-        assert!((acc - final_accuracy).abs() <= 0.02, "on {d} the recipe ends at validation accuracy {acc}, PyTorch at {final_accuracy}");
-        if cuda {
-            continue;
-        }
-        for (e, ((loss, acc), (t_loss, t_acc))) in losses.iter().zip(&accs).zip(&torch).enumerate() {
+    }
+    {
+        let d = sims()[0];
+        let (sim_losses, sim_accs) = books_lenet_recipe(d, SIM_RECIPE_EPOCHS)?;
+        for e in 0..SIM_RECIPE_EPOCHS {
             assert!(
-                (loss - t_loss).abs() <= 0.01 + 0.02 * t_loss && (acc - t_acc).abs() <= 0.03,
-                "epoch {}: on {d} loss {loss} and validation accuracy {acc}, PyTorch {t_loss} and {t_acc}",
-                e + 1
+                (sim_losses[e] - losses[e]).abs() <= 1e-6 && (sim_accs[e] - accs[e]).abs() <= 1e-6,
+                "epoch {}: on {d} loss {} and validation accuracy {}, on the CPU {} and {}",
+                e + 1,
+                sim_losses[e],
+                sim_accs[e],
+                losses[e],
+                accs[e]
             );
         }
     }
+    for d in cuda_devices() {
+        let (_, accs) = books_lenet_recipe(d, epochs)?;
+        let acc = accs[epochs - 1];
+        assert!((acc - final_accuracy).abs() <= 0.02, "on {d} the recipe ends at validation accuracy {acc}, PyTorch at {final_accuracy}");
+    }
     Ok(())
 }
+
+/// Epochs of the recipe a simulated GPU runs beside the CPU's run.
+const SIM_RECIPE_EPOCHS: usize = 20;
 
 /// `load_digits` is scikit-learn's `load_digits()`: its class counts, its
 /// pixel total, its last image, and at 28×28 PyTorch's bilinear resize

@@ -381,6 +381,9 @@ fn worker_collectives() -> Result<()> {
             return Err(fail("dist test", "bf16 came back as another dtype"));
         }
         check("bf16 sum", hs.to_vec_f64()?, vec![tri + nf, 10.0 * tri])?;
+        let hm = g.all_reduce(&x.to_dtype(DType::F16)?, ReduceOp::Mean)?;
+        let want: Vec<f64> = [(tri + nf) / nf, 10.0 * tri / nf].iter().map(|&v| half::f16::from_f64(v).to_f64()).collect();
+        check("f16 mean", hm.to_vec_f64()?, want)?;
         check("broadcast", g.broadcast(&x, n - 1)?.to_vec_f64()?, vec![nf, 10.0 * (nf - 1.0)])?;
         let reduced = g.reduce(&x, 0, ReduceOp::Sum)?.to_vec_f64()?;
         check("reduce", reduced, if r == 0 { vec![tri + nf, 10.0 * tri] } else { vec![rf + 1.0, 10.0 * rf] })?;
@@ -407,6 +410,7 @@ fn worker_collectives() -> Result<()> {
             got
         };
         check("recv", got.to_vec_f64()?, vec![prev as f64; 3])?;
+        in_place(&g, &device)?;
         g.barrier()?;
     }
     // Refusals name the problem before anything is sent.
@@ -419,6 +423,53 @@ fn worker_collectives() -> Result<()> {
     assert!(stats.calls > 20 && stats.bytes > 0, "{stats:?}");
     g.barrier()?;
     println!("rank {r} of {n}: collectives ok");
+    Ok(())
+}
+
+/// The in-place calls: every dtype (in the tensor's memory where it can
+/// be, through a staged copy where not), views with an offset, strided
+/// views, aliases that see the result, and broadcast views refused on
+/// every rank alike.
+fn in_place(g: &dist::Group, device: &kiln::Device) -> Result<()> {
+    let (r, n) = (g.rank(), g.size());
+    let (rf, nf) = (r as f64, n as f64);
+    let tri = nf * (nf - 1.0) / 2.0;
+    for dtype in [DType::F32, DType::F64, DType::I32, DType::I64, DType::U8, DType::F16, DType::BF16] {
+        let x = Tensor::new(&[rf + 1.0, 2.0 * rf], device)?.to_dtype(dtype)?;
+        let alias = x.narrow(0, 1, 1)?;
+        g.all_reduce_(&x, ReduceOp::Sum)?;
+        if x.dtype() != dtype || x.device() != *device {
+            return Err(fail("dist test", format!("all_reduce_ changed {dtype} on {device} to {} on {}", x.dtype(), x.device())));
+        }
+        check(&format!("all_reduce_ {dtype}"), x.to_vec_f64()?, vec![tri + nf, 2.0 * tri])?;
+        check(&format!("all_reduce_ {dtype}, seen by a view"), alias.to_vec_f64()?, vec![2.0 * tri])?;
+        if dtype.is_float() {
+            g.all_reduce_(&x, ReduceOp::Mean)?;
+            check(&format!("all_reduce_ mean {dtype}"), x.to_vec_f64()?, vec![tri + nf, 2.0 * tri])?;
+        }
+        let w = Tensor::new(&[rf, -rf], device)?.to_dtype(dtype)?;
+        g.broadcast_(&w, n - 1)?;
+        let last = nf - 1.0;
+        let want = if dtype == DType::U8 { vec![last, 0.0] } else { vec![last, -last] };
+        check(&format!("broadcast_ {dtype}"), w.to_vec_f64()?, want)?;
+    }
+    // A view with an offset: only its elements change; read where it is.
+    let big = Tensor::new(&[100.0, rf, 2.0 * rf, 100.0], device)?;
+    let mid = big.narrow(0, 1, 2)?;
+    check("all_reduce of a view", g.all_reduce(&mid, ReduceOp::Sum)?.to_vec_f64()?, vec![tri, 2.0 * tri])?;
+    g.all_reduce_(&mid, ReduceOp::Max)?;
+    check("all_reduce_ of a view", big.to_vec_f64()?, vec![100.0, nf - 1.0, 2.0 * (nf - 1.0), 100.0])?;
+    // A strided view (staged, then assigned back in place).
+    let m = Tensor::from_vec((0..6).map(|i| (i as f32) * (rf as f32 + 1.0)).collect::<Vec<f32>>(), (2, 3), device)?;
+    let mt = m.t()?;
+    g.all_reduce_(&mt, ReduceOp::Sum)?;
+    check("all_reduce_ of a transposed view", m.to_vec_f64()?, (0..6).map(|i| i as f64 * (tri + nf)).collect())?;
+    // Elements that share memory are refused before anything is sent.
+    let one = Tensor::new(&[1f32], device)?.broadcast_to(3)?;
+    let refused = g.all_reduce_(&one, ReduceOp::Sum).unwrap_err().to_string();
+    if !refused.contains("broadcast view") {
+        return Err(fail("dist test", format!("all_reduce_ of a broadcast view: {refused}")));
+    }
     Ok(())
 }
 

@@ -2,7 +2,7 @@
 //! found in, and the engine of a world of one.
 
 use super::launch::Launch;
-use super::wire::{dist_error, Call, CallKind, HostBuf};
+use super::wire::{dist_error, Call, CallKind, HostBuf, Payload};
 use crate::Result;
 use std::time::Duration;
 
@@ -65,7 +65,12 @@ impl Engine for Single {
             | CallKind::Reduce { .. }
             | CallKind::AllGather
             | CallKind::ReduceScatter(_)
-            | CallKind::Barrier => Ok(call.data),
+            | CallKind::Barrier => match call.data {
+                Payload::Staged(own) => Ok(own),
+                // Written in place: it already holds its own value.
+                Payload::InPlace(view) if view.write => Ok(HostBuf::U8(Vec::new())),
+                Payload::InPlace(view) => view.staged().map_err(|msg| dist_error(0, 1, call.kind.name(), msg)),
+            },
             CallKind::Send { peer } | CallKind::Recv { peer } => Err(dist_error(
                 0,
                 1,

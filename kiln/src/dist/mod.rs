@@ -60,7 +60,7 @@ use crate::{no_grad, DType, Device, Error, Result, Tensor};
 use engine::{Engine, ENGINES};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use wire::{dist_error, Call, CallKind, HostBuf};
+use wire::{dist_error, Call, CallKind, HostBuf, HostView, Payload};
 
 /// The default wait for the other ranks (`KILN_DIST_TIMEOUT`).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -259,7 +259,7 @@ impl Group {
         Ok(())
     }
 
-    fn run(&self, kind: CallKind, data: HostBuf) -> Result<HostBuf> {
+    fn run(&self, kind: CallKind, data: Payload) -> Result<HostBuf> {
         let start = Instant::now();
         let bytes = data.bytes() as u64;
         let out = self.engine.run(Call { kind, data });
@@ -270,11 +270,44 @@ impl Group {
         out
     }
 
-    /// Stages `t`, runs `kind`, and makes a tensor of `dims` on `t`'s device.
+    /// `t`'s elements for `kind`: the tensor's own memory, read where it
+    /// is, for a call that only reads its buffer (all-reduce, all-gather,
+    /// reduce-scatter) on a contiguous CPU tensor of a type that travels as
+    /// itself when there are other ranks; else a staged copy (a counted
+    /// transfer from a GPU), which a broadcast or reduce may write.
+    fn payload(&self, kind: CallKind, t: &Tensor) -> Result<Payload> {
+        let reads_only = match kind {
+            CallKind::AllReduce(_) | CallKind::AllGather | CallKind::ReduceScatter(_) => true,
+            CallKind::Broadcast { .. } | CallKind::Reduce { .. } | CallKind::Barrier | CallKind::Send { .. } | CallKind::Recv { .. } => {
+                false
+            }
+        };
+        match HostView::of(t, false).filter(|_| reads_only && self.size() > 1) {
+            Some(view) => Ok(Payload::InPlace(view)),
+            None => Ok(Payload::Staged(HostBuf::of(t)?)),
+        }
+    }
+
+    /// Runs `kind` on `t`'s elements and makes a tensor of `dims` on `t`'s
+    /// device from the result.
     fn collective(&self, kind: CallKind, t: &Tensor, dims: &[usize]) -> Result<Tensor> {
         let _g = no_grad();
-        let out = self.run(kind, HostBuf::of(t)?)?;
+        let out = self.run(kind, self.payload(kind, t)?)?;
         out.into_tensor(t.dtype(), dims, &t.device())
+    }
+
+    /// Runs `kind` and writes its result into `t`: in `t`'s own memory when
+    /// it is a contiguous CPU tensor of a type that travels as itself (the
+    /// engine works there under the storage's write lock), else through a
+    /// staged copy and [`Tensor::assign`].
+    fn collective_into(&self, kind: CallKind, t: &Tensor) -> Result<()> {
+        let _g = no_grad();
+        if let Some(view) = HostView::of(t, true) {
+            self.run(kind, Payload::InPlace(view))?;
+            return Ok(());
+        }
+        let out = self.run(kind, Payload::Staged(HostBuf::of(t)?))?;
+        t.assign(&out.into_tensor(t.dtype(), t.dims(), &t.device())?)
     }
 
     fn check_mean(&self, op: &str, t: &Tensor, reduce: ReduceOp) -> Result<()> {
@@ -286,10 +319,20 @@ impl Group {
 
     fn finish_mean(&self, t: Tensor, reduce: ReduceOp) -> Result<Tensor> {
         if reduce == ReduceOp::Mean && self.size() > 1 {
-            let _g = no_grad();
-            t.div_scalar(self.size() as f64)
+            self.divide_by_size(&t)
         } else {
             Ok(t)
+        }
+    }
+
+    /// `t / size()`, in `t`'s dtype: f16 and bf16 are divided in f32 and
+    /// rounded once, as their sums are.
+    fn divide_by_size(&self, t: &Tensor) -> Result<Tensor> {
+        let _g = no_grad();
+        let n = self.size() as f64;
+        match t.dtype() {
+            DType::F16 | DType::BF16 => t.to_dtype(DType::F32)?.div_scalar(n)?.to_dtype(t.dtype()),
+            DType::F32 | DType::F64 | DType::I32 | DType::I64 | DType::U8 => t.div_scalar(n),
         }
     }
 
@@ -307,6 +350,77 @@ impl Group {
         self.check_mean("all_reduce", t, op)?;
         let out = self.collective(CallKind::AllReduce(op), t, t.dims())?;
         self.finish_mean(out, op)
+    }
+
+    /// [`all_reduce`](Self::all_reduce) in place, as PyTorch's
+    /// `dist.all_reduce(t)`: every rank's `t` is overwritten with the
+    /// combination (every view of its storage sees it). A contiguous CPU
+    /// tensor of f32, f64, i32, i64 or u8 is reduced where it is, with no
+    /// copy; any other goes through a staged copy. A broadcast view (whose
+    /// elements share memory) is refused, as by [`Tensor::assign`].
+    ///
+    /// When the call fails after the engine started writing (MPI failed
+    /// mid-call, or did not return), `t`'s contents are not trustworthy:
+    /// reading `t` then returns the error.
+    ///
+    /// ```
+    /// use kiln::{comm::ReduceOp, dist::Group, Tensor, cpu};
+    /// let g = Group::single(cpu());
+    /// let grads = Tensor::new(&[1f32, 2.], &cpu())?;
+    /// g.all_reduce_(&grads, ReduceOp::Mean)?; // averaged across the ranks
+    /// assert_eq!(grads.to_vec::<f32>()?, vec![1., 2.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn all_reduce_(&self, t: &Tensor, op: ReduceOp) -> Result<()> {
+        self.check_mean("all_reduce_", t, op)?;
+        self.check_writable("all_reduce_", t)?;
+        if self.size() == 1 {
+            return Ok(());
+        }
+        self.collective_into(CallKind::AllReduce(op), t)?;
+        if op == ReduceOp::Mean {
+            let _g = no_grad();
+            t.assign(&self.divide_by_size(t)?)?;
+        }
+        Ok(())
+    }
+
+    /// [`broadcast`](Self::broadcast) in place, as PyTorch's
+    /// `dist.broadcast(t, root)`: every rank's `t` is overwritten with
+    /// `root`'s (in `t`'s own memory when it is a contiguous CPU tensor of
+    /// a type that travels as itself). The contents are not trustworthy
+    /// after a failure, as for [`all_reduce_`](Self::all_reduce_).
+    ///
+    /// ```
+    /// use kiln::{dist::Group, Tensor, cpu};
+    /// let g = Group::single(cpu());
+    /// let w = Tensor::new(&[0.5f32, -1.], &cpu())?;
+    /// g.broadcast_(&w, 0)?; // rank 0's weights on every rank
+    /// assert_eq!(w.to_vec::<f32>()?, vec![0.5, -1.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn broadcast_(&self, t: &Tensor, root: usize) -> Result<()> {
+        self.check_rank("broadcast_", "root", root)?;
+        self.check_writable("broadcast_", t)?;
+        if self.size() == 1 {
+            return Ok(());
+        }
+        self.collective_into(CallKind::Broadcast { root }, t)
+    }
+
+    /// Refuses, as [`Tensor::assign`] does, a destination whose elements
+    /// share memory (so a world of one refuses what a larger one would).
+    fn check_writable(&self, op: &str, t: &Tensor) -> Result<()> {
+        if t.layout.has_internal_overlap() {
+            return Err(self.error(
+                op,
+                format!(
+                    "the tensor of shape {} is a broadcast view whose elements share memory; pass the tensor it was broadcast from, or `t.contiguous()?`",
+                    t.shape()
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// `root`'s `t` on every rank; the others' `t` gives the dtype and shape
@@ -362,7 +476,7 @@ impl Group {
 
     /// Returns when every rank has called it.
     pub fn barrier(&self) -> Result<()> {
-        self.run(CallKind::Barrier, HostBuf::U8(Vec::new())).map(drop)
+        self.run(CallKind::Barrier, Payload::Staged(HostBuf::U8(Vec::new()))).map(drop)
     }
 
     /// Sends `t` to rank `dst`, which calls [`Group::recv`] with its shape
@@ -373,7 +487,7 @@ impl Group {
             return Err(self.error("send", "a rank cannot send to itself"));
         }
         let _g = no_grad();
-        self.run(CallKind::Send { peer: dst }, HostBuf::of(t)?).map(drop)
+        self.run(CallKind::Send { peer: dst }, Payload::Staged(HostBuf::of(t)?)).map(drop)
     }
 
     /// A tensor of `dims` and `dtype` on this group's device, received from
@@ -387,7 +501,7 @@ impl Group {
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(d))
             .ok_or_else(|| self.error("recv", format!("shape {dims:?} overflows")))?;
-        let out = self.run(CallKind::Recv { peer: src }, HostBuf::zeros(dtype, len))?;
+        let out = self.run(CallKind::Recv { peer: src }, Payload::Staged(HostBuf::zeros(dtype, len)))?;
         out.into_tensor(dtype, dims, &self.device)
     }
 }

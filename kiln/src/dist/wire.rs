@@ -7,8 +7,12 @@
 #![cfg_attr(not(feature = "mpi"), allow(dead_code))]
 
 use crate::comm::ReduceOp;
+use crate::kernel::storage::{OperandLocks, Storage};
+use crate::kernel::Out;
 use crate::{DType, Device, Error, Result, Tensor};
+use std::ffi::c_void;
 use std::fmt;
+use std::sync::Arc;
 
 /// A tensor's elements in host memory, in a type every engine can reduce.
 /// f16 and bf16 travel as f32 (exact both ways; their sums are rounded
@@ -87,14 +91,14 @@ impl HostBuf {
         }
     }
 
-    /// Zeros of this buffer's type.
-    pub(crate) fn zeros_like(&self, len: usize) -> HostBuf {
-        match self {
-            HostBuf::F32(_) => HostBuf::F32(vec![0.0; len]),
-            HostBuf::F64(_) => HostBuf::F64(vec![0.0; len]),
-            HostBuf::I32(_) => HostBuf::I32(vec![0; len]),
-            HostBuf::I64(_) => HostBuf::I64(vec![0; len]),
-            HostBuf::U8(_) => HostBuf::U8(vec![0; len]),
+    /// `len` zeros of the wire type `wire`.
+    pub(crate) fn zeros_of(wire: Wire, len: usize) -> HostBuf {
+        match wire {
+            Wire::F32 => HostBuf::F32(vec![0.0; len]),
+            Wire::F64 => HostBuf::F64(vec![0.0; len]),
+            Wire::I32 => HostBuf::I32(vec![0; len]),
+            Wire::I64 => HostBuf::I64(vec![0; len]),
+            Wire::U8 => HostBuf::U8(vec![0; len]),
         }
     }
 
@@ -134,10 +138,6 @@ impl HostBuf {
         }
     }
 
-    pub(crate) fn bytes(&self) -> usize {
-        self.len() * self.wire().size()
-    }
-
     pub(crate) fn as_ptr(&self) -> *const std::ffi::c_void {
         match self {
             HostBuf::F32(v) => v.as_ptr().cast(),
@@ -156,6 +156,124 @@ impl HostBuf {
             HostBuf::I64(v) => v.as_mut_ptr().cast(),
             HostBuf::U8(v) => v.as_mut_ptr().cast(),
         }
+    }
+}
+
+/// A contiguous run of a CPU tensor's own elements, which an engine reads
+/// where they are (and, for an in-place call, writes there) under the
+/// storage's lock: nothing is copied. The view keeps the storage alive, so
+/// an engine that still holds it after its caller gave up (a call stuck
+/// inside MPI) never touches freed memory.
+#[derive(Clone)]
+pub(crate) struct HostView {
+    storage: Arc<Storage>,
+    offset: usize,
+    len: usize,
+    wire: Wire,
+    /// Whether the call writes its result here (under the write lock).
+    pub(crate) write: bool,
+}
+
+impl fmt::Debug for HostView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HostView({} {:?} elements at {}{})", self.len, self.wire, self.offset, if self.write { ", written" } else { "" })
+    }
+}
+
+impl HostView {
+    /// `t`'s elements where they are: when `t` is a contiguous tensor on the
+    /// CPU of a type that travels as itself (not f16 or bf16), whose
+    /// contents are not poisoned; `None` otherwise (the caller stages).
+    pub(crate) fn of(t: &Tensor, write: bool) -> Option<HostView> {
+        let wire = match t.dtype() {
+            DType::F32 => Wire::F32,
+            DType::F64 => Wire::F64,
+            DType::I32 => Wire::I32,
+            DType::I64 => Wire::I64,
+            DType::U8 => Wire::U8,
+            DType::F16 | DType::BF16 => return None,
+        };
+        if t.device() != Device::Cpu || !t.is_contiguous() || t.storage.fault().is_some() {
+            return None;
+        }
+        Some(HostView { storage: Arc::clone(&t.storage), offset: t.layout.offset(), len: t.elem_count(), wire, write })
+    }
+
+    /// Runs `f` with the address of the first element, under the storage's
+    /// read lock, or its write lock when the call writes here.
+    pub(crate) fn with_ptr<R>(&self, f: impl FnOnce(*mut c_void) -> R) -> std::result::Result<R, String> {
+        let check = |held: usize| {
+            if self.offset.checked_add(self.len).is_none_or(|end| end > held) {
+                Err(format!(
+                    "a view of {} elements at {} does not fit its storage of {held} (a kiln bug: please report it)",
+                    self.len, self.offset
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        let base = |buf: &crate::CpuBuffer| crate::map_buffer!(buf, v => v.as_ptr() as *mut c_void);
+        let size = self.wire.size();
+        if self.write {
+            let mut locks = OperandLocks::new(&[], Out::Storage(&self.storage)).map_err(|e| e.to_string())?;
+            let (_, buf) = locks.split();
+            check(buf.len())?;
+            // SAFETY: in bounds (checked above); the write lock is held while `f` runs.
+            Ok(f(unsafe { base(buf).cast::<u8>().add(self.offset * size).cast() }))
+        } else {
+            let read = self.storage.read();
+            let buf = read.host();
+            check(buf.len())?;
+            // SAFETY: in bounds (checked above); the read lock is held while `f` runs.
+            Ok(f(unsafe { base(buf).cast::<u8>().add(self.offset * size).cast() }))
+        }
+    }
+}
+
+impl HostView {
+    /// Marks the tensor's contents as not trustworthy (a write that failed
+    /// or never finished): reading them returns `err`.
+    pub(crate) fn poison(&self, err: &Error) {
+        self.storage.poison(err);
+    }
+
+    /// A staged copy of the elements.
+    pub(crate) fn staged(&self) -> std::result::Result<HostBuf, String> {
+        let mut buf = HostBuf::zeros_of(self.wire, self.len);
+        let dst = buf.as_mut_ptr();
+        let bytes = self.len * self.wire.size();
+        // SAFETY: both hold `len` elements of the wire type; distinct allocations.
+        self.with_ptr(|src| unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst.cast::<u8>(), bytes) })?;
+        Ok(buf)
+    }
+}
+
+/// This rank's elements as a call hands them to an engine.
+#[derive(Debug)]
+pub(crate) enum Payload {
+    /// Staged in host memory: the engine's to use and return.
+    Staged(HostBuf),
+    /// A CPU tensor's own memory (see [`HostView`]).
+    InPlace(HostView),
+}
+
+impl Payload {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Payload::Staged(b) => b.len(),
+            Payload::InPlace(v) => v.len,
+        }
+    }
+
+    pub(crate) fn wire(&self) -> Wire {
+        match self {
+            Payload::Staged(b) => b.wire(),
+            Payload::InPlace(v) => v.wire,
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.len() * self.wire().size()
     }
 }
 
@@ -245,11 +363,13 @@ impl CallKind {
     }
 }
 
-/// One call: what to do, and this rank's buffer.
+/// One call: what to do, and this rank's buffer. An engine returns the
+/// call's result staged, or nothing (an empty buffer) when the call wrote
+/// it into a view of the tensor ([`HostView::write`]).
 #[derive(Debug)]
 pub(crate) struct Call {
     pub(crate) kind: CallKind,
-    pub(crate) data: HostBuf,
+    pub(crate) data: Payload,
 }
 
 /// What every rank publishes for its n-th collective, so that two ranks
@@ -267,7 +387,7 @@ pub(crate) struct Fingerprint {
 
 impl Fingerprint {
     /// The fingerprint of collective number `seq`: `kind` on `data`.
-    pub(crate) fn of(seq: u64, kind: CallKind, data: &HostBuf) -> Fingerprint {
+    pub(crate) fn of(seq: u64, kind: CallKind, data: &Payload) -> Fingerprint {
         Fingerprint { seq, kind: kind.code(), op: kind.op_code(), wire: data.wire().code(), count: data.len() as u64, root: kind.root() }
     }
 

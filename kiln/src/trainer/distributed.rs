@@ -37,8 +37,8 @@ use crate::{no_grad, Device, Result, Tensor};
 /// Writes rank 0's parameters and buffers into every rank's `net`.
 pub(super) fn broadcast_module(group: &Group, net: &mut dyn Module) -> Result<()> {
     let _g = no_grad();
-    net.visit_parameters_mut(&mut |_, p| p.assign(&group.broadcast(p, 0)?))?;
-    net.visit_buffers_mut(&mut |_, b| b.assign(&group.broadcast(b, 0)?))
+    net.visit_parameters_mut(&mut |_, p| group.broadcast_(p, 0))?;
+    net.visit_buffers_mut(&mut |_, b| group.broadcast_(b, 0))
 }
 
 /// Rank 0's shuffling seed, on every rank.
@@ -95,7 +95,9 @@ pub(super) fn all_reduce_gradients(group: &Group, params: &[Tensor], buckets: &[
         }
         pieces.push(Tensor::new(flags.as_slice(), &device)?.to_dtype(dtype)?);
         let flat = Tensor::cat(&pieces.iter().collect::<Vec<_>>(), 0)?;
-        let sum = group.all_reduce(&flat, ReduceOp::Sum)?;
+        // The bucket is this call's own: summed where it is.
+        group.all_reduce_(&flat, ReduceOp::Sum)?;
+        let sum = flat;
         let total = sum.elem_count();
         let reached = sum.narrow(0, total - bucket.len(), bucket.len())?.to_vec_f64()?;
         let mut offset = 0;

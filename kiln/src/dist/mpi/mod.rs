@@ -4,16 +4,20 @@
 //! One thread per process, `kiln-mpi`, initialises MPI
 //! (`MPI_THREAD_FUNNELED`) and makes every MPI call; the ranks' threads
 //! hand it calls over a channel. Errors return (`MPI_ERRORS_RETURN` on every
-//! communicator) and every return code is checked. Each collective is
-//! started non-blocking and polled against a deadline, while the thread
-//! also receives the fingerprints the other ranks send on a communicator of
-//! their own; so a rank that never arrives is named, not waited on forever.
+//! communicator) and every return code is checked. Each collective first
+//! sends its fingerprint to every other rank on a communicator of its own
+//! and waits, against a deadline, for theirs; so a rank that never arrives
+//! is named, not waited on forever, and a different call is an error. Then
+//! MPI's blocking collective runs (its tuned algorithms), on a contiguous
+//! CPU tensor's own memory under the storage's lock (nothing copied; in
+//! place for the in-place calls), else on a staged copy. Sends and
+//! receives are non-blocking and polled against the deadline.
 //! Float max and min are operations of kiln's own, so that a NaN wins as
 //! everywhere else in kiln (MPI's built-in ones may let it lose).
 
 use super::engine::Engine;
 use super::launch::Launch;
-use super::wire::{dist_error, Call, CallKind, Fingerprint, HostBuf, Wire};
+use super::wire::{dist_error, Call, CallKind, Fingerprint, HostBuf, Payload, Wire};
 use crate::comm::ReduceOp;
 use crate::Result;
 use crossbeam_channel::{bounded, unbounded, RecvTimeoutError, Sender};
@@ -153,6 +157,12 @@ impl Engine for MpiEngine {
         if let Some(why) = stuck() {
             return Err(dist_error(self.rank, self.size, op, format!("the group is broken: {why}")));
         }
+        // A call that writes the tensor in place and never returns leaves
+        // it half-written: poisoned below.
+        let written = match &call.data {
+            Payload::InPlace(view) if view.write => Some(view.clone()),
+            Payload::InPlace(_) | Payload::Staged(_) => None,
+        };
         let (tx, rx) = bounded(1);
         self.jobs
             .send(Msg::Run(call, tx))
@@ -169,7 +179,11 @@ impl Engine for MpiEngine {
                     limit.as_secs_f64()
                 );
                 *STUCK.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
-                Err(dist_error(self.rank, self.size, op, why))
+                let err = dist_error(self.rank, self.size, op, why);
+                if let Some(view) = written {
+                    view.poison(&err);
+                }
+                Err(err)
             }
             Err(RecvTimeoutError::Disconnected) => {
                 Err(dist_error(self.rank, self.size, op, "the MPI thread has ended (the process is exiting)"))
@@ -500,61 +514,111 @@ impl Comm {
 
     /// Runs a collective every rank has been seen to enter, with MPI's
     /// blocking call (its tuned algorithms; the non-blocking ones progress
-    /// only when polled). Returns this rank's result.
-    fn collective(&self, kind: CallKind, mut data: HostBuf) -> std::result::Result<HostBuf, String> {
-        let n = data.len();
+    /// only when polled). Returns this rank's result: a new buffer, the
+    /// staged one, or an empty one when the result was written into the
+    /// tensor's own memory.
+    fn collective(&self, kind: CallKind, data: Payload) -> std::result::Result<HostBuf, String> {
+        let (n, wire) = (data.len(), data.wire());
+        match data {
+            Payload::Staged(mut buf) => {
+                let at = buf.as_mut_ptr();
+                // SAFETY: the buffer is owned here, holds `n` elements of
+                // `wire`, and is not touched until MPI returns.
+                Ok(unsafe { self.collective_at(kind, at, true, n, wire) }?.unwrap_or(buf))
+            }
+            Payload::InPlace(view) => {
+                let write = view.write;
+                let result = view.with_ptr(|at| {
+                    // SAFETY: `at` holds `n` elements of `wire` under the
+                    // storage's lock (its write lock when `write`) until
+                    // this closure returns, after MPI has.
+                    match unsafe { self.collective_at(kind, at, write, n, wire) }? {
+                        Some(out) if write => {
+                            // SAFETY: `out` holds `n` elements (a same-size
+                            // result); a separate allocation.
+                            unsafe { std::ptr::copy_nonoverlapping(out.as_ptr().cast::<u8>(), at.cast::<u8>(), n * wire.size()) };
+                            Ok(HostBuf::U8(Vec::new()))
+                        }
+                        Some(out) => Ok(out),
+                        None if write => Ok(HostBuf::U8(Vec::new())),
+                        None => Err(format!("{} left its result in a read-only buffer (a kiln bug: please report it)", kind.name())),
+                    }
+                })?;
+                if let (Err(msg), true) = (&result, write) {
+                    // MPI may have written part of it.
+                    view.poison(&dist_error(self.rank as usize, self.size as usize, kind.name(), msg.clone()));
+                }
+                result
+            }
+        }
+    }
+
+    /// Runs `kind` on the `n` elements of `wire` at `at`. Returns the result
+    /// in a new buffer, or `None` when it is at `at` (only when `writable`;
+    /// a reduce's non-root ranks keep their own elements).
+    ///
+    /// # Safety
+    /// `at` holds `n` elements of `wire`, writable when `writable`, and
+    /// nothing else touches them until this returns.
+    unsafe fn collective_at(
+        &self,
+        kind: CallKind,
+        at: *mut c_void,
+        writable: bool,
+        n: usize,
+        wire: Wire,
+    ) -> std::result::Result<Option<HostBuf>, String> {
         let count = c_int::try_from(n).map_err(|_| format!("{n} elements is more than MPI's {} per call; split the tensor", c_int::MAX))?;
-        let dt = datatype(data.wire());
-        // SAFETY: the buffers are owned here, sized for the call, and not
-        // touched until MPI returns.
-        unsafe {
-            match kind {
-                CallKind::AllReduce(op) => {
-                    let op = self.reduce_op(op, data.wire());
-                    match self.in_place {
-                        // The staged buffer is this call's own: reduce into it.
-                        Some(in_place) => {
-                            check("MPI_Allreduce", ffi::MPI_Allreduce(in_place, data.as_mut_ptr(), count, dt, op, self.data))?;
-                            Ok(data)
-                        }
-                        None => {
-                            let mut out = data.zeros_like(n);
-                            check("MPI_Allreduce", ffi::MPI_Allreduce(data.as_ptr(), out.as_mut_ptr(), count, dt, op, self.data))?;
-                            Ok(out)
-                        }
+        let dt = datatype(wire);
+        let read_only = || format!("{} writes its buffer, which was given read-only (a kiln bug: please report it)", kind.name());
+        match kind {
+            CallKind::AllReduce(op) => {
+                let op = self.reduce_op(op, wire);
+                match self.in_place {
+                    Some(in_place) if writable => {
+                        check("MPI_Allreduce", ffi::MPI_Allreduce(in_place, at, count, dt, op, self.data))?;
+                        Ok(None)
+                    }
+                    _ => {
+                        let mut out = HostBuf::zeros_of(wire, n);
+                        check("MPI_Allreduce", ffi::MPI_Allreduce(at, out.as_mut_ptr(), count, dt, op, self.data))?;
+                        Ok(Some(out))
                     }
                 }
-                CallKind::Broadcast { root } => {
-                    check("MPI_Bcast", ffi::MPI_Bcast(data.as_mut_ptr(), count, dt, root as c_int, self.data))?;
-                    Ok(data)
-                }
-                CallKind::Reduce { root, op } => {
-                    let mut out = data.zeros_like(n);
-                    let mpi_op = self.reduce_op(op, data.wire());
-                    check("MPI_Reduce", ffi::MPI_Reduce(data.as_ptr(), out.as_mut_ptr(), count, dt, mpi_op, root as c_int, self.data))?;
-                    Ok(if root == self.rank as usize { out } else { data })
-                }
-                CallKind::AllGather => {
-                    let total = n.checked_mul(self.size as usize).ok_or("all_gather: the result's size overflows")?;
-                    let mut out = data.zeros_like(total);
-                    check("MPI_Allgather", ffi::MPI_Allgather(data.as_ptr(), count, dt, out.as_mut_ptr(), count, dt, self.data))?;
-                    Ok(out)
-                }
-                CallKind::ReduceScatter(op) => {
-                    let piece = n / self.size as usize;
-                    let mut out = data.zeros_like(piece);
-                    let mpi_op = self.reduce_op(op, data.wire());
-                    check(
-                        "MPI_Reduce_scatter_block",
-                        ffi::MPI_Reduce_scatter_block(data.as_ptr(), out.as_mut_ptr(), piece as c_int, dt, mpi_op, self.data),
-                    )?;
-                    Ok(out)
-                }
-                // Every rank's fingerprint of this barrier has arrived: that
-                // is the barrier.
-                CallKind::Barrier => Ok(HostBuf::U8(Vec::new())),
-                CallKind::Send { .. } | CallKind::Recv { .. } => Err(format!("{} is not a collective", kind.name())),
             }
+            CallKind::Broadcast { root } => {
+                if !writable {
+                    return Err(read_only());
+                }
+                check("MPI_Bcast", ffi::MPI_Bcast(at, count, dt, root as c_int, self.data))?;
+                Ok(None)
+            }
+            CallKind::Reduce { root, op } => {
+                let mut out = HostBuf::zeros_of(wire, n);
+                let mpi_op = self.reduce_op(op, wire);
+                check("MPI_Reduce", ffi::MPI_Reduce(at, out.as_mut_ptr(), count, dt, mpi_op, root as c_int, self.data))?;
+                Ok((root == self.rank as usize).then_some(out))
+            }
+            CallKind::AllGather => {
+                let total = n.checked_mul(self.size as usize).ok_or("all_gather: the result's size overflows")?;
+                let mut out = HostBuf::zeros_of(wire, total);
+                check("MPI_Allgather", ffi::MPI_Allgather(at, count, dt, out.as_mut_ptr(), count, dt, self.data))?;
+                Ok(Some(out))
+            }
+            CallKind::ReduceScatter(op) => {
+                let piece = n / self.size as usize;
+                let mut out = HostBuf::zeros_of(wire, piece);
+                let mpi_op = self.reduce_op(op, wire);
+                check(
+                    "MPI_Reduce_scatter_block",
+                    ffi::MPI_Reduce_scatter_block(at, out.as_mut_ptr(), piece as c_int, dt, mpi_op, self.data),
+                )?;
+                Ok(Some(out))
+            }
+            // Every rank's fingerprint of this barrier has arrived: that
+            // is the barrier.
+            CallKind::Barrier => Ok(Some(HostBuf::U8(Vec::new()))),
+            CallKind::Send { .. } | CallKind::Recv { .. } => Err(format!("{} is not a collective", kind.name())),
         }
     }
 
@@ -619,6 +683,13 @@ impl Comm {
         let deadline = started + self.timeout();
         let Call { kind, data } = call;
         if !kind.is_collective() {
+            // Sent and received from staged buffers: a request past its
+            // deadline keeps its buffer for good (leaked), which a view of
+            // a tensor could not do without keeping the tensor locked.
+            let data = match data {
+                Payload::Staged(buf) => buf,
+                Payload::InPlace(view) => view.staged()?,
+            };
             return self.point_to_point(kind, data, started, deadline);
         }
         self.seq += 1;
