@@ -44,6 +44,11 @@ pub struct TrainArgs {
     /// Random seed (data shuffling, initial parameters, synthetic data).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Train data-parallel across the processes of this launch, one device each (`mpirun -np 4 kiln train --dist`; a
+    /// build with `--features mpi`): each batch is cut over the ranks, rank 0 prints, plots and writes the files. Replaces
+    /// --num-gpus (each process takes gpu(local rank), or the CPU). Alone, a world of one.
+    #[arg(long)]
+    pub dist: bool,
 }
 
 /// The networks `kiln train` trains.
@@ -87,7 +92,12 @@ pub fn run(args: TrainArgs) -> Result<()> {
     if !(args.lr.is_finite() && args.lr > 0.0) {
         return Err(fail!("--lr must be a positive number, got {}", args.lr));
     }
-    check_out_dir(&args.out)?;
+    // Across processes: every rank trains, rank 0 alone speaks and writes.
+    let group = if args.dist { Some(kiln::dist::init()?) } else { None };
+    let main = group.as_ref().is_none_or(|g| g.is_main());
+    if main {
+        check_out_dir(&args.out)?;
+    }
     kiln::manual_seed(args.seed);
     let batch = args.batch_size as usize;
     let (data, what, inputs, classes): (DataModule, String, usize, usize) = match &args.data {
@@ -111,7 +121,12 @@ pub fn run(args: TrainArgs) -> Result<()> {
         ModelKind::Resnet18 => (kiln::models::resnet18(classes), "ResNet-18".to_string()),
     };
     let mut model = Learner::new(net, Loss::CrossEntropy, OptimizerConfig::sgd(args.lr));
-    let mut trainer = Trainer::builder().max_epochs(args.epochs as usize).num_gpus(args.num_gpus).progress(Progress::Auto).build()?;
+    let builder = Trainer::builder().max_epochs(args.epochs as usize).progress(Progress::Auto);
+    let mut trainer = match &group {
+        Some(g) => builder.process_group(g.clone()),
+        None => builder.num_gpus(args.num_gpus),
+    }
+    .build()?;
     let device = trainer.device();
     if let Some(ckpt) = &args.resume {
         if model.net.has_lazy_parameters() {
@@ -126,26 +141,39 @@ pub fn run(args: TrainArgs) -> Result<()> {
         }
         if checkpoint::is_trainer_checkpoint(ckpt)? {
             trainer.load_checkpoint(&mut model, ckpt)?;
-            println!("Resumed from {} (after epoch {})", ckpt.display(), model.epochs_trained());
+            if main {
+                println!("Resumed from {} (after epoch {})", ckpt.display(), model.epochs_trained());
+            }
         } else {
             checkpoint::load(&mut model.net, ckpt, &device)?;
-            println!("Resumed from {} (parameters only)", ckpt.display());
+            if main {
+                println!("Resumed from {} (parameters only)", ckpt.display());
+            }
         }
     }
-    println!(
-        "Training {net_name} ({} parameters) on {what}: {} training and {} validation examples, on {device} \
-         (num_gpus {} asked, {} available), {} epochs, batch {batch}, SGD lr {}",
-        if model.net.has_lazy_parameters() { "lazy".to_string() } else { model.net.num_parameters().to_string() },
-        data.train.num_examples(),
-        data.val.as_ref().map(|v| v.num_examples()).unwrap_or(0),
-        args.num_gpus,
-        kiln::num_gpus(),
-        args.epochs,
-        args.lr
-    );
+    let placement = match &group {
+        Some(g) => format!("{} process(es) ({} engine), rank 0 on {device}", g.size(), g.engine()),
+        None => format!("{device} (num_gpus {} asked, {} available)", args.num_gpus, kiln::num_gpus()),
+    };
+    if main {
+        println!(
+            "Training {net_name} ({} parameters) on {what}: {} training and {} validation examples, on {placement}, \
+             {} epochs, batch {batch}, SGD lr {}",
+            if model.net.has_lazy_parameters() { "lazy".to_string() } else { model.net.num_parameters().to_string() },
+            data.train.num_examples(),
+            data.val.as_ref().map(|v| v.num_examples()).unwrap_or(0),
+            args.epochs,
+            args.lr
+        );
+    }
     let before = kiln::thread_transfer_stats();
     let history = trainer.fit(&mut model, &data)?;
     let transfers = kiln::thread_transfer_stats().since(&before);
+    if !main {
+        // The history is every rank's (the sums are reduced across ranks),
+        // and the parameters are rank 0's: nothing of this rank's to say.
+        return Ok(());
+    }
 
     let rows: Vec<Vec<String>> = history
         .epochs

@@ -373,6 +373,52 @@ fn train_writes_a_plot_and_a_checkpoint_and_resumes() {
 }
 
 /// Writes an IDX file: magic (0, 0, 0x08 = u8, rank), big-endian dims, then the bytes.
+/// The table's rows without their TIME column.
+fn epoch_rows(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| l.starts_with("|") && l.split('|').nth(1).is_some_and(|c| c.trim().parse::<u32>().is_ok()))
+        .map(|l| l.split('|').take(5).collect::<Vec<_>>().join("|"))
+        .collect()
+}
+
+#[test]
+fn train_dist_alone_trains_as_one_process_and_a_launch_without_mpi_is_refused() {
+    let dir = scratch("train-dist");
+    let (alone, plain) = (dir.join("alone"), dir.join("plain"));
+    let args = |out: &std::path::Path| {
+        vec!["train".to_string(), "--epochs".into(), "2".into(), "--hidden".into(), "8".into(), "--out".into(), out.display().to_string()]
+    };
+    let mut with_dist = args(&alone);
+    with_dist.push("--dist".into());
+    let o = kiln(&with_dist.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("on 1 process(es) (single engine), rank 0 on cpu"), "{text}");
+    assert!(alone.join("checkpoint.safetensors").is_file() && alone.join("training.png").is_file());
+    let mut on_cpu = args(&plain);
+    on_cpu.extend(["--num-gpus".into(), "0".into()]);
+    let o = kiln(&on_cpu.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = epoch_rows(&text);
+    assert_eq!(rows.len(), 2, "{text}");
+    assert_eq!(rows, epoch_rows(&stdout(&o)), "a world of one trains as one process does");
+
+    // Several ranks under an MPI launcher, with a build that has no MPI
+    // engine: refused, not trained alone on all the data by each rank.
+    if !cfg!(feature = "mpi") {
+        let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(with_dist.iter().map(String::as_str))
+            .env("OMPI_COMM_WORLD_RANK", "0")
+            .env("OMPI_COMM_WORLD_SIZE", "2")
+            .env("OMPI_COMM_WORLD_LOCAL_RANK", "0")
+            .env("KILN_DISABLE_CUDA", "1")
+            .env_remove("KILN_SIM_GPUS")
+            .output()
+            .expect("the kiln binary runs");
+        assert_one_line_error(&o, "--features mpi");
+    }
+}
+
 fn write_idx(path: &std::path::Path, dims: &[u32], data: &[u8]) {
     let mut bytes = vec![0, 0, 0x08, dims.len() as u8];
     for d in dims {
