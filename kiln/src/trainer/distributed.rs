@@ -24,6 +24,7 @@
 //!
 //! [`TrainerBuilder::bucket_size`]: super::TrainerBuilder::bucket_size
 
+use super::buckets::plan_buckets;
 use super::fit::{owned_input, split_batch};
 use super::metrics::Sums;
 use super::Trainer;
@@ -45,30 +46,6 @@ pub(super) fn broadcast_module(group: &Group, net: &mut dyn Module) -> Result<()
 pub(super) fn broadcast_seed(group: &Group, seed: u64) -> Result<u64> {
     let t = Tensor::new(&[seed as i64], &Device::Cpu)?;
     Ok(group.broadcast(&t, 0)?.to_vec::<i64>()?[0] as u64)
-}
-
-/// Buckets of at most `bytes` (a larger parameter gets one of its own) of
-/// the trainable parameters, the last first, one dtype per bucket.
-pub(super) fn plan_buckets(params: &[Tensor], bytes: usize) -> Vec<Vec<usize>> {
-    let mut buckets: Vec<Vec<usize>> = Vec::new();
-    let mut filled = 0usize;
-    let mut dtype = None;
-    for (i, p) in params.iter().enumerate().rev() {
-        if !p.requires_grad() {
-            continue;
-        }
-        let size = p.elem_count().saturating_mul(p.dtype().size_in_bytes());
-        if buckets.is_empty() || dtype != Some(p.dtype()) || (filled.saturating_add(size) > bytes.max(1) && filled > 0) {
-            buckets.push(Vec::new());
-            filled = 0;
-            dtype = Some(p.dtype());
-        }
-        filled = filled.saturating_add(size);
-        if let Some(b) = buckets.last_mut() {
-            b.push(i);
-        }
-    }
-    buckets
 }
 
 /// Sums the gradients of `params` across the group, bucket by bucket, and

@@ -41,6 +41,7 @@ use std::panic::Location;
 use std::path::PathBuf;
 
 mod bench;
+mod buckets;
 mod builder;
 mod callbacks;
 mod distributed;

@@ -34,6 +34,7 @@
 //! [`TrainerBuilder::bucket_size`]: super::TrainerBuilder::bucket_size
 //! [`TrainerBuilder::check_replicas`]: super::TrainerBuilder::check_replicas
 
+use super::buckets::{bucket_index, plan_buckets};
 use super::fit::owned_input;
 use super::metrics::Sums;
 use crate::autograd::backward_lockstep;
@@ -162,29 +163,6 @@ pub(super) fn split_sizes(rows: usize, n: usize) -> Vec<usize> {
     (0..n).map(|i| rows / n + usize::from(i < rows % n)).collect()
 }
 
-/// Buckets of at most `bytes` (a larger parameter gets one of its own) over
-/// the trainable parameters, the last first.
-fn plan_buckets(params: &[Tensor], bytes: usize) -> (Vec<Vec<usize>>, Vec<Option<usize>>) {
-    let mut buckets: Vec<Vec<usize>> = Vec::new();
-    let mut bucket_of = vec![None; params.len()];
-    let mut filled = 0usize;
-    for (i, p) in params.iter().enumerate().rev() {
-        if p.node_id().is_none() {
-            continue;
-        }
-        let size = p.elem_count().saturating_mul(p.dtype().size_in_bytes());
-        if buckets.is_empty() || filled.saturating_add(size) > bytes.max(1) && filled > 0 {
-            buckets.push(Vec::new());
-            filled = 0;
-        }
-        filled = filled.saturating_add(size);
-        let b = buckets.len() - 1;
-        buckets[b].push(i);
-        bucket_of[i] = Some(b);
-    }
-    (buckets, bucket_of)
-}
-
 impl Replicas {
     /// Replicates `net` (on `devices[0]`) onto `devices[1..]` with
     /// optimizers built from `config` and loaded with `primary`'s state.
@@ -207,7 +185,8 @@ impl Replicas {
             nets.push(replica);
             optimizers.push(opt);
         }
-        let (buckets, bucket_of) = plan_buckets(&net.parameters(), bucket_bytes);
+        let buckets = plan_buckets(&net.parameters(), bucket_bytes);
+        let bucket_of = bucket_index(&buckets, net.parameters().len());
         Ok(Replicas { devices: devices.to_vec(), nets, optimizers, buckets, bucket_of, check })
     }
 
@@ -406,18 +385,5 @@ mod tests {
         assert_eq!(split_sizes(10, 4), vec![3, 3, 2, 2]);
         assert_eq!(split_sizes(3, 4), vec![1, 1, 1, 0]);
         assert_eq!(split_sizes(0, 2), vec![0, 0]);
-    }
-
-    #[test]
-    fn buckets_hold_the_last_parameters_first_up_to_their_size() -> Result<()> {
-        let cpu = crate::cpu();
-        let p = |n: usize| Tensor::zeros(n, crate::DType::F32, &cpu).map(|t| t.requires_grad_());
-        let params = vec![p(10)?, p(10)?, p(30)?, Tensor::zeros(5, crate::DType::F32, &cpu)?, p(10)?];
-        let (buckets, of) = plan_buckets(&params, 80);
-        assert_eq!(buckets, vec![vec![4], vec![2], vec![1, 0]]);
-        assert_eq!(of, vec![Some(2), Some(2), Some(1), None, Some(0)]);
-        // One bucket for everything when it fits.
-        assert_eq!(plan_buckets(&params, 1 << 20).0, vec![vec![4, 2, 1, 0]]);
-        Ok(())
     }
 }
