@@ -11,7 +11,7 @@
 # runs DIST_LENET (target/<profile>/examples/dist_lenet, built with
 # `--features mpi`) on 4 ranks, 2 per host, and checks that it trained on 4
 # processes; with DIST_TEST (the binary of kiln/tests/dist.rs) also runs its
-# collectives scenario on the same 4 ranks. Needs root (`ip netns`,
+# collectives and seeded random calls on the same 4 ranks. Needs root (`ip netns`,
 # `unshare`); where namespaces cannot be made it says why and exits 0
 # (skipped), unless KILN_REQUIRE_NETNS=1 (CI), where that is a failure.
 set -euo pipefail
@@ -97,5 +97,9 @@ if [ -n "$dist_test" ]; then
     out="$(KILN_TEST_DIST_SCENARIO=collectives run_on_two_hosts "$dist_test")"
     echo "$out"
     [ "$(grep -c 'collectives ok' <<<"$out")" = 4 ] || { echo "dist-two-hosts: not every rank finished the collectives" >&2; exit 1; }
+    echo "== dist-two-hosts: seeded random calls on 4 ranks over 2 hosts, against a reference"
+    out="$(KILN_TEST_DIST_SCENARIO=fuzz run_on_two_hosts "$dist_test")"
+    echo "$out"
+    [ "$(grep -c 'fuzz ok' <<<"$out")" = 4 ] || { echo "dist-two-hosts: not every rank finished the random calls" >&2; exit 1; }
 fi
 echo "dist-two-hosts: passed"

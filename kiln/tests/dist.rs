@@ -2,7 +2,10 @@
 //! (`KILN_TEST_DIST_SCENARIO` names what each rank does) and checks what
 //! the ranks computed and said:
 //! - every collective of a group gives the values one can work out by hand,
-//!   on 2 and 4 ranks, on the CPU and on simulated GPUs;
+//!   on 2 and 4 ranks, on the CPU and on simulated GPUs, in place and not;
+//! - seeded random calls (every collective, dtype and reduction, shapes of
+//!   zero elements, offset, transposed and broadcast views) on 3 ranks
+//!   match the reference each rank computes from every rank's inputs;
 //! - LeNet trained by 2 and 4 processes gives one process's parameters (one
 //!   step) and loss curve (3 epochs), on the CPU and on simulated GPUs;
 //! - a checkpoint written by rank 0 of 2 resumes in a world of one;
@@ -36,6 +39,7 @@ fn main() -> ExitCode {
     common::run_suite(trials![
         collectives_on_two_ranks,
         collectives_on_four_ranks,
+        random_calls_on_three_ranks_match_a_reference,
         one_step_on_two_processes_gives_one_process_parameters,
         lenet_on_two_and_four_processes_follows_one_process_curve,
         lenet_on_simulated_gpus_in_two_processes_follows_one_process_curve,
@@ -141,6 +145,21 @@ fn collectives_on_two_ranks() -> Ran {
 
 fn collectives_on_four_ranks() -> Ran {
     collectives(4)
+}
+
+/// Seeded random calls on 3 ranks (an odd size: means that do not divide
+/// evenly), each checked on every rank against the reference it computes
+/// from every rank's inputs. `KILN_DIST_FUZZ_SEED` and
+/// `KILN_DIST_FUZZ_CASES` (default 1 and 150) choose the cases.
+fn random_calls_on_three_ranks_match_a_reference() -> Ran {
+    let seed = std::env::var("KILN_DIST_FUZZ_SEED").unwrap_or_else(|_| "1".into());
+    let cases = std::env::var("KILN_DIST_FUZZ_CASES").unwrap_or_else(|_| "150".into());
+    let run = mpirun(3, "fuzz", &[("KILN_DIST_FUZZ_SEED", seed), ("KILN_DIST_FUZZ_CASES", cases)], Duration::from_secs(300))?;
+    assert!(run.ok, "{}", run.output);
+    for r in 0..3 {
+        assert!(run.output.contains(&format!("rank {r} of 3: fuzz ok")), "{}", run.output);
+    }
+    Ok(())
 }
 
 /// (losses per epoch, parameters) of a training written by rank 0.
@@ -330,6 +349,7 @@ fn fail(op: &str, msg: impl Into<String>) -> kiln::Error {
 fn worker(scenario: &str) -> ExitCode {
     let result = match scenario {
         "collectives" => worker_collectives(),
+        "fuzz" => worker_fuzz(),
         "train" => worker_train(),
         "mismatch" => worker_mismatch(),
         "hang" => worker_hang(),
@@ -470,6 +490,184 @@ fn in_place(g: &dist::Group, device: &kiln::Device) -> Result<()> {
     if !refused.contains("broadcast view") {
         return Err(fail("dist test", format!("all_reduce_ of a broadcast view: {refused}")));
     }
+    Ok(())
+}
+
+/// splitmix64: the fuzzer's numbers, the same on every rank for one seed.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Rank `rank`'s element `i` of case `case`: a small integer, exact in
+/// every dtype and in every sum of a few of them (non-negative for u8).
+fn fuzz_value(case: u64, rank: usize, i: usize, dtype: DType) -> f64 {
+    let v = (mix(case ^ mix((rank as u64) << 32 ^ i as u64)) % 7) as f64;
+    if dtype == DType::U8 {
+        v
+    } else {
+        v - 3.0
+    }
+}
+
+/// Every collective with random dtypes, shapes (zero-size included), views
+/// (contiguous, offset, transposed, broadcast), reductions, roots and
+/// devices, in place and not, against the reference each rank computes.
+fn worker_fuzz() -> Result<()> {
+    kiln::ensure_simulated_gpus(1, 64 << 20);
+    let g = dist::init()?;
+    let (r, n) = (g.rank(), g.size());
+    let seed: u64 = std::env::var("KILN_DIST_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let cases: u64 = std::env::var("KILN_DIST_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(150);
+    let dtypes = [DType::F32, DType::F64, DType::I32, DType::I64, DType::U8, DType::F16, DType::BF16];
+    let ops = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min];
+    for c in 0..cases {
+        let case = mix(seed ^ mix(c));
+        let pick = |k: u64, m: usize| (mix(case ^ k) % m as u64) as usize;
+        let dtype = dtypes[pick(1, dtypes.len())];
+        let op = ops[pick(2, ops.len())];
+        let device = if pick(3, 2) == 0 { cpu() } else { kiln::gpu(0) };
+        let rank_count = pick(4, 4);
+        let mut dims: Vec<usize> = (0..rank_count).map(|d| pick(10 + d as u64, 4)).collect();
+        if let Some(d0) = dims.first_mut() {
+            *d0 = n * pick(20, 3); // reduce_scatter cuts dimension 0 by n
+        }
+        let len: usize = dims.iter().product();
+        let view = pick(5, 4); // 0 contiguous, 1 offset, 2 transposed, 3 broadcast
+        let root = pick(6, n);
+        let call = pick(7, 7);
+        let what = format!("case {c} (seed {seed}): call {call} {op:?} {dtype} {dims:?} view {view} on {device}, root {root}");
+        let values = |rank: usize| -> Vec<f64> { (0..len).map(|i| fuzz_value(case, rank, i, dtype)).collect() };
+        let contiguous = |v: Vec<f64>| Tensor::from_vec(v, dims.as_slice(), &device)?.to_dtype(dtype);
+        // This rank's input as the chosen kind of view, and a check that the
+        // memory around an offset view was left alone.
+        let mine = contiguous(values(r))?;
+        let (x, base) = match view {
+            1 if !dims.is_empty() => {
+                let mut outer = dims.clone();
+                outer[0] += 2;
+                let base = Tensor::full(100.0, outer.as_slice(), dtype, &device)?;
+                let x = base.narrow(0, 1, dims[0])?;
+                x.assign(&mine)?;
+                (x, Some(base))
+            }
+            2 if dims.len() >= 2 => (mine.transpose(0, 1)?.contiguous()?.transpose(0, 1)?, None),
+            3 => {
+                let one =
+                    Tensor::from_vec(vec![fuzz_value(case, r, 0, dtype)], vec![1; dims.len()].as_slice(), &device)?.to_dtype(dtype)?;
+                (one.broadcast_to(dims.as_slice())?, None)
+            }
+            _ => (mine, None),
+        };
+        let inputs: Vec<Vec<f64>> = (0..n).map(|k| if view == 3 { vec![fuzz_value(case, k, 0, dtype); len] } else { values(k) }).collect();
+        let combine = |vals: &[f64]| -> f64 {
+            match op {
+                ReduceOp::Sum => vals.iter().sum(),
+                ReduceOp::Mean => vals.iter().sum::<f64>() / n as f64,
+                ReduceOp::Max => vals.iter().cloned().fold(f64::MIN, f64::max),
+                ReduceOp::Min => vals.iter().cloned().fold(f64::MAX, f64::min),
+                other => panic!("no reference for {other:?}"),
+            }
+        };
+        let reduced: Vec<f64> = (0..len).map(|i| combine(&inputs.iter().map(|v| v[i]).collect::<Vec<_>>())).collect();
+        let close = |got: &[f64], want: &[f64]| -> Result<()> {
+            let tol = match dtype {
+                DType::F16 | DType::BF16 => 1.0 / 64.0,
+                DType::F32 => 1e-6,
+                DType::F64 | DType::I32 | DType::I64 | DType::U8 => 1e-12,
+            };
+            let ok = got.len() == want.len() && got.iter().zip(want).all(|(a, b)| (a - b).abs() <= tol * b.abs().max(1.0));
+            if ok {
+                Ok(())
+            } else {
+                Err(fail("dist fuzz", format!("{what}: got {got:?}, want {want:?}")))
+            }
+        };
+        let int_mean = op == ReduceOp::Mean && !dtype.is_float();
+        let expect_refusal = |res: Result<()>, why: &str| -> Result<()> {
+            match res {
+                Err(_) => Ok(()),
+                Ok(()) => Err(fail("dist fuzz", format!("{what}: {why} was accepted"))),
+            }
+        };
+        match call {
+            0 => match g.all_reduce(&x, op) {
+                Err(kiln::Error::UnsupportedDType { .. }) if int_mean => {}
+                Err(e) => return Err(fail("dist fuzz", format!("{what}: {e}"))),
+                Ok(_) if int_mean => return Err(fail("dist fuzz", format!("{what}: an integer mean was accepted"))),
+                Ok(t) => {
+                    if t.dims() != dims.as_slice() || t.dtype() != dtype || t.device() != device {
+                        return Err(fail("dist fuzz", format!("{what}: got {:?} {} on {}", t.dims(), t.dtype(), t.device())));
+                    }
+                    close(&t.to_vec_f64()?, &reduced)?;
+                }
+            },
+            1 => {
+                let res = g.all_reduce_(&x, op);
+                if int_mean || (view == 3 && len > 1) {
+                    expect_refusal(res, "an integer mean or a broadcast destination")?;
+                    continue;
+                }
+                res?;
+                close(&x.to_vec_f64()?, &reduced)?;
+            }
+            2 => close(&g.broadcast(&x, root)?.to_vec_f64()?, &inputs[root])?,
+            3 => {
+                let res = g.broadcast_(&x, root);
+                if view == 3 && len > 1 {
+                    expect_refusal(res, "a broadcast destination")?;
+                    continue;
+                }
+                res?;
+                close(&x.to_vec_f64()?, &inputs[root])?;
+            }
+            4 => {
+                let t = g.all_gather(&x)?;
+                let mut want_dims = dims.clone();
+                match want_dims.first_mut() {
+                    Some(d0) => *d0 *= n,
+                    None => want_dims.push(n),
+                }
+                if t.dims() != want_dims.as_slice() {
+                    return Err(fail("dist fuzz", format!("{what}: all_gather gave {:?}", t.dims())));
+                }
+                close(&t.to_vec_f64()?, &inputs.concat())?;
+            }
+            5 => {
+                let res = g.reduce_scatter(&x, op);
+                if dims.is_empty() || int_mean {
+                    if res.is_ok() {
+                        return Err(fail("dist fuzz", format!("{what}: reduce_scatter accepted a scalar or an integer mean")));
+                    }
+                    continue;
+                }
+                let piece = len / n;
+                close(&res?.to_vec_f64()?, &reduced[r * piece..(r + 1) * piece])?;
+            }
+            _ => {
+                let res = g.reduce(&x, root, op);
+                if int_mean {
+                    if res.is_ok() {
+                        return Err(fail("dist fuzz", format!("{what}: reduce accepted an integer mean")));
+                    }
+                    continue;
+                }
+                let want = if r == root { reduced.clone() } else { inputs[r].clone() };
+                close(&res?.to_vec_f64()?, &want)?;
+            }
+        }
+        if let Some(base) = base {
+            let all = base.to_vec_f64()?;
+            let row: usize = dims[1..].iter().product();
+            if all[..row].iter().chain(&all[all.len() - row..]).any(|&v| v != 100.0) {
+                return Err(fail("dist fuzz", format!("{what}: the memory around the view changed: {all:?}")));
+            }
+        }
+    }
+    g.barrier()?;
+    println!("rank {r} of {n}: fuzz ok ({cases} cases)");
     Ok(())
 }
 

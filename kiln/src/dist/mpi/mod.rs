@@ -568,6 +568,23 @@ impl Comm {
         n: usize,
         wire: Wire,
     ) -> std::result::Result<Option<HostBuf>, String> {
+        if n == 0 {
+            // Nothing to move, and Open MPI refuses some calls of no
+            // elements (MPI_Reduce_scatter_block): every rank has seen the
+            // others' fingerprints of this call, which is all it needs.
+            return Ok(match kind {
+                CallKind::AllReduce(_) | CallKind::Broadcast { .. } if writable => None,
+                CallKind::Reduce { root, .. } if root != self.rank as usize => None,
+                CallKind::AllReduce(_)
+                | CallKind::Broadcast { .. }
+                | CallKind::Reduce { .. }
+                | CallKind::AllGather
+                | CallKind::ReduceScatter(_)
+                | CallKind::Barrier
+                | CallKind::Send { .. }
+                | CallKind::Recv { .. } => Some(HostBuf::zeros_of(wire, 0)),
+            });
+        }
         let count = c_int::try_from(n).map_err(|_| format!("{n} elements is more than MPI's {} per call; split the tensor", c_int::MAX))?;
         let dt = datatype(wire);
         let read_only = || format!("{} writes its buffer, which was given read-only (a kiln bug: please report it)", kind.name());
