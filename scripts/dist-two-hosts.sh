@@ -91,6 +91,13 @@ echo "== dist-two-hosts: LeNet on 4 ranks over 2 hosts (TCP between them)"
 out="$(KILN_TEST_DIST_SCENARIO=none run_on_two_hosts "$lenet" 2)"
 echo "$out"
 grep -q "LeNet on 4 process(es) (mpi engine)" <<<"$out" || { echo "dist-two-hosts: dist_lenet did not train on 4 ranks" >&2; exit 1; }
+# The same curve as one process on the whole batches (printed to 4
+# decimals: within one rounding step and 1e-4).
+alone="$("$lenet" 2)"
+curve() { sed -n 's/.*epoch \([0-9]*\)  train loss \([0-9.]*\).*/\1 \2/p'; }
+paste <(curve <<<"$out") <(curve <<<"$alone") | awk '
+    { n++; d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 0.00015) bad = 1; printf "epoch %s: train loss %s on 2 hosts, %s in one process\n", $1, $2, $4 }
+    END { if (n != 2 || bad) { print "dist-two-hosts: the curve over two hosts is not one process curve" > "/dev/stderr"; exit 1 } }'
 
 if [ -n "$dist_test" ]; then
     echo "== dist-two-hosts: every collective on 4 ranks over 2 hosts"
