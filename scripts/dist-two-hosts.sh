@@ -17,8 +17,14 @@
 set -euo pipefail
 lenet="${1:?usage: dist-two-hosts.sh DIST_LENET [DIST_TEST]}"
 dist_test="${2:-}"
-a=kiln-host-a
-b=kiln-host-b
+# Namespaces and links named after this run, so that two runs on one
+# machine do not take each other's; the hostnames inside are fixed.
+a="kiln-a-$$"
+b="kiln-b-$$"
+veth_a="vka$$"
+veth_b="vkb$$"
+host_a=kiln-host-a
+host_b=kiln-host-b
 ip_a=10.77.0.1
 ip_b=10.77.0.2
 
@@ -38,23 +44,22 @@ work="$(mktemp -d)"
 cleanup() {
     ip netns del "$a" 2>/dev/null || true
     ip netns del "$b" 2>/dev/null || true
+    ip link del "$veth_a" 2>/dev/null || true
     rm -rf "$work"
 }
 trap cleanup EXIT
-ip netns del "$a" 2>/dev/null || true
-ip netns del "$b" 2>/dev/null || true
 ip netns add "$a" 2>"$work/err" || skip "cannot make a network namespace ($(cat "$work/err")); run as root"
 ip netns add "$b"
-ip link add veth-kiln-a type veth peer name veth-kiln-b
-ip link set veth-kiln-a netns "$a"
-ip link set veth-kiln-b netns "$b"
-ip -n "$a" addr add "$ip_a/24" dev veth-kiln-a
-ip -n "$b" addr add "$ip_b/24" dev veth-kiln-b
+ip link add "$veth_a" type veth peer name "$veth_b"
+ip link set "$veth_a" netns "$a"
+ip link set "$veth_b" netns "$b"
+ip -n "$a" addr add "$ip_a/24" dev "$veth_a"
+ip -n "$b" addr add "$ip_b/24" dev "$veth_b"
 for ns in "$a" "$b"; do
     ip -n "$ns" link set lo up
 done
-ip -n "$a" link set veth-kiln-a up
-ip -n "$b" link set veth-kiln-b up
+ip -n "$a" link set "$veth_a" up
+ip -n "$b" link set "$veth_b" up
 
 # The rsh agent: Open MPI calls it as `agent HOST COMMAND...` to start its
 # daemon on HOST, as it would call ssh.
@@ -62,18 +67,18 @@ cat >"$work/agent" <<AGENT
 #!/bin/sh
 host="\$1"; shift
 case "\$host" in
-    $ip_a|$a) ns=$a ;;
-    $ip_b|$b) ns=$b ;;
+    $ip_a|$host_a) ns=$a; name=$host_a ;;
+    $ip_b|$host_b) ns=$b; name=$host_b ;;
     *) echo "dist-two-hosts agent: unknown host \$host" >&2; exit 1 ;;
 esac
-exec ip netns exec "\$ns" unshare --uts sh -c 'hostname "\$0"; exec sh -c "\$*"' "\$ns" "\$@"
+exec ip netns exec "\$ns" unshare --uts sh -c 'hostname "\$0"; exec sh -c "\$*"' "\$name" "\$@"
 AGENT
 chmod +x "$work/agent"
 
 # mpirun on host a; ranks 0-1 on a, 2-3 on b.
 run_on_two_hosts() {
-    ip netns exec "$a" unshare --uts sh -c 'hostname "$0"; exec "$@"' "$a" \
-        timeout 300 mpirun --host "$ip_a:2,$ip_b:2" -np 4 \
+    ip netns exec "$a" unshare --uts sh -c 'hostname "$0"; exec "$@"' "$host_a" \
+        timeout -k 10 300 mpirun --host "$ip_a:2,$ip_b:2" -np 4 \
         --mca plm_rsh_agent "$work/agent" --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 \
         --mca oob_tcp_if_include 10.77.0.0/24 \
         -x OMPI_ALLOW_RUN_AS_ROOT=1 -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 -x KILN_TEST_DIST_SCENARIO -x KILN_DIST_TIMEOUT \
@@ -84,7 +89,7 @@ export KILN_DIST_TIMEOUT="${KILN_DIST_TIMEOUT:-60}"
 
 echo "== dist-two-hosts: where each rank runs"
 KILN_TEST_DIST_SCENARIO=none run_on_two_hosts sh -c 'echo "$(hostname): rank ${OMPI_COMM_WORLD_RANK} of ${OMPI_COMM_WORLD_SIZE}, local rank ${OMPI_COMM_WORLD_LOCAL_RANK}"' | sort | tee "$work/hosts"
-grep -q "$a: rank 0 of 4" "$work/hosts" && grep -q "$b: rank 3 of 4" "$work/hosts" \
+grep -q "$host_a: rank 0 of 4" "$work/hosts" && grep -q "$host_b: rank 3 of 4" "$work/hosts" \
     || { echo "dist-two-hosts: the ranks did not land 2 per host" >&2; exit 1; }
 
 echo "== dist-two-hosts: LeNet on 4 ranks over 2 hosts (TCP between them)"

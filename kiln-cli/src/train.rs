@@ -94,10 +94,25 @@ pub fn run(args: TrainArgs) -> Result<()> {
     }
     // Across processes: every rank trains, rank 0 alone speaks and writes.
     let group = if args.dist { Some(kiln::dist::init()?) } else { None };
-    let main = group.as_ref().is_none_or(|g| g.is_main());
-    if main {
-        check_out_dir(&args.out)?;
+    if group.is_none() {
+        let launch = kiln::dist::launch()?;
+        if launch.size > 1 {
+            return Err(fail!(
+                "this process is {launch}: add --dist to train across the processes (without it every rank would train alone on all the data and write the same files)"
+            ));
+        }
     }
+    let main = group.as_ref().is_none_or(|g| g.is_main());
+    let out_dir = if main { check_out_dir(&args.out) } else { Ok(()) };
+    if let Some(g) = &group {
+        // Every rank learns whether rank 0 can write, so none waits for a
+        // rank 0 that has given up.
+        let ok = g.broadcast(&Tensor::new(&[i64::from(out_dir.is_ok())], &cpu())?, 0)?.to_vec::<i64>()?[0] == 1;
+        if !ok && !main {
+            return Err(fail!("rank 0 cannot write its output directory {}", args.out.display()));
+        }
+    }
+    out_dir?;
     kiln::manual_seed(args.seed);
     let batch = args.batch_size as usize;
     let (data, what, inputs, classes): (DataModule, String, usize, usize) = match &args.data {

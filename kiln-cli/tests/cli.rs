@@ -382,7 +382,7 @@ fn epoch_rows(text: &str) -> Vec<String> {
 }
 
 #[test]
-fn train_dist_alone_trains_as_one_process_and_a_launch_without_mpi_is_refused() {
+fn train_dist_alone_trains_as_one_process_and_launches_it_cannot_serve_are_refused() {
     let dir = scratch("train-dist");
     let (alone, plain) = (dir.join("alone"), dir.join("plain"));
     let args = |out: &std::path::Path| {
@@ -417,6 +417,19 @@ fn train_dist_alone_trains_as_one_process_and_a_launch_without_mpi_is_refused() 
             .expect("the kiln binary runs");
         assert_one_line_error(&o, "--features mpi");
     }
+    // Under a launcher of several ranks, without --dist: refused, as each
+    // rank would train alone and write the same files.
+    let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args(&dir.join("each")).iter().map(String::as_str))
+        .env("OMPI_COMM_WORLD_RANK", "1")
+        .env("OMPI_COMM_WORLD_SIZE", "2")
+        .env("OMPI_COMM_WORLD_LOCAL_RANK", "1")
+        .env("KILN_DISABLE_CUDA", "1")
+        .env_remove("KILN_SIM_GPUS")
+        .output()
+        .expect("the kiln binary runs");
+    assert_one_line_error(&o, "add --dist");
+    assert!(!dir.join("each").exists(), "nothing was written");
 }
 
 fn write_idx(path: &std::path::Path, dims: &[u32], data: &[u8]) {

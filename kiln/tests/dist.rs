@@ -473,6 +473,12 @@ fn in_place(g: &dist::Group, device: &kiln::Device) -> Result<()> {
         let want = if dtype == DType::U8 { vec![last, 0.0] } else { vec![last, -last] };
         check(&format!("broadcast_ {dtype}"), w.to_vec_f64()?, want)?;
     }
+    // A mean of f16 whose sum leaves f16's range (65504) but whose mean
+    // does not: divided before it is rounded to f16, so not infinite.
+    let big_half = Tensor::full(40000.0, 2, DType::F16, device)?;
+    check("f16 mean past f16's range", g.all_reduce(&big_half, ReduceOp::Mean)?.to_vec_f64()?, vec![40000.0; 2])?;
+    g.all_reduce_(&big_half, ReduceOp::Mean)?;
+    check("f16 mean in place past f16's range", big_half.to_vec_f64()?, vec![40000.0; 2])?;
     // A view with an offset: only its elements change; read where it is.
     let big = Tensor::new(&[100.0, rf, 2.0 * rf, 100.0], device)?;
     let mid = big.narrow(0, 1, 2)?;

@@ -288,26 +288,46 @@ impl Group {
         }
     }
 
+    /// What divides this rank's result of `kind`: the size, for a mean this
+    /// rank receives (a reduce's root only); `None` otherwise.
+    fn mean_divisor(&self, kind: CallKind) -> Option<usize> {
+        let mean = match kind {
+            CallKind::AllReduce(op) | CallKind::ReduceScatter(op) => op == ReduceOp::Mean,
+            CallKind::Reduce { root, op } => op == ReduceOp::Mean && root == self.rank(),
+            CallKind::Broadcast { .. } | CallKind::AllGather | CallKind::Barrier | CallKind::Send { .. } | CallKind::Recv { .. } => false,
+        };
+        (mean && self.size() > 1).then_some(self.size())
+    }
+
     /// Runs `kind` on `t`'s elements and makes a tensor of `dims` on `t`'s
-    /// device from the result.
+    /// device from the result (a mean divided before it takes `t`'s dtype,
+    /// so f16 and bf16 are rounded once).
     fn collective(&self, kind: CallKind, t: &Tensor, dims: &[usize]) -> Result<Tensor> {
         let _g = no_grad();
         let out = self.run(kind, self.payload(kind, t)?)?;
-        out.into_tensor(t.dtype(), dims, &t.device())
+        out.into_tensor(t.dtype(), dims, &t.device(), self.mean_divisor(kind))
     }
 
     /// Runs `kind` and writes its result into `t`: in `t`'s own memory when
     /// it is a contiguous CPU tensor of a type that travels as itself (the
     /// engine works there under the storage's write lock), else through a
-    /// staged copy and [`Tensor::assign`].
+    /// staged copy and [`Tensor::assign`]. A mean's division that fails
+    /// after the sum was written leaves `t` poisoned.
     fn collective_into(&self, kind: CallKind, t: &Tensor) -> Result<()> {
         let _g = no_grad();
+        let divisor = self.mean_divisor(kind);
         if let Some(view) = HostView::of(t, true) {
             self.run(kind, Payload::InPlace(view))?;
+            if let Some(n) = divisor {
+                if let Err(e) = t.div_scalar(n as f64).and_then(|m| t.assign(&m)) {
+                    t.storage.poison(&e);
+                    return Err(e);
+                }
+            }
             return Ok(());
         }
         let out = self.run(kind, Payload::Staged(HostBuf::of(t)?))?;
-        t.assign(&out.into_tensor(t.dtype(), t.dims(), &t.device())?)
+        t.assign(&out.into_tensor(t.dtype(), t.dims(), &t.device(), divisor)?)
     }
 
     fn check_mean(&self, op: &str, t: &Tensor, reduce: ReduceOp) -> Result<()> {
@@ -315,25 +335,6 @@ impl Group {
             return Err(Error::UnsupportedDType { op: format!("{op}(Mean)"), dtype: t.dtype() });
         }
         Ok(())
-    }
-
-    fn finish_mean(&self, t: Tensor, reduce: ReduceOp) -> Result<Tensor> {
-        if reduce == ReduceOp::Mean && self.size() > 1 {
-            self.divide_by_size(&t)
-        } else {
-            Ok(t)
-        }
-    }
-
-    /// `t / size()`, in `t`'s dtype: f16 and bf16 are divided in f32 and
-    /// rounded once, as their sums are.
-    fn divide_by_size(&self, t: &Tensor) -> Result<Tensor> {
-        let _g = no_grad();
-        let n = self.size() as f64;
-        match t.dtype() {
-            DType::F16 | DType::BF16 => t.to_dtype(DType::F32)?.div_scalar(n)?.to_dtype(t.dtype()),
-            DType::F32 | DType::F64 | DType::I32 | DType::I64 | DType::U8 => t.div_scalar(n),
-        }
     }
 
     /// Every rank's `t` combined by `op`, on every rank (on `t`'s device).
@@ -348,8 +349,7 @@ impl Group {
     /// ```
     pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         self.check_mean("all_reduce", t, op)?;
-        let out = self.collective(CallKind::AllReduce(op), t, t.dims())?;
-        self.finish_mean(out, op)
+        self.collective(CallKind::AllReduce(op), t, t.dims())
     }
 
     /// [`all_reduce`](Self::all_reduce) in place, as PyTorch's
@@ -377,12 +377,7 @@ impl Group {
         if self.size() == 1 {
             return Ok(());
         }
-        self.collective_into(CallKind::AllReduce(op), t)?;
-        if op == ReduceOp::Mean {
-            let _g = no_grad();
-            t.assign(&self.divide_by_size(t)?)?;
-        }
-        Ok(())
+        self.collective_into(CallKind::AllReduce(op), t)
     }
 
     /// [`broadcast`](Self::broadcast) in place, as PyTorch's
@@ -435,12 +430,7 @@ impl Group {
     pub fn reduce(&self, t: &Tensor, root: usize, op: ReduceOp) -> Result<Tensor> {
         self.check_rank("reduce", "root", root)?;
         self.check_mean("reduce", t, op)?;
-        let out = self.collective(CallKind::Reduce { root, op }, t, t.dims())?;
-        if self.rank() == root {
-            self.finish_mean(out, op)
-        } else {
-            Ok(out)
-        }
+        self.collective(CallKind::Reduce { root, op }, t, t.dims())
     }
 
     /// Every rank's `t`, concatenated along dimension 0 in rank order
@@ -470,8 +460,7 @@ impl Group {
                 )
             }
         }
-        let out = self.collective(CallKind::ReduceScatter(op), t, &dims)?;
-        self.finish_mean(out, op)
+        self.collective(CallKind::ReduceScatter(op), t, &dims)
     }
 
     /// Returns when every rank has called it.
@@ -502,6 +491,6 @@ impl Group {
             .try_fold(1usize, |a, &d| a.checked_mul(d))
             .ok_or_else(|| self.error("recv", format!("shape {dims:?} overflows")))?;
         let out = self.run(CallKind::Recv { peer: src }, Payload::Staged(HostBuf::zeros(dtype, len)))?;
-        out.into_tensor(dtype, dims, &self.device)
+        out.into_tensor(dtype, dims, &self.device, None)
     }
 }

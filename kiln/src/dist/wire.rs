@@ -102,14 +102,21 @@ impl HostBuf {
         }
     }
 
-    /// A tensor of `dtype` and `dims` on `device` holding these elements.
-    pub(crate) fn into_tensor(self, dtype: DType, dims: &[usize], device: &Device) -> Result<Tensor> {
+    /// A tensor of `dtype` and `dims` on `device` holding these elements,
+    /// divided by `divisor` (a mean) in the wire type before they take
+    /// `dtype`: f16 and bf16 are rounded once, and a sum past their range
+    /// whose mean is not does not become infinite.
+    pub(crate) fn into_tensor(self, dtype: DType, dims: &[usize], device: &Device, divisor: Option<usize>) -> Result<Tensor> {
         let t = match self {
             HostBuf::F32(v) => Tensor::from_vec(v, dims, device)?,
             HostBuf::F64(v) => Tensor::from_vec(v, dims, device)?,
             HostBuf::I32(v) => Tensor::from_vec(v, dims, device)?,
             HostBuf::I64(v) => Tensor::from_vec(v, dims, device)?,
             HostBuf::U8(v) => Tensor::from_vec(v, dims, device)?,
+        };
+        let t = match divisor {
+            Some(n) => t.div_scalar(n as f64)?,
+            None => t,
         };
         if t.dtype() == dtype {
             Ok(t)
@@ -212,20 +219,22 @@ impl HostView {
                 Ok(())
             }
         };
-        let base = |buf: &crate::CpuBuffer| crate::map_buffer!(buf, v => v.as_ptr() as *mut c_void);
         let size = self.wire.size();
         if self.write {
             let mut locks = OperandLocks::new(&[], Out::Storage(&self.storage)).map_err(|e| e.to_string())?;
             let (_, buf) = locks.split();
             check(buf.len())?;
+            let base: *mut c_void = crate::map_buffer!(buf, v => v.as_mut_ptr().cast());
             // SAFETY: in bounds (checked above); the write lock is held while `f` runs.
-            Ok(f(unsafe { base(buf).cast::<u8>().add(self.offset * size).cast() }))
+            Ok(f(unsafe { base.cast::<u8>().add(self.offset * size).cast() }))
         } else {
             let read = self.storage.read();
             let buf = read.host();
             check(buf.len())?;
+            // Only read through (MPI's send buffers are `const void*`).
+            let base: *mut c_void = crate::map_buffer!(buf, v => v.as_ptr() as *mut c_void);
             // SAFETY: in bounds (checked above); the read lock is held while `f` runs.
-            Ok(f(unsafe { base(buf).cast::<u8>().add(self.offset * size).cast() }))
+            Ok(f(unsafe { base.cast::<u8>().add(self.offset * size).cast() }))
         }
     }
 }
@@ -442,4 +451,48 @@ impl fmt::Display for Fingerprint {
 /// The error of a process group.
 pub(crate) fn dist_error(rank: usize, size: usize, op: &str, msg: impl Into<String>) -> Error {
     Error::Distributed { rank, size, op: op.to_string(), msg: msg.into() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu;
+
+    /// What an in-place call that failed part-way leaves: a poisoned CPU
+    /// storage, which every view refuses to read, compute from or write
+    /// into, with the original error (and without waiting for its lock,
+    /// which a call stuck inside MPI still holds).
+    #[test]
+    fn a_poisoned_cpu_tensor_is_refused_read_computed_and_written() -> Result<()> {
+        let t = Tensor::new(&[1f32, 2., 3.], &cpu())?;
+        let alias = t.narrow(0, 1, 2)?;
+        let err = dist_error(1, 2, "all_reduce_", "MPI_Allreduce failed part-way");
+        let view = HostView::of(&t, true).expect("a contiguous f32 CPU tensor is used in place");
+        assert_eq!((view.len, view.offset, view.wire), (3, 0, Wire::F32));
+        // Held locked as a call stuck inside MPI would hold it.
+        let mut locks = OperandLocks::new(&[], Out::Storage(&view.storage))?;
+        let _held = locks.split();
+        view.poison(&err);
+        for got in [t.to_vec::<f32>().map(drop), alias.to_vec::<f32>().map(drop), (&alias + 1.0).map(drop), t.sum_all().map(drop)] {
+            assert_eq!(got.unwrap_err().to_string(), err.to_string());
+        }
+        assert_eq!(alias.assign(&Tensor::new(&[0f32, 0.], &cpu())?).unwrap_err().to_string(), err.to_string());
+        // Not used in place again: a staged read, which returns the error.
+        assert!(HostView::of(&t, false).is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn views_are_taken_of_contiguous_cpu_tensors_of_wire_types_only() -> Result<()> {
+        let m = Tensor::new(&[[1f64, 2.], [3., 4.]], &cpu())?;
+        let row = m.narrow(0, 1, 1)?;
+        let v = HostView::of(&row, false).expect("a contiguous row");
+        assert_eq!((v.offset, v.len, v.wire), (2, 2, Wire::F64));
+        assert_eq!(v.staged().map_err(|m| dist_error(0, 1, "test", m))?, HostBuf::F64(vec![3., 4.]));
+        assert!(HostView::of(&m.t()?, false).is_none(), "a strided view is staged");
+        assert!(HostView::of(&m.to_dtype(DType::BF16)?, false).is_none(), "bf16 travels as f32");
+        let empty = Tensor::zeros((0, 3), DType::U8, &cpu())?;
+        assert_eq!(HostView::of(&empty, true).map(|v| v.len), Some(0));
+        Ok(())
+    }
 }

@@ -32,12 +32,27 @@ impl CpuBackend {
     /// Runs a kernel at once (static dispatch of `launch`).
     #[inline]
     pub(crate) fn run(&self, kernel: &Kernel<'_>, out: Out<'_>) -> Result<()> {
+        // A poisoned CPU storage (an in-place collective across processes
+        // that failed part-way, or never returned and still holds its
+        // lock: `dist`) is refused, read or written, before its lock is
+        // asked for. One load per operand; the CPU itself never poisons.
+        if let Some(fault) = kernel.input_fault() {
+            return Err(fault);
+        }
+        if let Out::Storage(o) = &out {
+            if let Some(fault) = o.fault() {
+                return Err(fault);
+            }
+        }
         host::run_caught(kernel, out, threads(), Device::Cpu)
     }
     /// Runs a kernel into a new host buffer of `len` elements, booked in the
     /// pool; on failure nothing stays booked.
     #[inline]
     pub(crate) fn run_new(&self, kernel: &Kernel<'_>, dtype: DType, len: usize) -> Result<Buffer> {
+        if let Some(fault) = kernel.input_fault() {
+            return Err(fault);
+        }
         let mut buffer = self.pool.alloc_host(dtype, len)?;
         if host::run_dense_small(kernel, &mut buffer).is_some() {
             return Ok(Buffer::Host(buffer));
@@ -95,6 +110,9 @@ impl Backend for CpuBackend {
         Ok(Buffer::Host(data))
     }
     fn download(&self, src: &Src<'_>) -> Result<CpuBuffer> {
+        if let Some(fault) = src.storage.fault() {
+            return Err(fault);
+        }
         host::gather_caught(src, Device::Cpu)
     }
     fn record_event(&self) -> Option<Arc<dyn Event>> {
