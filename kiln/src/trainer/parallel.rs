@@ -185,8 +185,9 @@ impl Replicas {
             nets.push(replica);
             optimizers.push(opt);
         }
-        let buckets = plan_buckets(&net.parameters(), bucket_bytes);
-        let bucket_of = bucket_index(&buckets, net.parameters().len());
+        let params = net.parameters();
+        let buckets = plan_buckets(&params, bucket_bytes);
+        let bucket_of = bucket_index(&buckets, params.len());
         Ok(Replicas { devices: devices.to_vec(), nets, optimizers, buckets, bucket_of, check })
     }
 

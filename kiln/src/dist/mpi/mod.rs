@@ -533,9 +533,14 @@ impl Comm {
                     // storage's lock (its write lock when `write`) until
                     // this closure returns, after MPI has.
                     match unsafe { self.collective_at(kind, at, write, n, wire) }? {
+                        Some(out) if write && out.len() != n => Err(format!(
+                            "{} gave {} elements for a tensor of {n} written in place (a kiln bug: please report it)",
+                            kind.name(),
+                            out.len()
+                        )),
                         Some(out) if write => {
-                            // SAFETY: `out` holds `n` elements (a same-size
-                            // result); a separate allocation.
+                            // SAFETY: `out` holds `n` elements (checked
+                            // above); a separate allocation.
                             unsafe { std::ptr::copy_nonoverlapping(out.as_ptr().cast::<u8>(), at.cast::<u8>(), n * wire.size()) };
                             Ok(HostBuf::U8(Vec::new()))
                         }
