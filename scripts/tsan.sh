@@ -25,7 +25,9 @@ if ! rustup component list --toolchain nightly --installed 2>/dev/null | grep -q
 fi
 
 host="$(rustc -vV | sed -n 's/^host: //p')"
-export RUSTFLAGS="-Zsanitizer=thread -Cdebuginfo=1"
+# Line tables are enough for a report to name files and lines, at a fraction
+# of the disk of full debug info.
+export RUSTFLAGS="-Zsanitizer=thread -Cdebuginfo=line-tables-only"
 export RUSTDOCFLAGS="-Zsanitizer=thread"
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 report_signal_unsafe=0 ${TSAN_OPTIONS:-}"
 export KILN_STRESS_SECS="${KILN_STRESS_SECS:-2}"
