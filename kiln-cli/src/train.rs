@@ -17,8 +17,9 @@ pub struct TrainArgs {
     /// Fashion-MNIST directory with the four IDX files (gzipped or not); synthetic data when absent.
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
-    /// Use up to this many GPUs (the first one computes); 0 trains on the CPU.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    /// Use up to this many GPUs (the first one computes); 0 trains on the CPU. Not with --dist, where each process
+    /// takes one device.
+    #[arg(long, value_name = "N", default_value_t = 1, conflicts_with = "dist")]
     pub num_gpus: usize,
     /// Epochs to train.
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
@@ -46,7 +47,7 @@ pub struct TrainArgs {
     pub seed: u64,
     /// Train data-parallel across the processes of this launch, one device each (`mpirun -np 4 kiln train --dist`; a
     /// build with `--features mpi`): each batch is cut over the ranks, rank 0 prints, plots and writes the files. Replaces
-    /// --num-gpus (each process takes gpu(local rank), or the CPU). Alone, a world of one.
+    /// --num-gpus (each process takes gpu(local rank), or the CPU; the two together are refused). Alone, a world of one.
     #[arg(long)]
     pub dist: bool,
 }

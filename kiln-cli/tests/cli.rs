@@ -402,6 +402,13 @@ fn train_dist_alone_trains_as_one_process_and_launches_it_cannot_serve_are_refus
     let rows = epoch_rows(&text);
     assert_eq!(rows.len(), 2, "{text}");
     assert_eq!(rows, epoch_rows(&stdout(&o)), "a world of one trains as one process does");
+    // --num-gpus says how many devices one process drives; with --dist each
+    // process takes one, so the two together are refused, not one ignored.
+    let mut both = with_dist.clone();
+    both.extend(["--num-gpus".into(), "2".into()]);
+    let o = kiln(&both.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_one_line_error(&o, "--num-gpus");
+    assert!(stderr(&o).contains("--dist"), "{}", stderr(&o));
 
     // Several ranks under an MPI launcher, with a build that has no MPI
     // engine: refused, not trained alone on all the data by each rank.

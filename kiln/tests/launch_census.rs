@@ -92,6 +92,14 @@ fn check(records: &[LaunchRecord], conv_macs: u64) {
             r.name
         );
     }
+    // The loss: one launch for the rows' losses and one for their gradient
+    // (it was about ten each way, composed from log-softmax and one-hot).
+    let launches = |prefix: &str| records.iter().filter(|r| r.kind == "kernel" && r.name.starts_with(prefix)).count();
+    assert_eq!(
+        (launches("cross_entropy_fwd_"), launches("cross_entropy_bwd_"), launches("one_hot")),
+        (1, 1, 0),
+        "the step's cross-entropy should be one fused launch each way:\n{table}"
+    );
     let macs: u64 = records.iter().filter(|r| r.kind == "gemm").map(|r| r.macs).sum();
     assert!(macs >= conv_macs, "{macs} multiply-adds ran in cuBLAS, fewer than the step's convolutions need ({conv_macs}):\n{table}");
 }

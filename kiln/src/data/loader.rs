@@ -466,6 +466,30 @@ pub fn permutation_for_epoch(n: usize, seed: u64, epoch: u64) -> Vec<i64> {
     permutation_from_seed(n, mix(seed ^ mix(epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15))))
 }
 
+/// `(start, rows)` of each batch of an epoch of `n` examples in batches of
+/// `batch_size` (0 counts as 1): the last one shorter, or left out with
+/// `drop_last`. One rule for the loader's batches, the data-parallel
+/// Trainer's and [`DistributedSampler`](crate::dist::DistributedSampler)'s.
+pub(crate) fn batch_ranges(n: usize, batch_size: usize, drop_last: bool) -> Vec<(usize, usize)> {
+    let bs = batch_size.max(1);
+    (0..n).step_by(bs).map(|s| (s, bs.min(n - s))).filter(|&(_, rows)| !(drop_last && rows < bs)).collect()
+}
+
+/// `(offset, len)` of piece `i` of `rows` consecutive rows cut into `n`
+/// pieces as numpy's `array_split` cuts them: the first `rows % n` pieces
+/// one row longer (`n` of 0 counts as 1; `i` past the last piece gets an
+/// empty piece at the end). One rule for the devices of one process and the
+/// ranks of a [`Group`](crate::dist::Group), so n processes step on the
+/// batch one process with n devices would.
+pub(crate) fn array_split(rows: usize, n: usize, i: usize) -> (usize, usize) {
+    let n = n.max(1);
+    if i >= n {
+        return (rows, 0);
+    }
+    let (base, extra) = (rows / n, rows % n);
+    (i * base + i.min(extra), base + usize::from(i < extra))
+}
+
 /// A random permutation of 0..n (Fisher–Yates) determined by `seed` alone:
 /// it neither reads nor moves kiln's generator.
 ///

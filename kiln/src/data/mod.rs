@@ -25,6 +25,7 @@ use std::panic::Location;
 mod digits;
 mod fashion_mnist;
 mod loader;
+pub(crate) use loader::{array_split, batch_ranges};
 mod synthetic;
 
 pub use digits::{digits, load_digits, DIGITS_CLASSES, DIGITS_EXAMPLES, DIGITS_VALIDATION};

@@ -2,6 +2,7 @@
 //! disjoint piece per rank.
 
 use crate::data::permutation_for_epoch;
+use crate::data::{array_split, batch_ranges};
 
 /// The examples of each rank, batch by batch: the epoch's order (seeded and
 /// reshuffled per epoch, as PyTorch's `DistributedSampler` with
@@ -56,17 +57,13 @@ impl DistributedSampler {
 
     /// `(start, rows)` of each global batch of an epoch.
     pub fn global_batches(&self) -> Vec<(usize, usize)> {
-        let (n, bs) = (self.num_examples, self.batch_size);
-        (0..n).step_by(bs).map(|s| (s, bs.min(n - s))).filter(|&(_, rows)| !(self.drop_last && rows < bs)).collect()
+        batch_ranges(self.num_examples, self.batch_size, self.drop_last)
     }
 
     /// The offset and length of this rank's piece of a global batch of
     /// `rows` examples.
     pub fn piece(&self, rows: usize) -> (usize, usize) {
-        let (n, r) = (self.size, self.rank.min(self.size - 1));
-        let len = rows / n + usize::from(r < rows % n);
-        let offset = r * (rows / n) + r.min(rows % n);
-        (offset, len)
+        array_split(rows, self.size, self.rank.min(self.size - 1))
     }
 
     /// This rank's example indices for each global batch of `epoch` (an

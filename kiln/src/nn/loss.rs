@@ -134,7 +134,9 @@ fn one_hot_for(check: IndexCheck, labels: &Tensor, classes: usize, dtype: DType)
 }
 
 /// Cross-entropy of logits (n, classes) against i64 labels (n), averaged
-/// over the batch, through a stable log-softmax. A label outside
+/// over the batch, through a stable log-softmax. f32 and f64 logits take
+/// one fused kernel for the rows' losses (in f64, rounded once) and one for
+/// their gradient; other dtypes the composed log-softmax. A label outside
 /// `0..classes` is an error: on the CPU at the call; on a GPU (where the
 /// labels are not read back) the next synchronising call returns
 /// `KernelFailed` naming `cross_entropy` and the label.
@@ -151,6 +153,11 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
     let classes = check_labels("cross_entropy", logits, labels)?;
     // An empty batch: 0 · (−1/0) = NaN, as PyTorch.
     let n = logits.dims()[0] as f64;
+    if matches!(logits.dtype(), DType::F32 | DType::F64) {
+        // One kernel for the rows' losses, one for their gradient.
+        check_label_values("cross_entropy", labels, classes)?;
+        return logits.cross_entropy_rows(labels)?.sum_all()?.mul_scalar(1.0 / n);
+    }
     // The log-softmax first: a dtype it refuses is refused before the labels
     // are looked at, on every device.
     let log_p = logits.log_softmax(-1)?;

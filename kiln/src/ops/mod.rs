@@ -25,6 +25,7 @@ mod composite;
 pub(crate) mod conv;
 pub(crate) mod copy;
 mod create;
+mod cross_entropy;
 mod cumsum;
 pub(crate) mod custom;
 mod display;

@@ -33,7 +33,7 @@ use crate::data::DataLoader;
 use crate::dist::{DistributedSampler, Group};
 use crate::nn::{Loss, Module};
 use crate::optim::Optimizer;
-use crate::{no_grad, Device, Result, Tensor};
+use crate::{no_grad, DType, Device, Result, Tensor};
 
 /// Writes rank 0's parameters and buffers into every rank's `net`.
 pub(super) fn broadcast_module(group: &Group, net: &mut dyn Module) -> Result<()> {
@@ -50,8 +50,12 @@ pub(super) fn broadcast_seed(group: &Group, seed: u64) -> Result<u64> {
 
 /// Sums the gradients of `params` across the group, bucket by bucket, and
 /// sets each parameter's gradient to the sum (none where no rank had one).
+/// The flags saying which parameters some rank reached are read to the host
+/// once, after every bucket has been summed, not once per bucket: on a GPU
+/// each read waits for the device.
 pub(super) fn all_reduce_gradients(group: &Group, params: &[Tensor], buckets: &[Vec<usize>]) -> Result<()> {
     let _g = no_grad();
+    let mut summed: Vec<(&[usize], Tensor)> = Vec::with_capacity(buckets.len());
     for bucket in buckets {
         let Some(&first) = bucket.first() else { continue };
         let (dtype, device) = (params[first].dtype(), params[first].device());
@@ -74,17 +78,27 @@ pub(super) fn all_reduce_gradients(group: &Group, params: &[Tensor], buckets: &[
         let flat = Tensor::cat(&pieces.iter().collect::<Vec<_>>(), 0)?;
         // The bucket is this call's own: summed where it is.
         group.all_reduce_(&flat, ReduceOp::Sum)?;
-        let sum = flat;
-        let total = sum.elem_count();
-        let reached = sum.narrow(0, total - bucket.len(), bucket.len())?.to_vec_f64()?;
+        summed.push((bucket.as_slice(), flat));
+    }
+    if summed.is_empty() {
+        return Ok(());
+    }
+    let flags = summed
+        .iter()
+        .map(|(bucket, sum)| sum.narrow(0, sum.elem_count() - bucket.len(), bucket.len())?.to_dtype(DType::F64))
+        .collect::<Result<Vec<_>>>()?;
+    let reached = Tensor::cat(&flags.iter().collect::<Vec<_>>(), 0)?.to_vec::<f64>()?;
+    let mut k = 0;
+    for (bucket, sum) in &summed {
         let mut offset = 0;
-        for (k, &i) in bucket.iter().enumerate() {
+        for &i in bucket.iter() {
             let p = &params[i];
             let len = p.elem_count();
             if reached[k] > 0.0 {
                 p.set_grad(Some(sum.narrow(0, offset, len)?.reshape(p.dims())?))?;
             }
             offset += len;
+            k += 1;
         }
     }
     Ok(())

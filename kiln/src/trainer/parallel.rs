@@ -38,7 +38,7 @@ use super::buckets::{bucket_index, plan_buckets};
 use super::fit::owned_input;
 use super::metrics::Sums;
 use crate::autograd::backward_lockstep;
-use crate::data::DataLoader;
+use crate::data::{array_split, batch_ranges, DataLoader};
 use crate::nn::parallel::replicate;
 use crate::nn::{Loss, Module};
 use crate::optim::{Optimizer, OptimizerConfig};
@@ -130,8 +130,7 @@ impl Resident {
 impl ResidentEpoch<'_> {
     /// `(start, rows)` of each batch of the epoch.
     pub(super) fn batches(&self) -> Vec<(usize, usize)> {
-        let (n, bs) = (self.data.rows, self.data.batch_size);
-        (0..n).step_by(bs.max(1)).map(|s| (s, bs.min(n - s))).filter(|&(_, len)| !(self.data.drop_last && len < bs)).collect()
+        batch_ranges(self.data.rows, self.data.batch_size, self.data.drop_last)
     }
 
     /// Each device's piece of the batch of `rows` rows from `start`.
@@ -158,9 +157,11 @@ impl ResidentEpoch<'_> {
     }
 }
 
-/// The sizes numpy's `array_split` cuts `rows` into for `n` devices.
+/// The sizes numpy's `array_split` cuts `rows` into for `n` devices (the
+/// rule [`DistributedSampler`](crate::dist::DistributedSampler) cuts ranks'
+/// pieces by).
 pub(super) fn split_sizes(rows: usize, n: usize) -> Vec<usize> {
-    (0..n).map(|i| rows / n + usize::from(i < rows % n)).collect()
+    (0..n).map(|i| array_split(rows, n, i).1).collect()
 }
 
 impl Replicas {

@@ -215,3 +215,96 @@ fn logsumexp_is_stable_with_its_gradient() {
         Ok(())
     });
 }
+
+/// The mean cross-entropy of `rows` (n rows of `c`) against `labels` and
+/// its gradient, in f64 by the textbook formula: the reference for the
+/// fused kernels.
+fn cross_entropy_reference(x: &[f64], c: usize, labels: &[i64]) -> (f64, Vec<f64>) {
+    let n = labels.len();
+    let (mut loss, mut grad) = (0.0, vec![0.0; x.len()]);
+    for (i, &y) in labels.iter().enumerate() {
+        let row = &x[i * c..(i + 1) * c];
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = row.iter().map(|v| (v - m).exp()).sum();
+        loss += sum.ln() - (row[y as usize] - m);
+        for j in 0..c {
+            grad[i * c + j] = ((row[j] - m).exp() / sum - f64::from(u8::from(j == y as usize))) / n as f64;
+        }
+    }
+    (loss / n as f64, grad)
+}
+
+#[test]
+fn cross_entropy_fuses_rows_and_gradient_in_both_float_dtypes_and_any_layout() {
+    on_every_device(|d| {
+        // Rows of small, large (softmax must shift), tied and negative logits.
+        let x = [0.5, -1.0, 2.0, 0.0, 1000.0, 999.0, 998.0, -1000.0, 3.0, 3.0, 3.0, 3.0, -7.5, 0.25, -0.125, 4.0];
+        let labels = [2i64, 0, 3, 1];
+        let (want, want_grad) = cross_entropy_reference(&x, 4, &labels);
+        let y = Tensor::new(&labels[..], &d)?;
+        for dtype in [DType::F64, DType::F32] {
+            let tol = if dtype == DType::F64 { 1e-14 } else { 1e-6 };
+            // Contiguous, and the same logits read through a transpose.
+            let contiguous = Tensor::new(&x[..], &d)?.reshape((4, 4))?.to_dtype(dtype)?;
+            let transposed = contiguous.t()?.contiguous()?.t()?;
+            assert!(!transposed.is_contiguous());
+            for logits in [contiguous, transposed] {
+                let leaf = logits.detach().requires_grad_();
+                let view = if logits.is_contiguous() { leaf.clone() } else { leaf.t()?.contiguous()?.t()? };
+                let loss = kiln::nn::cross_entropy(&view, &y)?;
+                assert_eq!((loss.dtype(), loss.dims()), (dtype, &[][..]));
+                near(&[loss.to_vec_f64()?[0]], &[want], tol, &format!("cross_entropy {dtype} on {d}"));
+                loss.backward()?;
+                near(
+                    &leaf.grad().expect("logits get a gradient").to_vec_f64()?,
+                    &want_grad,
+                    tol,
+                    &format!("cross_entropy gradient {dtype} on {d}"),
+                );
+            }
+        }
+        // Scaled upstream gradient: d(3·loss)/dx = 3·grad.
+        let leaf = Tensor::new(&x[..], &d)?.reshape((4, 4))?.requires_grad_();
+        kiln::nn::cross_entropy(&leaf, &y)?.mul_scalar(3.0)?.backward()?;
+        let three: Vec<f64> = want_grad.iter().map(|g| 3.0 * g).collect();
+        near(&leaf.grad().expect("a gradient").to_vec_f64()?, &three, 1e-14, "3 * cross_entropy gradient");
+        // A NaN logit makes its row NaN, and only its row's gradient.
+        let mut with_nan = x;
+        with_nan[1] = f64::NAN;
+        let leaf = Tensor::new(&with_nan[..], &d)?.reshape((4, 4))?.requires_grad_();
+        let loss = kiln::nn::cross_entropy(&leaf, &y)?;
+        assert!(loss.to_vec_f64()?[0].is_nan());
+        loss.backward()?;
+        let g = leaf.grad().expect("a gradient").to_vec_f64()?;
+        assert!(g[..4].iter().all(|v| v.is_nan()) && g[4..].iter().all(|v| v.is_finite()), "{g:?}");
+        // An empty batch: NaN (0/0), as PyTorch, with an empty gradient.
+        let empty = Tensor::zeros((0, 4), DType::F32, &d)?.requires_grad_();
+        let loss = kiln::nn::cross_entropy(&empty, &Tensor::zeros(0, DType::I64, &d)?)?;
+        assert!(loss.to_vec_f64()?[0].is_nan());
+        loss.backward()?;
+        assert_eq!(empty.grad().map(|g| g.dims().to_vec()), Some(vec![0, 4]));
+        Ok(())
+    });
+}
+
+#[test]
+fn cross_entropy_gradient_matches_finite_differences() {
+    on_every_device(|d| {
+        let x: Vec<f64> = (0..15).map(|i| ((i * 7 % 11) as f64 - 5.0) * 0.37).collect();
+        let labels = Tensor::new(&[4i64, 0, 2], &d)?;
+        let f =
+            |v: &[f64]| -> Result<f64> { Ok(kiln::nn::cross_entropy(&Tensor::new(v, &d)?.reshape((3, 5))?, &labels)?.to_vec_f64()?[0]) };
+        let leaf = Tensor::new(&x[..], &d)?.reshape((3, 5))?.requires_grad_();
+        kiln::nn::cross_entropy(&leaf, &labels)?.backward()?;
+        let g = leaf.grad().expect("a gradient").to_vec_f64()?;
+        let h = 1e-6;
+        for k in 0..x.len() {
+            let (mut up, mut down) = (x.clone(), x.clone());
+            up[k] += h;
+            down[k] -= h;
+            let numeric = (f(&up)? - f(&down)?) / (2.0 * h);
+            assert!((numeric - g[k]).abs() < 1e-8, "element {k}: finite difference {numeric}, gradient {}", g[k]);
+        }
+        Ok(())
+    });
+}
