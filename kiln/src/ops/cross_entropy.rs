@@ -18,13 +18,14 @@
 use crate::base::buffer::CpuBuffer;
 use crate::base::dtype::{DType, WithDType};
 use crate::base::error::{Error, Result};
-use crate::base::shape::{Layout, Shape};
+use crate::base::shape::Shape;
 use crate::kernel::cuda::{c_type, dtype_tag, lay, CudaDevice, CudaModule, BLOCK};
 use crate::kernel::index_check::IndexCheck;
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
 use crate::map_buffer;
 use crate::ops::index_select::raw_indices;
+use crate::runtime::host::try_vec;
 use crate::Tensor;
 use std::sync::Arc;
 
@@ -46,15 +47,6 @@ struct CrossEntropy {
     backward: bool,
 }
 
-/// The elements of a strided view as f64, in row-major order.
-fn read_f64(input: &HostIn<'_>) -> Vec<f64> {
-    read_with(input.buf, input.layout)
-}
-
-fn read_with(buf: &CpuBuffer, layout: &Layout) -> Vec<f64> {
-    layout.offsets().map(|o| buf.get_f64(o)).collect()
-}
-
 /// `(m, Σ_j exp(x_j − m))` of one row.
 fn row_stats(row: &[f64]) -> (f64, f64) {
     let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -67,29 +59,32 @@ impl CustomKernel for CrossEntropy {
     }
     fn host(&self, inputs: &[HostIn<'_>], out: &mut CpuBuffer, _threads: usize) -> Result<()> {
         let c = self.classes;
-        let x = read_f64(&inputs[0]);
         let labels =
             raw_indices(inputs[1].buf, inputs[1].layout)?.into_iter().map(|v| CHECK.check(v, c, 0)).collect::<Result<Vec<usize>>>()?;
-        let rows: Box<dyn Iterator<Item = &[f64]>> = if c == 0 { Box::new(std::iter::empty()) } else { Box::new(x.chunks_exact(c)) };
+        // The rows' output gradient (backward): n values, as f64.
+        let mut g = try_vec(if self.backward { labels.len() } else { 0 })?;
         if self.backward {
-            let g = read_f64(&inputs[2]);
-            map_buffer!(out, o => {
-                for (i, row) in rows.enumerate() {
-                    let (m, sum) = row_stats(row);
+            g.extend(inputs[2].layout.offsets().map(|o| inputs[2].buf.get_f64(o)));
+        }
+        // One row of logits at a time, as f64 (never a copy of them all:
+        // the logits may be most of memory).
+        let (x, mut at) = (inputs[0].buf, inputs[0].layout.offsets());
+        let mut row = try_vec(c)?;
+        map_buffer!(out, o => {
+            for (i, &y) in labels.iter().enumerate() {
+                row.clear();
+                row.extend(at.by_ref().take(c).map(|off| x.get_f64(off)));
+                let (m, sum) = row_stats(&row);
+                if self.backward {
                     for (j, &v) in row.iter().enumerate() {
-                        let p = (v - m).exp() / sum - f64::from(u8::from(j == labels[i]));
+                        let p = (v - m).exp() / sum - f64::from(u8::from(j == y));
                         o[i * c + j] = WithDType::from_f64(g[i] * p);
                     }
+                } else {
+                    o[i] = WithDType::from_f64(sum.ln() - (row[y] - m));
                 }
-            });
-        } else {
-            map_buffer!(out, o => {
-                for (i, row) in rows.enumerate() {
-                    let (m, sum) = row_stats(row);
-                    o[i] = WithDType::from_f64(sum.ln() - (row[labels[i]] - m));
-                }
-            });
-        }
+            }
+        });
         Ok(())
     }
     fn cuda(&self, dev: &dyn CudaDevice, inputs: &[Src<'_>], out: &Storage) -> Result<()> {
