@@ -153,7 +153,7 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
     let classes = check_labels("cross_entropy", logits, labels)?;
     // An empty batch: 0 · (−1/0) = NaN, as PyTorch.
     let n = logits.dims()[0] as f64;
-    if matches!(logits.dtype(), DType::F32 | DType::F64) {
+    if logits.has_fused_cross_entropy() {
         // One kernel for the rows' losses, one for their gradient.
         check_label_values("cross_entropy", labels, classes)?;
         return logits.cross_entropy_rows(labels)?.sum_all()?.mul_scalar(1.0 / n);

@@ -24,7 +24,7 @@ use crate::kernel::index_check::IndexCheck;
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
 use crate::map_buffer;
-use crate::ops::index_select::raw_indices;
+use crate::ops::index_select::index_list;
 use crate::runtime::host::try_vec;
 use crate::Tensor;
 use std::sync::Arc;
@@ -59,8 +59,7 @@ impl CustomKernel for CrossEntropy {
     }
     fn host(&self, inputs: &[HostIn<'_>], out: &mut CpuBuffer, _threads: usize) -> Result<()> {
         let c = self.classes;
-        let labels =
-            raw_indices(inputs[1].buf, inputs[1].layout)?.into_iter().map(|v| CHECK.check(v, c, 0)).collect::<Result<Vec<usize>>>()?;
+        let labels = index_list(inputs[1].buf, inputs[1].layout, CHECK, c, 0)?;
         // The rows' output gradient (backward): n values, as f64.
         let mut g = try_vec(if self.backward { labels.len() } else { 0 })?;
         if self.backward {
@@ -125,7 +124,7 @@ inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 /// The dtypes of logits the fused kernels take; others go through the
 /// composed form.
-pub(crate) const FUSED_DTYPES: [DType; 2] = [DType::F32, DType::F64];
+const FUSED_DTYPES: [DType; 2] = [DType::F32, DType::F64];
 
 fn cuda_source() -> String {
     let mut s = String::from(CrossEntropyArgs::C_DECL);
@@ -173,11 +172,17 @@ template <typename T> __device__ void cross_entropy_impl(const CrossEntropyArgs&
 }
 
 impl Tensor {
+    /// True when these logits' dtype has the fused kernels
+    /// ([`cross_entropy_rows`](Self::cross_entropy_rows)).
+    pub(crate) fn has_fused_cross_entropy(&self) -> bool {
+        FUSED_DTYPES.contains(&self.dtype())
+    }
+
     /// Each row's cross-entropy loss, `(n)`, of logits `self` (n, classes)
     /// of f32 or f64 against i64 `labels` (n) on the same device (checked
     /// by `nn::cross_entropy` before); the gradient flows to `self`.
     pub(crate) fn cross_entropy_rows(&self, labels: &Tensor) -> Result<Tensor> {
-        if !FUSED_DTYPES.contains(&self.dtype()) || labels.dtype() != DType::I64 || self.rank() != 2 {
+        if !self.has_fused_cross_entropy() || labels.dtype() != DType::I64 || self.rank() != 2 {
             return Err(Error::invalid(
                 CHECK.op,
                 format!(

@@ -15,7 +15,7 @@ use crate::kernel::index_check::IndexCheck;
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
 use crate::map_buffer;
-use crate::ops::index_select::{raw_indices, INDEX_DTYPES};
+use crate::ops::index_select::{index_list, INDEX_DTYPES};
 use crate::Tensor;
 use std::sync::Arc;
 
@@ -38,9 +38,8 @@ impl CustomKernel for OneHot {
         self.check.op
     }
     fn host(&self, inputs: &[HostIn<'_>], out: &mut CpuBuffer, threads: usize) -> Result<()> {
-        let labels = raw_indices(inputs[0].buf, inputs[0].layout)?;
         let classes = self.classes;
-        let picked = labels.into_iter().map(|v| self.check.check(v, classes, 0)).collect::<Result<Vec<usize>>>()?;
+        let picked = index_list(inputs[0].buf, inputs[0].layout, self.check, classes, 0)?;
         map_buffer!(out, o => {
             fill(o, WithDType::from_f64(0.0), threads);
             for (i, c) in picked.into_iter().enumerate() {
