@@ -82,18 +82,22 @@ pub(crate) struct Gemm {
 }
 
 unsafe fn load(ty: Ty, p: u64, i: usize) -> f64 {
-    match ty {
-        Ty::F16 => half::f16::from_bits(*(p as *const u16).add(i)).to_f64(),
-        Ty::F32 => *(p as *const f32).add(i) as f64,
-        Ty::F64 => *(p as *const f64).add(i),
+    unsafe {
+        match ty {
+            Ty::F16 => half::f16::from_bits(*(p as *const u16).add(i)).to_f64(),
+            Ty::F32 => *(p as *const f32).add(i) as f64,
+            Ty::F64 => *(p as *const f64).add(i),
+        }
     }
 }
 
 unsafe fn store(ty: Ty, p: u64, i: usize, v: f64) {
-    match ty {
-        Ty::F16 => *(p as *mut u16).add(i) = half::f16::from_f32(v as f32).to_bits(),
-        Ty::F32 => *(p as *mut f32).add(i) = v as f32,
-        Ty::F64 => *(p as *mut f64).add(i) = v,
+    unsafe {
+        match ty {
+            Ty::F16 => *(p as *mut u16).add(i) = half::f16::from_f32(v as f32).to_bits(),
+            Ty::F32 => *(p as *mut f32).add(i) = v as f32,
+            Ty::F64 => *(p as *mut f64).add(i) = v,
+        }
     }
 }
 
@@ -179,34 +183,38 @@ impl Gemm {
     }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cublasCreate_v2(out: *mut *mut c_void) -> Status {
-    let Ok(ctx) = current() else {
-        log("cublasCreate: no current CUDA context");
-        return NOT_INITIALIZED;
-    };
-    if out.is_null() {
-        return INVALID_VALUE;
+    unsafe {
+        let Ok(ctx) = current() else {
+            log("cublasCreate: no current CUDA context");
+            return NOT_INITIALIZED;
+        };
+        if out.is_null() {
+            return INVALID_VALUE;
+        }
+        if injected_failure("cublasCreate_v2") {
+            return ALLOC_FAILED;
+        }
+        let h = Box::into_raw(Box::new(Handle { ctx, stream: Mutex::new(None), math_mode: Mutex::new(0) })) as *mut c_void;
+        lock(handles()).insert(h as usize);
+        *out = h;
+        SUCCESS
     }
-    if injected_failure("cublasCreate_v2") {
-        return ALLOC_FAILED;
-    }
-    let h = Box::into_raw(Box::new(Handle { ctx, stream: Mutex::new(None), math_mode: Mutex::new(0) })) as *mut c_void;
-    lock(handles()).insert(h as usize);
-    *out = h;
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cublasDestroy_v2(h: *mut c_void) -> Status {
-    if !lock(handles()).remove(&(h as usize)) {
-        return NOT_INITIALIZED;
+    unsafe {
+        if !lock(handles()).remove(&(h as usize)) {
+            return NOT_INITIALIZED;
+        }
+        drop(Box::from_raw(h as *mut Handle));
+        SUCCESS
     }
-    drop(Box::from_raw(h as *mut Handle));
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cublasSetStream_v2(h: *mut c_void, stream: *mut c_void) -> Status {
     let Some(hd) = handle(h) else { return NOT_INITIALIZED };
     match stream_of(stream, hd.ctx) {
@@ -218,21 +226,23 @@ pub unsafe extern "C" fn cublasSetStream_v2(h: *mut c_void, stream: *mut c_void)
     }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cublasSetMathMode(h: *mut c_void, mode: c_int) -> Status {
     let Some(hd) = handle(h) else { return NOT_INITIALIZED };
     *lock(&hd.math_mode) = mode;
     SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cublasGetMathMode(h: *mut c_void, mode: *mut c_int) -> Status {
-    let Some(hd) = handle(h) else { return NOT_INITIALIZED };
-    if mode.is_null() {
-        return INVALID_VALUE;
+    unsafe {
+        let Some(hd) = handle(h) else { return NOT_INITIALIZED };
+        if mode.is_null() {
+            return INVALID_VALUE;
+        }
+        *mode = *lock(&hd.math_mode);
+        SUCCESS
     }
-    *mode = *lock(&hd.math_mode);
-    SUCCESS
 }
 
 fn op(t: c_int) -> Option<bool> {
@@ -318,7 +328,7 @@ unsafe fn submit(
     SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cublasSgemmStridedBatched(
     h: *mut c_void,
     transa: c_int,
@@ -339,34 +349,36 @@ pub unsafe extern "C" fn cublasSgemmStridedBatched(
     sc: i64,
     count: c_int,
 ) -> Status {
-    if alpha.is_null() || beta.is_null() {
-        return INVALID_VALUE;
+    unsafe {
+        if alpha.is_null() || beta.is_null() {
+            return INVALID_VALUE;
+        }
+        submit(
+            h,
+            Ty::F32,
+            transa,
+            transb,
+            m,
+            n,
+            k,
+            *alpha as f64,
+            *beta as f64,
+            a as u64,
+            lda,
+            sa,
+            b as u64,
+            ldb,
+            sb,
+            c as u64,
+            ldc,
+            sc,
+            count,
+            false,
+        )
     }
-    submit(
-        h,
-        Ty::F32,
-        transa,
-        transb,
-        m,
-        n,
-        k,
-        *alpha as f64,
-        *beta as f64,
-        a as u64,
-        lda,
-        sa,
-        b as u64,
-        ldb,
-        sb,
-        c as u64,
-        ldc,
-        sc,
-        count,
-        false,
-    )
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cublasDgemmStridedBatched(
     h: *mut c_void,
     transa: c_int,
@@ -387,13 +399,15 @@ pub unsafe extern "C" fn cublasDgemmStridedBatched(
     sc: i64,
     count: c_int,
 ) -> Status {
-    if alpha.is_null() || beta.is_null() {
-        return INVALID_VALUE;
+    unsafe {
+        if alpha.is_null() || beta.is_null() {
+            return INVALID_VALUE;
+        }
+        submit(h, Ty::F64, transa, transb, m, n, k, *alpha, *beta, a as u64, lda, sa, b as u64, ldb, sb, c as u64, ldc, sc, count, false)
     }
-    submit(h, Ty::F64, transa, transb, m, n, k, *alpha, *beta, a as u64, lda, sa, b as u64, ldb, sb, c as u64, ldc, sc, count, false)
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cublasSgemm_v2(
     h: *mut c_void,
     transa: c_int,
@@ -410,10 +424,10 @@ pub unsafe extern "C" fn cublasSgemm_v2(
     c: *mut f32,
     ldc: c_int,
 ) -> Status {
-    cublasSgemmStridedBatched(h, transa, transb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1)
+    unsafe { cublasSgemmStridedBatched(h, transa, transb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1) }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cublasDgemm_v2(
     h: *mut c_void,
     transa: c_int,
@@ -430,10 +444,10 @@ pub unsafe extern "C" fn cublasDgemm_v2(
     c: *mut f64,
     ldc: c_int,
 ) -> Status {
-    cublasDgemmStridedBatched(h, transa, transb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1)
+    unsafe { cublasDgemmStridedBatched(h, transa, transb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1) }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
     h: *mut c_void,
     transa: c_int,
@@ -459,43 +473,45 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
     compute: c_int,
     _algo: c_int,
 ) -> Status {
-    if alpha.is_null() || beta.is_null() {
-        return INVALID_VALUE;
+    unsafe {
+        if alpha.is_null() || beta.is_null() {
+            return INVALID_VALUE;
+        }
+        if atype != btype || atype != ctype {
+            return NOT_SUPPORTED;
+        }
+        let ty = match atype {
+            CUDA_R_16F => Ty::F16,
+            CUDA_R_32F => Ty::F32,
+            CUDA_R_64F => Ty::F64,
+            _ => return NOT_SUPPORTED,
+        };
+        let (al, be) = match (ty, compute) {
+            (Ty::F64, _) => (*(alpha as *const f64), *(beta as *const f64)),
+            (_, COMPUTE_32F | COMPUTE_32F_FAST_TF32) => (*(alpha as *const f32) as f64, *(beta as *const f32) as f64),
+            _ => return NOT_SUPPORTED,
+        };
+        submit(
+            h,
+            ty,
+            transa,
+            transb,
+            m,
+            n,
+            k,
+            al,
+            be,
+            a as u64,
+            lda,
+            sa,
+            b as u64,
+            ldb,
+            sb,
+            c as u64,
+            ldc,
+            sc,
+            count,
+            compute == COMPUTE_32F_FAST_TF32,
+        )
     }
-    if atype != btype || atype != ctype {
-        return NOT_SUPPORTED;
-    }
-    let ty = match atype {
-        CUDA_R_16F => Ty::F16,
-        CUDA_R_32F => Ty::F32,
-        CUDA_R_64F => Ty::F64,
-        _ => return NOT_SUPPORTED,
-    };
-    let (al, be) = match (ty, compute) {
-        (Ty::F64, _) => (*(alpha as *const f64), *(beta as *const f64)),
-        (_, COMPUTE_32F | COMPUTE_32F_FAST_TF32) => (*(alpha as *const f32) as f64, *(beta as *const f32) as f64),
-        _ => return NOT_SUPPORTED,
-    };
-    submit(
-        h,
-        ty,
-        transa,
-        transb,
-        m,
-        n,
-        k,
-        al,
-        be,
-        a as u64,
-        lda,
-        sa,
-        b as u64,
-        ldb,
-        sb,
-        c as u64,
-        ldc,
-        sc,
-        count,
-        compute == COMPUTE_32F_FAST_TF32,
-    )
 }

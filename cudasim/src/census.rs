@@ -97,10 +97,11 @@ pub(crate) fn reachable_bytes(mem: &Mem, words: impl IntoIterator<Item = u64>) -
         if w == 0 {
             continue;
         }
-        if let Some((&base, &(len, _))) = mem.dev.range(..=w).next_back() {
-            if w < base + len.max(1) as u64 && seen.insert(base) {
-                bytes += len as u64;
-            }
+        if let Some((&base, &(len, _))) = mem.dev.range(..=w).next_back()
+            && w < base + len.max(1) as u64
+            && seen.insert(base)
+        {
+            bytes += len as u64;
         }
     }
     bytes
@@ -173,23 +174,25 @@ fn json(records: &[Record]) -> String {
 ///
 /// # Safety
 /// `buf`, when not null, must be writable for `cap` bytes.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn kiln_cudasim_census_take(buf: *mut c_char, cap: usize) -> usize {
-    let mut kept = lock(records());
-    let text = json(&kept);
-    let len = text.len();
-    if !buf.is_null() && cap >= len {
-        std::ptr::copy_nonoverlapping(text.as_ptr(), buf as *mut u8, len);
-        if cap > len {
-            *buf.add(len) = 0;
+    unsafe {
+        let mut kept = lock(records());
+        let text = json(&kept);
+        let len = text.len();
+        if !buf.is_null() && cap >= len {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), buf as *mut u8, len);
+            if cap > len {
+                *buf.add(len) = 0;
+            }
+            kept.clear();
         }
-        kept.clear();
+        len
     }
-    len
 }
 
 /// 1 when the census is on (`KILN_CUDASIM_CENSUS=1`), else 0.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn kiln_cudasim_census_enabled() -> c_int {
     enabled() as c_int
 }

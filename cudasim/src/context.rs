@@ -82,30 +82,34 @@ pub(crate) fn record_launch(name: &str, grid: u32) {
 /// `host_cache_hits` (kernel modules it found compiled in the disk cache),
 /// `nccl_collectives` (NCCL collectives completed, each once) and
 /// `nccl_comms` (live NCCL communicators). -1 for a question it does not know.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn kiln_cudasim_stat(what: *const c_char) -> i64 {
-    if what.is_null() {
-        return -1;
-    }
-    let what = CStr::from_ptr(what).to_string_lossy();
-    let Some(sim) = sim() else { return -1 };
-    let mem = || lock(&sim.mem);
-    match what.split_once(':') {
-        None => match what.as_ref() {
-            "pinned_bytes" => mem().host_bytes as i64,
-            "pinned_blocks" => mem().host.len() as i64,
-            "events" => registry().events.len() as i64,
-            "gemms" => GEMMS.load(Ordering::SeqCst) as i64,
-            "host_compiles" => crate::hostcc::COMPILES.load(Ordering::SeqCst) as i64,
-            "host_cache_hits" => crate::hostcc::CACHE_HITS.load(Ordering::SeqCst) as i64,
-            "nccl_collectives" => crate::nccl::COLLECTIVES.load(Ordering::SeqCst) as i64,
-            "nccl_comms" => crate::nccl::live_comms() as i64,
+    unsafe {
+        if what.is_null() {
+            return -1;
+        }
+        let what = CStr::from_ptr(what).to_string_lossy();
+        let Some(sim) = sim() else { return -1 };
+        let mem = || lock(&sim.mem);
+        match what.split_once(':') {
+            None => match what.as_ref() {
+                "pinned_bytes" => mem().host_bytes as i64,
+                "pinned_blocks" => mem().host.len() as i64,
+                "events" => registry().events.len() as i64,
+                "gemms" => GEMMS.load(Ordering::SeqCst) as i64,
+                "host_compiles" => crate::hostcc::COMPILES.load(Ordering::SeqCst) as i64,
+                "host_cache_hits" => crate::hostcc::CACHE_HITS.load(Ordering::SeqCst) as i64,
+                "nccl_collectives" => crate::nccl::COLLECTIVES.load(Ordering::SeqCst) as i64,
+                "nccl_comms" => crate::nccl::live_comms() as i64,
+                _ => -1,
+            },
+            Some(("launches", name)) => lock(launches()).get(name).map(|l| l.0 as i64).unwrap_or(0),
+            Some(("grid", name)) => lock(launches()).get(name).map(|l| l.1 as i64).unwrap_or(0),
+            Some(("device_bytes", dev)) => {
+                dev.parse::<usize>().ok().and_then(|d| mem().used.get(d).copied()).map(|b| b as i64).unwrap_or(-1)
+            }
             _ => -1,
-        },
-        Some(("launches", name)) => lock(launches()).get(name).map(|l| l.0 as i64).unwrap_or(0),
-        Some(("grid", name)) => lock(launches()).get(name).map(|l| l.1 as i64).unwrap_or(0),
-        Some(("device_bytes", dev)) => dev.parse::<usize>().ok().and_then(|d| mem().used.get(d).copied()).map(|b| b as i64).unwrap_or(-1),
-        _ => -1,
+        }
     }
 }
 
@@ -229,7 +233,7 @@ pub(crate) fn registry() -> MutexGuard<'static, Registry> {
 
 // ---- devices and contexts in the driver API ---------------------------------------
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
     if flags != 0 {
         return INVALID_VALUE;
@@ -242,23 +246,27 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
     SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CUresult {
-    if v.is_null() {
-        return INVALID_VALUE;
+    unsafe {
+        if v.is_null() {
+            return INVALID_VALUE;
+        }
+        *v = 12090;
+        SUCCESS
     }
-    *v = 12090;
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetCount(n: *mut c_int) -> CUresult {
-    let sim = tri!(initialized());
-    if n.is_null() {
-        return INVALID_VALUE;
+    unsafe {
+        let sim = tri!(initialized());
+        if n.is_null() {
+            return INVALID_VALUE;
+        }
+        *n = sim.devices.len() as c_int;
+        SUCCESS
     }
-    *n = sim.devices.len() as c_int;
-    SUCCESS
 }
 
 fn device(ordinal: c_int) -> Result<(&'static Sim, &'static Device), CUresult> {
@@ -267,101 +275,117 @@ fn device(ordinal: c_int) -> Result<(&'static Sim, &'static Device), CUresult> {
     Ok((sim, d))
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGet(dev: *mut c_int, ordinal: c_int) -> CUresult {
-    tri!(device(ordinal));
-    if dev.is_null() {
-        return INVALID_VALUE;
+    unsafe {
+        tri!(device(ordinal));
+        if dev.is_null() {
+            return INVALID_VALUE;
+        }
+        *dev = ordinal;
+        SUCCESS
     }
-    *dev = ordinal;
-    SUCCESS
 }
 
 unsafe fn write_cstr(dst: *mut c_char, cap: c_int, s: &str) -> CUresult {
-    if dst.is_null() || cap <= 0 {
-        return INVALID_VALUE;
+    unsafe {
+        if dst.is_null() || cap <= 0 {
+            return INVALID_VALUE;
+        }
+        let bytes = s.as_bytes();
+        let n = bytes.len().min(cap as usize - 1);
+        std::ptr::copy_nonoverlapping(bytes.as_ptr() as *const c_char, dst, n);
+        *dst.add(n) = 0;
+        SUCCESS
     }
-    let bytes = s.as_bytes();
-    let n = bytes.len().min(cap as usize - 1);
-    std::ptr::copy_nonoverlapping(bytes.as_ptr() as *const c_char, dst, n);
-    *dst.add(n) = 0;
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: c_int) -> CUresult {
-    let (sim, d) = tri!(device(dev));
-    let gib = d.capacity as f64 / (1u64 << 30) as f64;
-    write_cstr(name, len, &format!("kiln cudasim {dev} (simulated sm_{}{}, {gib:.2} GiB)", sim.cc.0, sim.cc.1))
+    unsafe {
+        let (sim, d) = tri!(device(dev));
+        let gib = d.capacity as f64 / (1u64 << 30) as f64;
+        write_cstr(name, len, &format!("kiln cudasim {dev} (simulated sm_{}{}, {gib:.2} GiB)", sim.cc.0, sim.cc.1))
+    }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> CUresult {
-    let (_, d) = tri!(device(dev));
-    if bytes.is_null() {
-        return INVALID_VALUE;
+    unsafe {
+        let (_, d) = tri!(device(dev));
+        if bytes.is_null() {
+            return INVALID_VALUE;
+        }
+        *bytes = d.capacity;
+        SUCCESS
     }
-    *bytes = d.capacity;
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetAttribute(v: *mut c_int, attr: c_int, dev: c_int) -> CUresult {
-    let (sim, _) = tri!(device(dev));
-    if v.is_null() {
-        return INVALID_VALUE;
+    unsafe {
+        let (sim, _) = tri!(device(dev));
+        if v.is_null() {
+            return INVALID_VALUE;
+        }
+        *v = match attr {
+            1 => 1024,      // max threads per block
+            2..=4 => 65535, // max block dims
+            5 => i32::MAX,  // max grid dim x
+            6 | 7 => 65535, // max grid dims y, z
+            8 => 48 * 1024, // shared memory per block
+            10 => 32,       // warp size
+            16 => sim.sms,  // multiprocessors
+            41 => 1,        // unified addressing
+            75 => sim.cc.0, // compute capability
+            76 => sim.cc.1,
+            92 => 1, // stream memory operations
+            _ => 0,
+        };
+        SUCCESS
     }
-    *v = match attr {
-        1 => 1024,      // max threads per block
-        2..=4 => 65535, // max block dims
-        5 => i32::MAX,  // max grid dim x
-        6 | 7 => 65535, // max grid dims y, z
-        8 => 48 * 1024, // shared memory per block
-        10 => 32,       // warp size
-        16 => sim.sms,  // multiprocessors
-        41 => 1,        // unified addressing
-        75 => sim.cc.0, // compute capability
-        76 => sim.cc.1,
-        92 => 1, // stream memory operations
-        _ => 0,
-    };
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetPCIBusId(bus: *mut c_char, len: c_int, dev: c_int) -> CUresult {
-    tri!(device(dev));
-    write_cstr(bus, len, &format!("0000:{:02x}:00.0", 0xc0 + dev))
+    unsafe {
+        tri!(device(dev));
+        write_cstr(bus, len, &format!("0000:{:02x}:00.0", 0xc0 + dev))
+    }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceCanAccessPeer(can: *mut c_int, dev: c_int, peer: c_int) -> CUresult {
-    tri!(device(dev));
-    tri!(device(peer));
-    if can.is_null() {
-        return INVALID_VALUE;
+    unsafe {
+        tri!(device(dev));
+        tri!(device(peer));
+        if can.is_null() {
+            return INVALID_VALUE;
+        }
+        *can = (dev != peer) as c_int;
+        SUCCESS
     }
-    *can = (dev != peer) as c_int;
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, dev: c_int) -> CUresult {
-    let (_, d) = tri!(device(dev));
-    if ctx.is_null() {
-        return INVALID_VALUE;
+    unsafe {
+        let (_, d) = tri!(device(dev));
+        if ctx.is_null() {
+            return INVALID_VALUE;
+        }
+        *ctx = d.ctx as *const Ctx as *mut c_void;
+        SUCCESS
     }
-    *ctx = d.ctx as *const Ctx as *mut c_void;
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: c_int) -> CUresult {
     tri!(device(dev));
     SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxSetCurrent(ctx: *mut c_void) -> CUresult {
     tri!(initialized());
     if ctx.is_null() {
@@ -377,27 +401,31 @@ pub unsafe extern "C" fn cuCtxSetCurrent(ctx: *mut c_void) -> CUresult {
     }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut *mut c_void) -> CUresult {
-    tri!(initialized());
-    if ctx.is_null() {
-        return INVALID_VALUE;
+    unsafe {
+        tri!(initialized());
+        if ctx.is_null() {
+            return INVALID_VALUE;
+        }
+        *ctx = CURRENT.with(|c| c.get()).map(|c| c as *const Ctx as *mut c_void).unwrap_or(std::ptr::null_mut());
+        SUCCESS
     }
-    *ctx = CURRENT.with(|c| c.get()).map(|c| c as *const Ctx as *mut c_void).unwrap_or(std::ptr::null_mut());
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut c_int) -> CUresult {
-    let ctx = tri!(current());
-    if dev.is_null() {
-        return INVALID_VALUE;
+    unsafe {
+        let ctx = tri!(current());
+        if dev.is_null() {
+            return INVALID_VALUE;
+        }
+        *dev = ctx.dev as c_int;
+        SUCCESS
     }
-    *dev = ctx.dev as c_int;
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     let ctx = tri!(current());
     wait_for_every_stream(ctx);
@@ -413,7 +441,7 @@ pub(crate) fn wait_for_every_stream(ctx: &'static Ctx) {
     }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxEnablePeerAccess(peer: *mut c_void, flags: c_uint) -> CUresult {
     let ctx = tri!(current());
     let sim = tri!(initialized());
@@ -432,7 +460,7 @@ pub unsafe extern "C" fn cuCtxEnablePeerAccess(peer: *mut c_void, flags: c_uint)
     SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxDisablePeerAccess(peer: *mut c_void) -> CUresult {
     let ctx = tri!(current());
     let sim = tri!(initialized());

@@ -270,9 +270,11 @@ mod fault {
     /// `uc` is the context the kernel passed to the handler.
     #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
     unsafe fn sp_and_write(uc: *mut libc::ucontext_t) -> (usize, Option<bool>) {
-        let g = &(*uc).uc_mcontext.gregs;
-        // Bit 1 of the page fault error code: the access was a write.
-        (g[libc::REG_RSP as usize] as usize, Some(g[libc::REG_ERR as usize] & 2 != 0))
+        unsafe {
+            let g = &(*uc).uc_mcontext.gregs;
+            // Bit 1 of the page fault error code: the access was a write.
+            (g[libc::REG_RSP as usize] as usize, Some(g[libc::REG_ERR as usize] & 2 != 0))
+        }
     }
 
     #[cfg(all(target_os = "linux", target_arch = "aarch64"))]
@@ -282,13 +284,15 @@ mod fault {
 
     #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
     unsafe fn redirect(uc: *mut libc::ucontext_t, regs: corosensei::trap::TrapHandlerRegs) {
-        let corosensei::trap::TrapHandlerRegs { rip, rsp, rbp, rdi, rsi } = regs;
-        let g = &mut (*uc).uc_mcontext.gregs;
-        g[libc::REG_RIP as usize] = rip as i64;
-        g[libc::REG_RSP as usize] = rsp as i64;
-        g[libc::REG_RBP as usize] = rbp as i64;
-        g[libc::REG_RDI as usize] = rdi as i64;
-        g[libc::REG_RSI as usize] = rsi as i64;
+        unsafe {
+            let corosensei::trap::TrapHandlerRegs { rip, rsp, rbp, rdi, rsi } = regs;
+            let g = &mut (*uc).uc_mcontext.gregs;
+            g[libc::REG_RIP as usize] = rip as i64;
+            g[libc::REG_RSP as usize] = rsp as i64;
+            g[libc::REG_RBP as usize] = rbp as i64;
+            g[libc::REG_RDI as usize] = rdi as i64;
+            g[libc::REG_RSI as usize] = rsi as i64;
+        }
     }
 
     #[cfg(all(target_os = "linux", target_arch = "aarch64"))]
@@ -315,40 +319,44 @@ mod fault {
     /// makes it return a [`Trap`]; any other goes to the previous handler.
     /// Async-signal-safe: it reads and writes this thread's cells only.
     unsafe extern "C" fn on_fault(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
-        let uc = ctx as *mut libc::ucontext_t;
-        if let Some(h) = RUNNING.with(|r| r.get()) {
-            let (sp, write) = sp_and_write(uc);
-            if h.stack_ptr_in_bounds(sp) {
-                RUNNING.with(|r| r.set(None));
-                let addr = (*info).si_addr() as usize;
-                let trap = Trap { sig, addr, write, stack: h.stack_ptr_in_bounds(addr) };
-                let regs = h.setup_trap_handler(move || Err(trap));
-                redirect(uc, regs);
-                return;
+        unsafe {
+            let uc = ctx as *mut libc::ucontext_t;
+            if let Some(h) = RUNNING.with(|r| r.get()) {
+                let (sp, write) = sp_and_write(uc);
+                if h.stack_ptr_in_bounds(sp) {
+                    RUNNING.with(|r| r.set(None));
+                    let addr = (*info).si_addr() as usize;
+                    let trap = Trap { sig, addr, write, stack: h.stack_ptr_in_bounds(addr) };
+                    let regs = h.setup_trap_handler(move || Err(trap));
+                    redirect(uc, regs);
+                    return;
+                }
             }
+            chain(sig, info, ctx);
         }
-        chain(sig, info, ctx);
     }
 
     unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
-        let i = if sig == libc::SIGSEGV { 0 } else { 1 };
-        let old = PREVIOUS.get().map(|p| p[i]);
-        match old {
-            Some(o) if o.sa_sigaction != libc::SIG_DFL && o.sa_sigaction != libc::SIG_IGN => {
-                if o.sa_flags & libc::SA_SIGINFO != 0 {
-                    let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) = std::mem::transmute(o.sa_sigaction);
-                    f(sig, info, ctx);
-                } else {
-                    let f: extern "C" fn(c_int) = std::mem::transmute(o.sa_sigaction);
-                    f(sig);
+        unsafe {
+            let i = if sig == libc::SIGSEGV { 0 } else { 1 };
+            let old = PREVIOUS.get().map(|p| p[i]);
+            match old {
+                Some(o) if o.sa_sigaction != libc::SIG_DFL && o.sa_sigaction != libc::SIG_IGN => {
+                    if o.sa_flags & libc::SA_SIGINFO != 0 {
+                        let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) = std::mem::transmute(o.sa_sigaction);
+                        f(sig, info, ctx);
+                    } else {
+                        let f: extern "C" fn(c_int) = std::mem::transmute(o.sa_sigaction);
+                        f(sig);
+                    }
                 }
-            }
-            _ => {
-                // The default: the access faults again on return and the
-                // process dies of it, as without the simulator.
-                let mut dfl: libc::sigaction = std::mem::zeroed();
-                dfl.sa_sigaction = libc::SIG_DFL;
-                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+                _ => {
+                    // The default: the access faults again on return and the
+                    // process dies of it, as without the simulator.
+                    let mut dfl: libc::sigaction = std::mem::zeroed();
+                    dfl.sa_sigaction = libc::SIG_DFL;
+                    libc::sigaction(sig, &dfl, std::ptr::null_mut());
+                }
             }
         }
     }

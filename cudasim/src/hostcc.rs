@@ -160,38 +160,40 @@ impl HostModule {
     /// # Safety
     /// `handle` must be a live dlopen handle.
     unsafe fn read_table(handle: *mut c_void) -> Result<(HashMap<String, KernelInfo>, RunThread, SetIds, Work), String> {
-        let sym = |name: &CStr| -> Result<*mut c_void, String> {
-            let p = libc::dlsym(handle, name.as_ptr());
-            if p.is_null() {
-                Err(format!("it lacks {} (not a module this simulator wrote)", name.to_string_lossy()))
-            } else {
-                Ok(p)
+        unsafe {
+            let sym = |name: &CStr| -> Result<*mut c_void, String> {
+                let p = libc::dlsym(handle, name.as_ptr());
+                if p.is_null() {
+                    Err(format!("it lacks {} (not a module this simulator wrote)", name.to_string_lossy()))
+                } else {
+                    Ok(p)
+                }
+            };
+            let abi: unsafe extern "C" fn() -> c_int = fn_ptr(sym(c"kiln_sim_abi")?);
+            if abi() != ABI {
+                return Err(format!("its table is version {}, not {ABI}", abi()));
             }
-        };
-        let abi: unsafe extern "C" fn() -> c_int = fn_ptr(sym(c"kiln_sim_abi")?);
-        if abi() != ABI {
-            return Err(format!("its table is version {}, not {ABI}", abi()));
-        }
-        let count: unsafe extern "C" fn() -> c_int = fn_ptr(sym(c"kiln_sim_kernel_count")?);
-        let entry: unsafe extern "C" fn(c_int) -> *const KernelEntry = fn_ptr(sym(c"kiln_sim_kernel")?);
-        let run_thread: RunThread = fn_ptr(sym(c"kiln_sim_run_thread")?);
-        let set_ids: SetIds = fn_ptr(sym(c"kiln_sim_set_ids")?);
-        let work: Work = fn_ptr(sym(c"kiln_sim_work")?);
-        let bind: unsafe extern "C" fn(extern "C" fn()) = fn_ptr(sym(c"kiln_sim_bind")?);
-        bind(exec::syncthreads);
-        let mut kernels = HashMap::new();
-        for i in 0..count().max(0) {
-            let e = &*entry(i);
-            let n = e.nargs.clamp(0, 4096) as usize;
-            if e.name.is_null() || (n > 0 && (e.sizes.is_null() || e.is_ptr.is_null())) {
-                return Err(format!("entry {i} of its table is damaged"));
+            let count: unsafe extern "C" fn() -> c_int = fn_ptr(sym(c"kiln_sim_kernel_count")?);
+            let entry: unsafe extern "C" fn(c_int) -> *const KernelEntry = fn_ptr(sym(c"kiln_sim_kernel")?);
+            let run_thread: RunThread = fn_ptr(sym(c"kiln_sim_run_thread")?);
+            let set_ids: SetIds = fn_ptr(sym(c"kiln_sim_set_ids")?);
+            let work: Work = fn_ptr(sym(c"kiln_sim_work")?);
+            let bind: unsafe extern "C" fn(extern "C" fn()) = fn_ptr(sym(c"kiln_sim_bind")?);
+            bind(exec::syncthreads);
+            let mut kernels = HashMap::new();
+            for i in 0..count().max(0) {
+                let e = &*entry(i);
+                let n = e.nargs.clamp(0, 4096) as usize;
+                if e.name.is_null() || (n > 0 && (e.sizes.is_null() || e.is_ptr.is_null())) {
+                    return Err(format!("entry {i} of its table is damaged"));
+                }
+                let name = CStr::from_ptr(e.name).to_string_lossy().into_owned();
+                let sizes = std::slice::from_raw_parts(e.sizes, n).to_vec();
+                let is_ptr = std::slice::from_raw_parts(e.is_ptr, n).iter().map(|&b| b != 0).collect();
+                kernels.insert(name, KernelInfo { index: i as usize, sizes, is_ptr });
             }
-            let name = CStr::from_ptr(e.name).to_string_lossy().into_owned();
-            let sizes = std::slice::from_raw_parts(e.sizes, n).to_vec();
-            let is_ptr = std::slice::from_raw_parts(e.is_ptr, n).iter().map(|&b| b != 0).collect();
-            kernels.insert(name, KernelInfo { index: i as usize, sizes, is_ptr });
+            Ok((kernels, run_thread, set_ids, work))
         }
-        Ok((kernels, run_thread, set_ids, work))
     }
 
     /// The function that runs one GPU thread of kernel `index`, for fibers
@@ -500,13 +502,13 @@ fn compile(source: &Source, cc: &Compiler, dir: &Path, key: u128, so: &Path, lim
 
 /// The generated part of a module: the table of its kernels.
 fn table(names: &[String]) -> String {
-    let mut gen = String::from("\nstatic const KilnSimKernel* kiln_sim_table() {\n    static const KilnSimKernel t[] = {\n");
+    let mut r#gen = String::from("\nstatic const KilnSimKernel* kiln_sim_table() {\n    static const KilnSimKernel t[] = {\n");
     for n in names {
-        gen.push_str(&format!("        kiln_sim_entry(\"{n}\", &{n}),\n"));
+        r#gen.push_str(&format!("        kiln_sim_entry(\"{n}\", &{n}),\n"));
     }
-    gen.push_str("    };\n    return t;\n}\n");
-    gen.push_str(&format!("static int kiln_sim_table_len() {{ return {}; }}\n", names.len()));
-    gen
+    r#gen.push_str("    };\n    return t;\n}\n");
+    r#gen.push_str(&format!("static int kiln_sim_table_len() {{ return {}; }}\n", names.len()));
+    r#gen
 }
 
 /// The `__global__` kernels a preprocessed source defines or declares (with

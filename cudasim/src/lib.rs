@@ -184,19 +184,21 @@ fn error_text(r: CUresult) -> Option<&'static CStr> {
     })
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetErrorName(r: CUresult, out: *mut *const c_char) -> CUresult {
-    if out.is_null() {
-        return INVALID_VALUE;
-    }
-    match error_name(r) {
-        Some(s) => {
-            *out = s.as_ptr();
-            SUCCESS
+    unsafe {
+        if out.is_null() {
+            return INVALID_VALUE;
         }
-        None => {
-            *out = std::ptr::null();
-            INVALID_VALUE
+        match error_name(r) {
+            Some(s) => {
+                *out = s.as_ptr();
+                SUCCESS
+            }
+            None => {
+                *out = std::ptr::null();
+                INVALID_VALUE
+            }
         }
     }
 }
@@ -230,24 +232,26 @@ pub(crate) fn remember_fault(code: CUresult, dev: usize, msg: &str) {
     }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetErrorString(r: CUresult, out: *mut *const c_char) -> CUresult {
-    if out.is_null() {
-        return INVALID_VALUE;
-    }
-    let texts = lock(fault_texts());
-    if let Some(text) = texts.get(&(context::current_device(), r)).or_else(|| texts.get(&(None, r))) {
-        *out = text.as_ptr();
-        return SUCCESS;
-    }
-    match error_text(r) {
-        Some(s) => {
-            *out = s.as_ptr();
-            SUCCESS
+    unsafe {
+        if out.is_null() {
+            return INVALID_VALUE;
         }
-        None => {
-            *out = std::ptr::null();
-            INVALID_VALUE
+        let texts = lock(fault_texts());
+        if let Some(text) = texts.get(&(context::current_device(), r)).or_else(|| texts.get(&(None, r))) {
+            *out = text.as_ptr();
+            return SUCCESS;
+        }
+        match error_text(r) {
+            Some(s) => {
+                *out = s.as_ptr();
+                SUCCESS
+            }
+            None => {
+                *out = std::ptr::null();
+                INVALID_VALUE
+            }
         }
     }
 }

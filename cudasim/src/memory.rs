@@ -280,20 +280,20 @@ pub(crate) fn describe(sim: &Sim, p: u64) -> String {
 /// Where a device address lies: (device, bytes from there to the end of its
 /// allocation), or why it is not usable.
 pub(crate) fn resolve(mem: &Mem, p: u64) -> Result<(usize, usize), String> {
-    if let Some((&base, &(len, dev))) = mem.dev.range(..=p).next_back() {
-        if p <= base + len as u64 {
-            return Ok((dev, (base + len as u64 - p) as usize));
-        }
+    if let Some((&base, &(len, dev))) = mem.dev.range(..=p).next_back()
+        && p <= base + len as u64
+    {
+        return Ok((dev, (base + len as u64 - p) as usize));
     }
-    if let Some((&base, &(len, dev))) = mem.freed.range(..=p).next_back() {
-        if p < base + len.max(1) as u64 {
-            return Err(format!("0x{p:x} is device {dev} memory that was freed (use after free)"));
-        }
+    if let Some((&base, &(len, dev))) = mem.freed.range(..=p).next_back()
+        && p < base + len.max(1) as u64
+    {
+        return Err(format!("0x{p:x} is device {dev} memory that was freed (use after free)"));
     }
-    if let Some((&base, &len)) = mem.host.range(..=p).next_back() {
-        if p < base + len as u64 {
-            return Err(format!("0x{p:x} is page-locked host memory, not device memory"));
-        }
+    if let Some((&base, &len)) = mem.host.range(..=p).next_back()
+        && p < base + len as u64
+    {
+        return Err(format!("0x{p:x} is page-locked host memory, not device memory"));
     }
     Err(format!("0x{p:x} is not device memory (a host pointer or garbage)"))
 }
@@ -322,10 +322,10 @@ pub(crate) fn check_host(sim: &Sim, p: *const c_void, len: usize, what: &str) ->
         return Err(format!("{what}: null host pointer"));
     }
     let mem = lock(&sim.mem);
-    if let Some((&base, &(alen, dev))) = mem.dev.range(..=(p as u64)).next_back() {
-        if (p as u64) < base + alen as u64 {
-            return Err(format!("{what}: 0x{:x} is device {dev} memory, passed where host memory is expected", p as u64));
-        }
+    if let Some((&base, &(alen, dev))) = mem.dev.range(..=(p as u64)).next_back()
+        && (p as u64) < base + alen as u64
+    {
+        return Err(format!("{what}: 0x{:x} is device {dev} memory, passed where host memory is expected", p as u64));
     }
     Ok(())
 }
@@ -351,28 +351,30 @@ fn short_allocation(bytes: usize) -> usize {
 
 // ---- memory in the driver API ------------------------------------------------------
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(ptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
-    let ctx = tri!(current());
-    let sim = tri!(initialized());
-    if ptr.is_null() || bytes == 0 {
-        return INVALID_VALUE;
+    unsafe {
+        let ctx = tri!(current());
+        let sim = tri!(initialized());
+        if ptr.is_null() || bytes == 0 {
+            return INVALID_VALUE;
+        }
+        let d = &sim.devices[ctx.dev];
+        let mut mem = lock(&sim.mem);
+        if mem.used[ctx.dev].saturating_add(d.reserved).saturating_add(bytes) > d.capacity || injected_failure("cuMemAlloc_v2") {
+            return OUT_OF_MEMORY;
+        }
+        let bytes = short_allocation(bytes);
+        let Some((base, start, end)) = map_device(&mut mem, bytes) else { return OUT_OF_MEMORY };
+        mem.used[ctx.dev] += bytes;
+        mem.dev.insert(base, (bytes, ctx.dev));
+        mem.zones.insert(base, (start, end));
+        *ptr = base;
+        SUCCESS
     }
-    let d = &sim.devices[ctx.dev];
-    let mut mem = lock(&sim.mem);
-    if mem.used[ctx.dev].saturating_add(d.reserved).saturating_add(bytes) > d.capacity || injected_failure("cuMemAlloc_v2") {
-        return OUT_OF_MEMORY;
-    }
-    let bytes = short_allocation(bytes);
-    let Some((base, start, end)) = map_device(&mut mem, bytes) else { return OUT_OF_MEMORY };
-    mem.used[ctx.dev] += bytes;
-    mem.dev.insert(base, (bytes, ctx.dev));
-    mem.zones.insert(base, (start, end));
-    *ptr = base;
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     let ctx = tri!(current());
     let sim = tri!(initialized());
@@ -425,85 +427,95 @@ pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
-    let ctx = tri!(current());
-    let sim = tri!(initialized());
-    if free.is_null() || total.is_null() {
-        return INVALID_VALUE;
+    unsafe {
+        let ctx = tri!(current());
+        let sim = tri!(initialized());
+        if free.is_null() || total.is_null() {
+            return INVALID_VALUE;
+        }
+        let d = &sim.devices[ctx.dev];
+        *total = d.capacity;
+        *free = d.capacity.saturating_sub(d.reserved).saturating_sub(lock(&sim.mem).used[ctx.dev]);
+        SUCCESS
     }
-    let d = &sim.devices[ctx.dev];
-    *total = d.capacity;
-    *free = d.capacity.saturating_sub(d.reserved).saturating_sub(lock(&sim.mem).used[ctx.dev]);
-    SUCCESS
 }
 
 unsafe fn host_alloc(pp: *mut *mut c_void, bytes: usize) -> CUresult {
-    let _ = tri!(current());
-    let sim = tri!(initialized());
-    if pp.is_null() {
-        return INVALID_VALUE;
-    }
-    let limit = env_bytes("KILN_CUDASIM_PINNED", usize::MAX);
-    let mut mem = lock(&sim.mem);
-    if mem.host_bytes.saturating_add(bytes) > limit {
-        return OUT_OF_MEMORY;
-    }
-    let Some(l) = layout(bytes) else { return OUT_OF_MEMORY };
-    let p = std::alloc::alloc(l);
-    if p.is_null() {
-        return OUT_OF_MEMORY;
-    }
-    std::ptr::write_bytes(p, POISON, bytes.max(1));
-    mem.host.insert(p as u64, bytes.max(1));
-    mem.host_bytes += bytes;
-    *pp = p as *mut c_void;
-    SUCCESS
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) -> CUresult {
-    if injected_failure("cuMemAllocHost_v2") {
-        return OUT_OF_MEMORY;
-    }
-    host_alloc(pp, bytes)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, _flags: c_uint) -> CUresult {
-    host_alloc(pp, bytes)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(d: *mut CUdeviceptr, p: *mut c_void, flags: c_uint) -> CUresult {
-    let _ = tri!(current());
-    let sim = tri!(initialized());
-    if d.is_null() || flags != 0 {
-        return INVALID_VALUE;
-    }
-    let mem = lock(&sim.mem);
-    match mem.host.range(..=(p as u64)).next_back() {
-        Some((&base, &len)) if (p as u64) < base + len as u64 => {
-            *d = p as u64;
-            SUCCESS
+    unsafe {
+        let _ = tri!(current());
+        let sim = tri!(initialized());
+        if pp.is_null() {
+            return INVALID_VALUE;
         }
-        _ => INVALID_VALUE,
+        let limit = env_bytes("KILN_CUDASIM_PINNED", usize::MAX);
+        let mut mem = lock(&sim.mem);
+        if mem.host_bytes.saturating_add(bytes) > limit {
+            return OUT_OF_MEMORY;
+        }
+        let Some(l) = layout(bytes) else { return OUT_OF_MEMORY };
+        let p = std::alloc::alloc(l);
+        if p.is_null() {
+            return OUT_OF_MEMORY;
+        }
+        std::ptr::write_bytes(p, POISON, bytes.max(1));
+        mem.host.insert(p as u64, bytes.max(1));
+        mem.host_bytes += bytes;
+        *pp = p as *mut c_void;
+        SUCCESS
     }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) -> CUresult {
+    unsafe {
+        if injected_failure("cuMemAllocHost_v2") {
+            return OUT_OF_MEMORY;
+        }
+        host_alloc(pp, bytes)
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, _flags: c_uint) -> CUresult {
+    unsafe { host_alloc(pp, bytes) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(d: *mut CUdeviceptr, p: *mut c_void, flags: c_uint) -> CUresult {
+    unsafe {
+        let _ = tri!(current());
+        let sim = tri!(initialized());
+        if d.is_null() || flags != 0 {
+            return INVALID_VALUE;
+        }
+        let mem = lock(&sim.mem);
+        match mem.host.range(..=(p as u64)).next_back() {
+            Some((&base, &len)) if (p as u64) < base + len as u64 => {
+                *d = p as u64;
+                SUCCESS
+            }
+            _ => INVALID_VALUE,
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
-    let sim = tri!(initialized());
-    let mut mem = lock(&sim.mem);
-    let Some(len) = mem.host.remove(&(p as u64)) else { return INVALID_VALUE };
-    mem.host_bytes -= len;
-    if let Some(l) = layout(len) {
-        std::alloc::dealloc(p as *mut u8, l);
+    unsafe {
+        let sim = tri!(initialized());
+        let mut mem = lock(&sim.mem);
+        let Some(len) = mem.host.remove(&(p as u64)) else { return INVALID_VALUE };
+        mem.host_bytes -= len;
+        if let Some(l) = layout(len) {
+            std::alloc::dealloc(p as *mut u8, l);
+        }
+        SUCCESS
     }
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, len: usize, stream: *mut c_void) -> CUresult {
     let (ctx, s) = tri!(stream_here(stream));
     let sim = tri!(initialized());
@@ -521,7 +533,7 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_vo
     SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, len: usize, stream: *mut c_void) -> CUresult {
     let (ctx, s) = tri!(stream_here(stream));
     let sim = tri!(initialized());
@@ -537,35 +549,39 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr
     SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, len: usize) -> CUresult {
-    let ctx = tri!(current());
-    let r = cuMemcpyHtoDAsync_v2(dst, src, len, std::ptr::null_mut());
-    if r != SUCCESS {
-        return r;
+    unsafe {
+        let ctx = tri!(current());
+        let r = cuMemcpyHtoDAsync_v2(dst, src, len, std::ptr::null_mut());
+        if r != SUCCESS {
+            return r;
+        }
+        let s = ctx.default_stream();
+        s.wait_for(s.ticket());
+        ctx.sticky()
     }
-    let s = ctx.default_stream();
-    s.wait_for(s.ticket());
-    ctx.sticky()
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, len: usize) -> CUresult {
-    let ctx = tri!(current());
-    let r = cuMemcpyDtoHAsync_v2(dst, src, len, std::ptr::null_mut());
-    if r != SUCCESS {
-        return r;
+    unsafe {
+        let ctx = tri!(current());
+        let r = cuMemcpyDtoHAsync_v2(dst, src, len, std::ptr::null_mut());
+        if r != SUCCESS {
+            return r;
+        }
+        let s = ctx.default_stream();
+        s.wait_for(s.ticket());
+        ctx.sticky()
     }
-    let s = ctx.default_stream();
-    s.wait_for(s.ticket());
-    ctx.sticky()
 }
 
 fn owner(sim: &Sim, p: u64) -> Option<usize> {
     resolve(&lock(&sim.mem), p).ok().map(|(d, _)| d)
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, len: usize, stream: *mut c_void) -> CUresult {
     let (ctx, s) = tri!(stream_here(stream));
     let sim = tri!(initialized());
@@ -590,7 +606,7 @@ pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr
     SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyPeerAsync(
     dst: CUdeviceptr,
     dst_ctx: *mut c_void,
@@ -622,7 +638,7 @@ pub unsafe extern "C" fn cuMemcpyPeerAsync(
     SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, value: u8, len: usize, stream: *mut c_void) -> CUresult {
     let (ctx, s) = tri!(stream_here(stream));
     let sim = tri!(initialized());

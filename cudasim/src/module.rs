@@ -36,20 +36,22 @@ pub(crate) struct Function {
 /// # Safety
 /// `image` must point at a complete image, as for the real driver.
 unsafe fn image_bytes<'a>(image: *const c_void) -> Result<&'a [u8], String> {
-    let p = image as *const u8;
-    // Byte by byte, so that a short C string is not read past its NUL.
-    let is_elf = b"\x7fELF".iter().enumerate().all(|(i, &b)| *p.add(i) == b);
-    if is_elf {
-        let header = std::slice::from_raw_parts(p, 64);
-        let len = elf_extent(header).ok_or("an ELF image that is not a 64-bit little-endian CUDA cubin (or claims over 1 GiB)")?;
-        return Ok(std::slice::from_raw_parts(p, len));
+    unsafe {
+        let p = image as *const u8;
+        // Byte by byte, so that a short C string is not read past its NUL.
+        let is_elf = b"\x7fELF".iter().enumerate().all(|(i, &b)| *p.add(i) == b);
+        if is_elf {
+            let header = std::slice::from_raw_parts(p, 64);
+            let len = elf_extent(header).ok_or("an ELF image that is not a 64-bit little-endian CUDA cubin (or claims over 1 GiB)")?;
+            return Ok(std::slice::from_raw_parts(p, len));
+        }
+        let text = CStr::from_ptr(image as *const c_char).to_bytes();
+        let is_ptx = std::str::from_utf8(text).is_ok_and(|t| t.contains(".version") && t.contains(".target"));
+        if !is_ptx {
+            return Err("the image is neither a cubin (ELF) nor PTX text (no .version/.target)".into());
+        }
+        Ok(text)
     }
-    let text = CStr::from_ptr(image as *const c_char).to_bytes();
-    let is_ptx = std::str::from_utf8(text).is_ok_and(|t| t.contains(".version") && t.contains(".target"));
-    if !is_ptx {
-        return Err("the image is neither a cubin (ELF) nor PTX text (no .version/.target)".into());
-    }
-    Ok(text)
 }
 
 /// What names an image can define: the strings of a cubin's string tables,
@@ -94,93 +96,99 @@ fn elf_strings(elf: &[u8]) -> HashSet<&[u8]> {
     strings
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut *mut c_void, image: *const c_void) -> CUresult {
-    let ctx = tri!(current());
-    if module.is_null() || image.is_null() {
-        return INVALID_VALUE;
-    }
-    // Loading a module waits for the device to be idle, as on a GPU (seen
-    // on an H200 with lazy and with eager loading: the first use of a kernel
-    // waited for a stream held by cuStreamWaitValue32).
-    crate::context::wait_for_every_stream(ctx);
-    let bytes = match image_bytes(image) {
-        Ok(b) => b,
-        Err(e) => {
-            log(&format!("cuModuleLoadData: {e}"));
-            return INVALID_IMAGE;
+    unsafe {
+        let ctx = tri!(current());
+        if module.is_null() || image.is_null() {
+            return INVALID_VALUE;
         }
-    };
-    let Some(source) = sources::source_of(bytes) else {
-        log("cuModuleLoadData: no NVRTC program under this simulator produced this image, so there is no source to compile for \
+        // Loading a module waits for the device to be idle, as on a GPU (seen
+        // on an H200 with lazy and with eager loading: the first use of a kernel
+        // waited for a stream held by cuStreamWaitValue32).
+        crate::context::wait_for_every_stream(ctx);
+        let bytes = match image_bytes(image) {
+            Ok(b) => b,
+            Err(e) => {
+                log(&format!("cuModuleLoadData: {e}"));
+                return INVALID_IMAGE;
+            }
+        };
+        let Some(source) = sources::source_of(bytes) else {
+            log("cuModuleLoadData: no NVRTC program under this simulator produced this image, so there is no source to compile for \
              the host: it was compiled by an NVRTC the simulator does not stand in front of, or kiln found it in a cache the \
              simulator's records do not cover (scripts/cudasim.sh keeps kiln's cache inside the simulator's; a KILN_CACHE_DIR \
              set by hand must be emptied or unset)");
-        return INVALID_IMAGE;
-    };
-    if source.headers > 0 {
-        log(&format!(
-            "cuModuleLoadData: `{}` was created with {} headers; the simulator compiles self-contained sources only",
-            source.name, source.headers
-        ));
-        return NOT_SUPPORTED;
-    }
-    let host = match hostcc::module_for(&source) {
-        Ok(h) => h,
-        Err((code, msg)) => {
-            log(&format!("cuModuleLoadData: {}", msg.lines().next().unwrap_or_default()));
-            return code;
+            return INVALID_IMAGE;
+        };
+        if source.headers > 0 {
+            log(&format!(
+                "cuModuleLoadData: `{}` was created with {} headers; the simulator compiles self-contained sources only",
+                source.name, source.headers
+            ));
+            return NOT_SUPPORTED;
         }
-    };
-    let strings = image_strings(bytes);
-    let names: HashSet<String> = host.kernels.keys().filter(|n| strings.contains(n.as_bytes())).cloned().collect();
-    if names.is_empty() {
-        log(&format!("cuModuleLoadData: the image of `{}` defines none of the kernels its source has for the host", source.name));
-        return INVALID_IMAGE;
+        let host = match hostcc::module_for(&source) {
+            Ok(h) => h,
+            Err((code, msg)) => {
+                log(&format!("cuModuleLoadData: {}", msg.lines().next().unwrap_or_default()));
+                return code;
+            }
+        };
+        let strings = image_strings(bytes);
+        let names: HashSet<String> = host.kernels.keys().filter(|n| strings.contains(n.as_bytes())).cloned().collect();
+        if names.is_empty() {
+            log(&format!("cuModuleLoadData: the image of `{}` defines none of the kernels its source has for the host", source.name));
+            return INVALID_IMAGE;
+        }
+        let h = Box::into_raw(Box::new(0u8)) as *mut c_void;
+        registry().modules.insert(h as usize, Module { ctx, host, names });
+        *module = h;
+        SUCCESS
     }
-    let h = Box::into_raw(Box::new(0u8)) as *mut c_void;
-    registry().modules.insert(h as usize, Module { ctx, host, names });
-    *module = h;
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleUnload(module: *mut c_void) -> CUresult {
-    tri!(initialized());
-    let mut r = registry();
-    if r.modules.remove(&(module as usize)).is_none() {
-        return INVALID_HANDLE;
+    unsafe {
+        tri!(initialized());
+        let mut r = registry();
+        if r.modules.remove(&(module as usize)).is_none() {
+            return INVALID_HANDLE;
+        }
+        // Its functions go with it, as on a GPU (the host library stays loaded:
+        // queued launches may still run it).
+        r.functions.retain(|_, f| f.module != module as usize);
+        drop(Box::from_raw(module as *mut u8));
+        SUCCESS
     }
-    // Its functions go with it, as on a GPU (the host library stays loaded:
-    // queued launches may still run it).
-    r.functions.retain(|_, f| f.module != module as usize);
-    drop(Box::from_raw(module as *mut u8));
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleGetFunction(f: *mut *mut c_void, module: *mut c_void, name: *const c_char) -> CUresult {
-    let ctx = tri!(current());
-    if f.is_null() || name.is_null() {
-        return INVALID_VALUE;
+    unsafe {
+        let ctx = tri!(current());
+        if f.is_null() || name.is_null() {
+            return INVALID_VALUE;
+        }
+        let name = CStr::from_ptr(name).to_string_lossy().into_owned();
+        let mut r = registry();
+        let Some(m) = r.modules.get(&(module as usize)) else { return INVALID_HANDLE };
+        if !std::ptr::eq(m.ctx, ctx) {
+            return INVALID_CONTEXT;
+        }
+        if !m.names.contains(&name) {
+            return NOT_FOUND;
+        }
+        let host = m.host.clone();
+        let h = Box::into_raw(Box::new(0u8)) as *mut c_void;
+        r.functions.insert(h as usize, Function { ctx, module: module as usize, host, name });
+        *f = h;
+        SUCCESS
     }
-    let name = CStr::from_ptr(name).to_string_lossy().into_owned();
-    let mut r = registry();
-    let Some(m) = r.modules.get(&(module as usize)) else { return INVALID_HANDLE };
-    if !std::ptr::eq(m.ctx, ctx) {
-        return INVALID_CONTEXT;
-    }
-    if !m.names.contains(&name) {
-        return NOT_FOUND;
-    }
-    let host = m.host.clone();
-    let h = Box::into_raw(Box::new(0u8)) as *mut c_void;
-    r.functions.insert(h as usize, Function { ctx, module: module as usize, host, name });
-    *f = h;
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLaunchKernel(
     f: *mut c_void,
     gx: c_uint,
@@ -194,40 +202,42 @@ pub unsafe extern "C" fn cuLaunchKernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    let (ctx, s) = tri!(stream_here(stream));
-    let (fctx, host, name) = match registry().functions.get(&(f as usize)) {
-        Some(func) => (func.ctx, func.host.clone(), func.name.clone()),
-        None => return INVALID_HANDLE,
-    };
-    if !std::ptr::eq(fctx, ctx) {
-        log(&format!("kernel {name} of device {} launched while device {}'s context is current", fctx.dev, ctx.dev));
-        return INVALID_CONTEXT;
-    }
-    if gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || bx > 1024 || shared > 48 * 1024 {
-        return INVALID_VALUE;
-    }
-    if gy != 1 || gz != 1 || by != 1 || bz != 1 || !extra.is_null() {
-        log("cuLaunchKernel: the simulator runs 1-D grids and blocks with kernelParams only");
-        return NOT_SUPPORTED;
-    }
-    let Some(k) = host.kernels.get(&name) else { return NOT_FOUND };
-    if params.is_null() && !k.sizes.is_empty() {
-        return INVALID_VALUE;
-    }
-    // The driver copies the argument values now: the caller's may go away.
-    let mut args = Vec::with_capacity(k.sizes.len());
-    for (i, &size) in k.sizes.iter().enumerate() {
-        let p = *params.add(i);
-        if p.is_null() {
+    unsafe {
+        let (ctx, s) = tri!(stream_here(stream));
+        let (fctx, host, name) = match registry().functions.get(&(f as usize)) {
+            Some(func) => (func.ctx, func.host.clone(), func.name.clone()),
+            None => return INVALID_HANDLE,
+        };
+        if !std::ptr::eq(fctx, ctx) {
+            log(&format!("kernel {name} of device {} launched while device {}'s context is current", fctx.dev, ctx.dev));
+            return INVALID_CONTEXT;
+        }
+        if gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || bx > 1024 || shared > 48 * 1024 {
             return INVALID_VALUE;
         }
-        let mut words = vec![0u64; size.div_ceil(8).max(1)];
-        std::ptr::copy_nonoverlapping(p as *const u8, words.as_mut_ptr() as *mut u8, size);
-        args.push(words);
+        if gy != 1 || gz != 1 || by != 1 || bz != 1 || !extra.is_null() {
+            log("cuLaunchKernel: the simulator runs 1-D grids and blocks with kernelParams only");
+            return NOT_SUPPORTED;
+        }
+        let Some(k) = host.kernels.get(&name) else { return NOT_FOUND };
+        if params.is_null() && !k.sizes.is_empty() {
+            return INVALID_VALUE;
+        }
+        // The driver copies the argument values now: the caller's may go away.
+        let mut args = Vec::with_capacity(k.sizes.len());
+        for (i, &size) in k.sizes.iter().enumerate() {
+            let p = *params.add(i);
+            if p.is_null() {
+                return INVALID_VALUE;
+            }
+            let mut words = vec![0u64; size.div_ceil(8).max(1)];
+            std::ptr::copy_nonoverlapping(p as *const u8, words.as_mut_ptr() as *mut u8, size);
+            args.push(words);
+        }
+        let ptrs = k.is_ptr.iter().enumerate().filter(|&(_, &p)| p).map(|(i, _)| i).collect();
+        let index = k.index;
+        record_launch(&name, gx);
+        s.push(Op::Kernel { name, host, index, grid: gx, block: bx, args, ptrs });
+        SUCCESS
     }
-    let ptrs = k.is_ptr.iter().enumerate().filter(|(_, &p)| p).map(|(i, _)| i).collect();
-    let index = k.index;
-    record_launch(&name, gx);
-    s.push(Op::Kernel { name, host, index, grid: gx, block: bx, args, ptrs });
-    SUCCESS
 }

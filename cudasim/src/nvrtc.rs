@@ -62,8 +62,10 @@ fn dlerror() -> String {
 /// # Safety
 /// `p` must be the address of a function whose C signature `F` spells.
 pub(crate) unsafe fn fn_ptr<F: Copy>(p: *mut c_void) -> F {
-    debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
-    std::mem::transmute_copy(&p)
+    unsafe {
+        debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+        std::mem::transmute_copy(&p)
+    }
 }
 
 fn load_real() -> Result<Real, String> {
@@ -178,49 +180,57 @@ fn capture(prog: Prog, image: &[u8]) {
     sources::remember(image, Arc::new(source));
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvrtcVersion(major: *mut c_int, minor: *mut c_int) -> Res {
-    match real() {
-        Ok(r) => (r.version)(major, minor),
-        Err(_) => NVRTC_ERROR_INTERNAL_ERROR,
+    unsafe {
+        match real() {
+            Ok(r) => (r.version)(major, minor),
+            Err(_) => NVRTC_ERROR_INTERNAL_ERROR,
+        }
     }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvrtcGetErrorString(result: Res) -> *const c_char {
-    match real() {
-        Ok(r) => (r.error_string)(result),
-        Err(why) => {
-            // Kiln shows this string as the reason NVRTC is unusable.
-            static WHY: OnceLock<CString> = OnceLock::new();
-            match result {
-                NVRTC_SUCCESS => c"NVRTC_SUCCESS".as_ptr(),
-                NVRTC_ERROR_INTERNAL_ERROR => {
-                    WHY.get_or_init(|| CString::new(format!("NVRTC_ERROR_INTERNAL_ERROR (cudasim: {why})")).unwrap_or_default()).as_ptr()
+    unsafe {
+        match real() {
+            Ok(r) => (r.error_string)(result),
+            Err(why) => {
+                // Kiln shows this string as the reason NVRTC is unusable.
+                static WHY: OnceLock<CString> = OnceLock::new();
+                match result {
+                    NVRTC_SUCCESS => c"NVRTC_SUCCESS".as_ptr(),
+                    NVRTC_ERROR_INTERNAL_ERROR => WHY
+                        .get_or_init(|| CString::new(format!("NVRTC_ERROR_INTERNAL_ERROR (cudasim: {why})")).unwrap_or_default())
+                        .as_ptr(),
+                    _ => c"NVRTC_ERROR (cudasim: no real NVRTC)".as_ptr(),
                 }
-                _ => c"NVRTC_ERROR (cudasim: no real NVRTC)".as_ptr(),
             }
         }
     }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvrtcGetNumSupportedArchs(n: *mut c_int) -> Res {
-    match real().ok().and_then(|r| r.num_archs) {
-        Some(f) => f(n),
-        None => NVRTC_ERROR_INTERNAL_ERROR,
+    unsafe {
+        match real().ok().and_then(|r| r.num_archs) {
+            Some(f) => f(n),
+            None => NVRTC_ERROR_INTERNAL_ERROR,
+        }
     }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvrtcGetSupportedArchs(archs: *mut c_int) -> Res {
-    match real().ok().and_then(|r| r.archs) {
-        Some(f) => f(archs),
-        None => NVRTC_ERROR_INTERNAL_ERROR,
+    unsafe {
+        match real().ok().and_then(|r| r.archs) {
+            Some(f) => f(archs),
+            None => NVRTC_ERROR_INTERNAL_ERROR,
+        }
     }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvrtcCreateProgram(
     prog: *mut Prog,
     src: *const c_char,
@@ -229,115 +239,137 @@ pub unsafe extern "C" fn nvrtcCreateProgram(
     headers: *const *const c_char,
     include_names: *const *const c_char,
 ) -> Res {
-    let Ok(r) = real() else { return NVRTC_ERROR_INTERNAL_ERROR };
-    let result = (r.create)(prog, src, name, num_headers, headers, include_names);
-    if result == NVRTC_SUCCESS && !prog.is_null() && !src.is_null() {
-        let name = if name.is_null() { "default_program".to_string() } else { CStr::from_ptr(name).to_string_lossy().into_owned() };
-        let text = CStr::from_ptr(src).to_bytes().to_vec();
-        let source = Source { name, text, host_options: Vec::new(), headers: num_headers.max(0) as usize };
-        lock(programs()).insert(*prog as usize, Program { source });
+    unsafe {
+        let Ok(r) = real() else { return NVRTC_ERROR_INTERNAL_ERROR };
+        let result = (r.create)(prog, src, name, num_headers, headers, include_names);
+        if result == NVRTC_SUCCESS && !prog.is_null() && !src.is_null() {
+            let name = if name.is_null() { "default_program".to_string() } else { CStr::from_ptr(name).to_string_lossy().into_owned() };
+            let text = CStr::from_ptr(src).to_bytes().to_vec();
+            let source = Source { name, text, host_options: Vec::new(), headers: num_headers.max(0) as usize };
+            lock(programs()).insert(*prog as usize, Program { source });
+        }
+        result
     }
-    result
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvrtcDestroyProgram(prog: *mut Prog) -> Res {
-    let Ok(r) = real() else { return NVRTC_ERROR_INTERNAL_ERROR };
-    if !prog.is_null() {
-        lock(programs()).remove(&(*prog as usize));
+    unsafe {
+        let Ok(r) = real() else { return NVRTC_ERROR_INTERNAL_ERROR };
+        if !prog.is_null() {
+            lock(programs()).remove(&(*prog as usize));
+        }
+        (r.destroy)(prog)
     }
-    (r.destroy)(prog)
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvrtcCompileProgram(prog: Prog, num_options: c_int, options: *const *const c_char) -> Res {
-    let Ok(r) = real() else { return NVRTC_ERROR_INTERNAL_ERROR };
-    if !options.is_null() && num_options > 0 {
-        let given: Vec<String> = (0..num_options as usize)
-            .map(|i| *options.add(i))
-            .filter(|o| !o.is_null())
-            .map(|o| CStr::from_ptr(o).to_string_lossy().into_owned())
-            .collect();
-        if let Some(p) = lock(programs()).get_mut(&(prog as usize)) {
-            p.source.host_options = host_options(&given);
+    unsafe {
+        let Ok(r) = real() else { return NVRTC_ERROR_INTERNAL_ERROR };
+        if !options.is_null() && num_options > 0 {
+            let given: Vec<String> = (0..num_options as usize)
+                .map(|i| *options.add(i))
+                .filter(|o| !o.is_null())
+                .map(|o| CStr::from_ptr(o).to_string_lossy().into_owned())
+                .collect();
+            if let Some(p) = lock(programs()).get_mut(&(prog as usize)) {
+                p.source.host_options = host_options(&given);
+            }
+        }
+        (r.compile)(prog, num_options, options)
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvrtcGetPTXSize(prog: Prog, size: *mut usize) -> Res {
+    unsafe {
+        match real() {
+            Ok(r) => (r.ptx_size)(prog, size),
+            Err(_) => NVRTC_ERROR_INTERNAL_ERROR,
         }
     }
-    (r.compile)(prog, num_options, options)
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvrtcGetPTXSize(prog: Prog, size: *mut usize) -> Res {
-    match real() {
-        Ok(r) => (r.ptx_size)(prog, size),
-        Err(_) => NVRTC_ERROR_INTERNAL_ERROR,
-    }
-}
-
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvrtcGetPTX(prog: Prog, ptx: *mut c_char) -> Res {
-    let Ok(r) = real() else { return NVRTC_ERROR_INTERNAL_ERROR };
-    let result = (r.ptx)(prog, ptx);
-    let mut size = 0usize;
-    if result == NVRTC_SUCCESS && !ptx.is_null() && (r.ptx_size)(prog, &mut size) == NVRTC_SUCCESS {
-        capture(prog, std::slice::from_raw_parts(ptx as *const u8, size));
+    unsafe {
+        let Ok(r) = real() else { return NVRTC_ERROR_INTERNAL_ERROR };
+        let result = (r.ptx)(prog, ptx);
+        let mut size = 0usize;
+        if result == NVRTC_SUCCESS && !ptx.is_null() && (r.ptx_size)(prog, &mut size) == NVRTC_SUCCESS {
+            capture(prog, std::slice::from_raw_parts(ptx as *const u8, size));
+        }
+        result
     }
-    result
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvrtcGetCUBINSize(prog: Prog, size: *mut usize) -> Res {
-    match real().ok().and_then(|r| r.cubin_size) {
-        Some(f) => f(prog, size),
-        None => NVRTC_ERROR_INTERNAL_ERROR,
+    unsafe {
+        match real().ok().and_then(|r| r.cubin_size) {
+            Some(f) => f(prog, size),
+            None => NVRTC_ERROR_INTERNAL_ERROR,
+        }
     }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvrtcGetCUBIN(prog: Prog, cubin: *mut c_char) -> Res {
-    let (Some(get), Some(get_size)) = (real().ok().and_then(|r| r.cubin), real().ok().and_then(|r| r.cubin_size)) else {
-        return NVRTC_ERROR_INTERNAL_ERROR;
-    };
-    let result = get(prog, cubin);
-    let mut size = 0usize;
-    if result == NVRTC_SUCCESS && !cubin.is_null() && get_size(prog, &mut size) == NVRTC_SUCCESS {
-        let bytes = std::slice::from_raw_parts(cubin as *const u8, size);
-        // The driver will know the image's length only from its header:
-        // the record is keyed by the same span.
-        let span = elf_extent(bytes).map_or(size, |e| e.min(size));
-        capture(prog, &bytes[..span]);
+    unsafe {
+        let (Some(get), Some(get_size)) = (real().ok().and_then(|r| r.cubin), real().ok().and_then(|r| r.cubin_size)) else {
+            return NVRTC_ERROR_INTERNAL_ERROR;
+        };
+        let result = get(prog, cubin);
+        let mut size = 0usize;
+        if result == NVRTC_SUCCESS && !cubin.is_null() && get_size(prog, &mut size) == NVRTC_SUCCESS {
+            let bytes = std::slice::from_raw_parts(cubin as *const u8, size);
+            // The driver will know the image's length only from its header:
+            // the record is keyed by the same span.
+            let span = elf_extent(bytes).map_or(size, |e| e.min(size));
+            capture(prog, &bytes[..span]);
+        }
+        result
     }
-    result
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvrtcGetProgramLogSize(prog: Prog, size: *mut usize) -> Res {
-    match real() {
-        Ok(r) => (r.log_size)(prog, size),
-        Err(_) => NVRTC_ERROR_INTERNAL_ERROR,
+    unsafe {
+        match real() {
+            Ok(r) => (r.log_size)(prog, size),
+            Err(_) => NVRTC_ERROR_INTERNAL_ERROR,
+        }
     }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvrtcGetProgramLog(prog: Prog, log: *mut c_char) -> Res {
-    match real() {
-        Ok(r) => (r.log)(prog, log),
-        Err(_) => NVRTC_ERROR_INTERNAL_ERROR,
+    unsafe {
+        match real() {
+            Ok(r) => (r.log)(prog, log),
+            Err(_) => NVRTC_ERROR_INTERNAL_ERROR,
+        }
     }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvrtcAddNameExpression(prog: Prog, name: *const c_char) -> Res {
-    match real().ok().and_then(|r| r.add_name_expression) {
-        Some(f) => f(prog, name),
-        None => NVRTC_ERROR_INTERNAL_ERROR,
+    unsafe {
+        match real().ok().and_then(|r| r.add_name_expression) {
+            Some(f) => f(prog, name),
+            None => NVRTC_ERROR_INTERNAL_ERROR,
+        }
     }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvrtcGetLoweredName(prog: Prog, name: *const c_char, lowered: *mut *const c_char) -> Res {
-    match real().ok().and_then(|r| r.lowered_name) {
-        Some(f) => f(prog, name, lowered),
-        None => NVRTC_ERROR_INTERNAL_ERROR,
+    unsafe {
+        match real().ok().and_then(|r| r.lowered_name) {
+            Some(f) => f(prog, name, lowered),
+            None => NVRTC_ERROR_INTERNAL_ERROR,
+        }
     }
 }
 

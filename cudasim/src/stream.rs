@@ -280,20 +280,22 @@ struct EventState {
 
 // ---- streams and events in the driver API ------------------------------------------
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamCreate(out: *mut *mut c_void, flags: c_uint) -> CUresult {
-    let ctx = tri!(current());
-    if out.is_null() || flags > 1 {
-        return INVALID_VALUE;
+    unsafe {
+        let ctx = tri!(current());
+        if out.is_null() || flags > 1 {
+            return INVALID_VALUE;
+        }
+        let s = Stream::new(ctx);
+        let h = Arc::as_ptr(&s) as *mut c_void;
+        registry().streams.insert(h as usize, s);
+        *out = h;
+        SUCCESS
     }
-    let s = Stream::new(ctx);
-    let h = Arc::as_ptr(&s) as *mut c_void;
-    registry().streams.insert(h as usize, s);
-    *out = h;
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamDestroy_v2(stream: *mut c_void) -> CUresult {
     tri!(initialized());
     let Some(s) = registry().streams.remove(&(stream as usize)) else { return INVALID_HANDLE };
@@ -303,14 +305,14 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(stream: *mut c_void) -> CUresult {
     SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamSynchronize(stream: *mut c_void) -> CUresult {
     let (ctx, s) = tri!(stream_here(stream));
     s.wait_for(s.ticket());
     ctx.sticky()
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamQuery(stream: *mut c_void) -> CUresult {
     let (ctx, s) = tri!(stream_here(stream));
     match ctx.sticky() {
@@ -328,32 +330,36 @@ fn event(h: *mut c_void) -> Result<&'static Mutex<EventState>, CUresult> {
     Ok(unsafe { &*(h as *const Mutex<EventState>) })
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventCreate(out: *mut *mut c_void, _flags: c_uint) -> CUresult {
-    let _ = tri!(current());
-    if out.is_null() {
-        return INVALID_VALUE;
+    unsafe {
+        let _ = tri!(current());
+        if out.is_null() {
+            return INVALID_VALUE;
+        }
+        if injected_failure("cuEventCreate") {
+            return OUT_OF_MEMORY;
+        }
+        let h = Box::into_raw(Box::new(Mutex::new(EventState { recorded: None }))) as *mut c_void;
+        registry().events.insert(h as usize);
+        *out = h;
+        SUCCESS
     }
-    if injected_failure("cuEventCreate") {
-        return OUT_OF_MEMORY;
-    }
-    let h = Box::into_raw(Box::new(Mutex::new(EventState { recorded: None }))) as *mut c_void;
-    registry().events.insert(h as usize);
-    *out = h;
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventDestroy_v2(ev: *mut c_void) -> CUresult {
-    tri!(initialized());
-    if !registry().events.remove(&(ev as usize)) {
-        return INVALID_HANDLE;
+    unsafe {
+        tri!(initialized());
+        if !registry().events.remove(&(ev as usize)) {
+            return INVALID_HANDLE;
+        }
+        drop(Box::from_raw(ev as *mut Mutex<EventState>));
+        SUCCESS
     }
-    drop(Box::from_raw(ev as *mut Mutex<EventState>));
-    SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventRecord(ev: *mut c_void, stream: *mut c_void) -> CUresult {
     let (_, s) = tri!(stream_here(stream));
     let e = tri!(event(ev));
@@ -362,7 +368,7 @@ pub unsafe extern "C" fn cuEventRecord(ev: *mut c_void, stream: *mut c_void) -> 
     SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventSynchronize(ev: *mut c_void) -> CUresult {
     tri!(initialized());
     let e = tri!(event(ev));
@@ -374,7 +380,7 @@ pub unsafe extern "C" fn cuEventSynchronize(ev: *mut c_void) -> CUresult {
     SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventQuery(ev: *mut c_void) -> CUresult {
     tri!(initialized());
     let e = tri!(event(ev));
@@ -386,20 +392,20 @@ pub unsafe extern "C" fn cuEventQuery(ev: *mut c_void) -> CUresult {
     }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamWaitEvent(stream: *mut c_void, ev: *mut c_void, _flags: c_uint) -> CUresult {
     let (_, s) = tri!(stream_here(stream));
     let e = tri!(event(ev));
     let rec = lock(e).recorded.clone();
-    if let Some((other, ticket)) = rec {
-        if !Arc::ptr_eq(&other, &s) {
-            s.push(Op::Wait { stream: other, ticket });
-        }
+    if let Some((other, ticket)) = rec
+        && !Arc::ptr_eq(&other, &s)
+    {
+        s.push(Op::Wait { stream: other, ticket });
     }
     SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamWaitValue32_v2(stream: *mut c_void, addr: CUdeviceptr, value: u32, flags: c_uint) -> CUresult {
     let (_, s) = tri!(stream_here(stream));
     let sim = tri!(initialized());
@@ -414,7 +420,7 @@ pub unsafe extern "C" fn cuStreamWaitValue32_v2(stream: *mut c_void, addr: CUdev
     SUCCESS
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamWaitValue32(stream: *mut c_void, addr: CUdeviceptr, value: u32, flags: c_uint) -> CUresult {
-    cuStreamWaitValue32_v2(stream, addr, value, flags)
+    unsafe { cuStreamWaitValue32_v2(stream, addr, value, flags) }
 }

@@ -80,15 +80,15 @@ fn check_out_dir(dir: &Path) -> Result<()> {
 
 /// Runs `kiln train`.
 pub fn run(args: TrainArgs) -> Result<()> {
-    if let Some(dir) = &args.data {
-        if !dir.is_dir() {
-            return Err(fail!("--data {}: no such directory; give the directory holding the Fashion-MNIST IDX files", dir.display()));
-        }
+    if let Some(dir) = &args.data
+        && !dir.is_dir()
+    {
+        return Err(fail!("--data {}: no such directory; give the directory holding the Fashion-MNIST IDX files", dir.display()));
     }
-    if let Some(ckpt) = &args.resume {
-        if !ckpt.is_file() {
-            return Err(fail!("--resume {}: no such checkpoint file", ckpt.display()));
-        }
+    if let Some(ckpt) = &args.resume
+        && !ckpt.is_file()
+    {
+        return Err(fail!("--resume {}: no such checkpoint file", ckpt.display()));
     }
     if !(args.lr.is_finite() && args.lr > 0.0) {
         return Err(fail!("--lr must be a positive number, got {}", args.lr));

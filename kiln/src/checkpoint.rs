@@ -259,7 +259,7 @@ pub(crate) fn read_training(model: &dyn Module, path: &Path, device: &Device, si
                      load a parameters-only file with `kiln::checkpoint::load(&mut model.net, path, &device)?`",
                     other
                 ),
-            ))
+            ));
         }
     }
     let parameters = stage_parameters(model, path, &st, "model.", device)?;

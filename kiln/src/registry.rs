@@ -86,7 +86,9 @@ pub fn try_ensure_simulated_gpus(n: usize, capacity: usize) -> Result<Vec<Device
     if n > MAX_SIM_GPUS {
         return Err(Error::invalid(
             "simulated GPUs",
-            format!("{n} simulated GPUs asked for, at most {MAX_SIM_GPUS} are supported; e.g. `kiln::ensure_simulated_gpus(2, kiln::DEFAULT_SIM_GPU_MEMORY)`"),
+            format!(
+                "{n} simulated GPUs asked for, at most {MAX_SIM_GPUS} are supported; e.g. `kiln::ensure_simulated_gpus(2, kiln::DEFAULT_SIM_GPU_MEMORY)`"
+            ),
         ));
     }
     Ok(add_gpus(|gpus| sim::add_simulated(gpus, n, capacity)))

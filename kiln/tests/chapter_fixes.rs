@@ -109,7 +109,9 @@ fn device_hints_are_rust_that_compiles() -> Result<()> {
     let Device::Gpu(i) = g else { unreachable!() };
     assert_eq!(
         msg,
-        format!("input is on cpu while layer 0 weight is on {g}; kiln never copies silently: move the input first, e.g. `x.to(&kiln::gpu({i}))?`")
+        format!(
+            "input is on cpu while layer 0 weight is on {g}; kiln never copies silently: move the input first, e.g. `x.to(&kiln::gpu({i}))?`"
+        )
     );
     Ok(())
 }

@@ -186,7 +186,11 @@ fn compare_training(np: usize, setup: Setup, extra: &[(&str, String)], loss_tol:
     let (losses, params) = read_result(&out);
     let (one_losses, one_params) = train(setup, None).expect("one process trains");
     let (dl, dp) = (max_rel(&losses, &one_losses), max_rel(&params, &one_params));
-    println!("{np} ranks, {}: losses {losses:?} (one process {one_losses:?}); max relative difference: losses {dl:.2e}, parameters {dp:.2e}; {:.1} s", setup.name(), run.seconds);
+    println!(
+        "{np} ranks, {}: losses {losses:?} (one process {one_losses:?}); max relative difference: losses {dl:.2e}, parameters {dp:.2e}; {:.1} s",
+        setup.name(),
+        run.seconds
+    );
     assert!(dl <= loss_tol, "losses differ by {dl:e} (bound {loss_tol:e}): {losses:?} against {one_losses:?}");
     assert!(dp <= param_tol, "parameters differ by {dp:e} (bound {param_tol:e})");
     let _ = std::fs::remove_dir_all(dir);
@@ -246,7 +250,9 @@ fn a_hung_rank_is_named_by_the_others_within_the_timeout() -> Ran {
     assert!(!run.ok, "the job must end with an error:\n{}", run.output);
     for r in [0, 2] {
         assert!(
-            run.output.contains(&format!("rank {r} of 3: all_reduce: rank 1 (its last collective: #1 all_reduce (sum) of 2 f32 elements) did not reach #2 all_reduce")),
+            run.output.contains(&format!(
+                "rank {r} of 3: all_reduce: rank 1 (its last collective: #1 all_reduce (sum) of 2 f32 elements) did not reach #2 all_reduce"
+            )),
             "rank {r} names rank 1:\n{}",
             run.output
         );

@@ -158,8 +158,23 @@ fn conv_case_of<T: NnFloat>(r: &mut Rng, p: Conv2dParams, same: bool, dtype: &st
     Ok(format!(
         "{{\"op\":\"conv2d\",\"dtype\":\"{dtype}\",\"threads\":{threads},\"stride\":{:?},\"padding\":[{},{},{},{}],\"same\":{same},\"dilation\":{:?},\"groups\":{},\
          \"x_shape\":{:?},\"w_shape\":{:?},\"bias\":{bias},\"x\":{},\"w\":{},\"b\":{},\"dy\":{},\"y\":{},\"gx\":{},\"gw\":{},\"gb\":{}}}",
-        p.stride, pd.top, pd.bottom, pd.left, pd.right, p.dilation, p.groups, p.input_shape(), p.weight_shape(),
-        arr(&xt), arr(&wt), arr(&bt), arr(&dyt), arr(&y), arr(&gx), arr(&gw), arr(&gb)
+        p.stride,
+        pd.top,
+        pd.bottom,
+        pd.left,
+        pd.right,
+        p.dilation,
+        p.groups,
+        p.input_shape(),
+        p.weight_shape(),
+        arr(&xt),
+        arr(&wt),
+        arr(&bt),
+        arr(&dyt),
+        arr(&y),
+        arr(&gx),
+        arr(&gw),
+        arr(&gb)
     ))
 }
 
@@ -196,8 +211,21 @@ fn transpose_case<T: NnFloat>(r: &mut Rng, dtype: &str, threads: usize) -> Case 
         "{{\"op\":\"conv_transpose2d\",\"dtype\":\"{dtype}\",\"threads\":{threads},\"stride\":{:?},\"padding\":{:?},\"output_padding\":{:?},\
          \"dilation\":{:?},\"groups\":{},\"x_shape\":{:?},\"w_shape\":{:?},\"bias\":{bias},\"x\":{},\"w\":{},\"b\":{},\"dy\":{},\"y\":{},\
          \"gx\":{},\"gw\":{},\"gb\":{}}}",
-        p.stride, p.padding, p.output_padding, p.dilation, p.groups, p.input_shape(), p.weight_shape(),
-        arr(&xt), arr(&wt), arr(&bt), arr(&dyt), arr(&y), arr(&gx), arr(&gw), arr(&gb)
+        p.stride,
+        p.padding,
+        p.output_padding,
+        p.dilation,
+        p.groups,
+        p.input_shape(),
+        p.weight_shape(),
+        arr(&xt),
+        arr(&wt),
+        arr(&bt),
+        arr(&dyt),
+        arr(&y),
+        arr(&gx),
+        arr(&gw),
+        arr(&gb)
     ))
 }
 
@@ -228,8 +256,20 @@ fn max_pool_case<T: NnFloat>(r: &mut Rng, dtype: &str, threads: usize) -> Case {
     Ok(format!(
         "{{\"op\":\"max_pool2d\",\"dtype\":\"{dtype}\",\"threads\":{threads},\"kernel\":{:?},\"stride\":{:?},\"padding\":{:?},\"dilation\":{:?},\
          \"ceil_mode\":{},\"x_shape\":[{},{},{},{}],\"x\":{},\"dy\":{},\"y\":{},\"indices\":{},\"gx\":{}}}",
-        p.kernel, p.stride, p.padding, p.dilation, p.ceil_mode, p.batch, p.channels, p.input[0], p.input[1],
-        arr(&xt), arr(&dyt), arr(&y), ints(&idx), arr(&gx)
+        p.kernel,
+        p.stride,
+        p.padding,
+        p.dilation,
+        p.ceil_mode,
+        p.batch,
+        p.channels,
+        p.input[0],
+        p.input[1],
+        arr(&xt),
+        arr(&dyt),
+        arr(&y),
+        ints(&idx),
+        arr(&gx)
     ))
 }
 
@@ -261,8 +301,20 @@ fn avg_pool_case<T: NnFloat>(r: &mut Rng, dtype: &str, threads: usize) -> Case {
     Ok(format!(
         "{{\"op\":\"avg_pool2d\",\"dtype\":\"{dtype}\",\"threads\":{threads},\"kernel\":{:?},\"stride\":{:?},\"padding\":{:?},\"ceil_mode\":{},\
          \"count_include_pad\":{},\"divisor_override\":{},\"x_shape\":[{},{},{},{}],\"x\":{},\"dy\":{},\"y\":{},\"gx\":{}}}",
-        p.kernel, p.stride, p.padding, p.ceil_mode, p.count_include_pad, p.divisor_override.map_or("null".into(), |d| d.to_string()),
-        p.batch, p.channels, p.input[0], p.input[1], arr(&xt), arr(&dyt), arr(&y), arr(&gx)
+        p.kernel,
+        p.stride,
+        p.padding,
+        p.ceil_mode,
+        p.count_include_pad,
+        p.divisor_override.map_or("null".into(), |d| d.to_string()),
+        p.batch,
+        p.channels,
+        p.input[0],
+        p.input[1],
+        arr(&xt),
+        arr(&dyt),
+        arr(&y),
+        arr(&gx)
     ))
 }
 
@@ -339,8 +391,21 @@ fn batch_norm_case<T: NnFloat>(r: &mut Rng, dtype: &str, threads: usize) -> Case
         "{{\"op\":\"batch_norm\",\"dtype\":\"{dtype}\",\"threads\":{threads},\"training\":{training},\"affine\":{affine},\"momentum\":{momentum},\
          \"eps\":{},\"x_shape\":{shape:?},\"x\":{},\"w\":{},\"b\":{},\"rm\":{},\"rv\":{},\"dy\":{},\"y\":{},\"mean\":{},\"invstd\":{},\
          \"rm_after\":{},\"rv_after\":{},\"gx\":{},\"gw\":{},\"gb\":{}}}",
-        p.eps, arr(&xt), arr(&wt), arr(&bt), arr(&to::<T>(&rm)), arr(&to::<T>(&rv)), arr(&dyt), arr(&y), arr(&mean), arr(&invstd),
-        arr(&rmt), arr(&rvt), arr(&gx), arr(&gw), arr(&gb)
+        p.eps,
+        arr(&xt),
+        arr(&wt),
+        arr(&bt),
+        arr(&to::<T>(&rm)),
+        arr(&to::<T>(&rv)),
+        arr(&dyt),
+        arr(&y),
+        arr(&mean),
+        arr(&invstd),
+        arr(&rmt),
+        arr(&rvt),
+        arr(&gx),
+        arr(&gw),
+        arr(&gb)
     ))
 }
 
@@ -363,7 +428,17 @@ fn layer_norm_case<T: NnFloat>(r: &mut Rng, dtype: &str, threads: usize) -> Case
     Ok(format!(
         "{{\"op\":\"layer_norm\",\"dtype\":\"{dtype}\",\"threads\":{threads},\"affine\":{affine},\"eps\":{},\"x_shape\":{shape:?},\
          \"normalized_shape\":{norm:?},\"x\":{},\"w\":{},\"b\":{},\"dy\":{},\"y\":{},\"mean\":{},\"rstd\":{},\"gx\":{},\"gw\":{},\"gb\":{}}}",
-        p.eps, arr(&xt), arr(&wt), arr(&bt), arr(&dyt), arr(&y), arr(&mean), arr(&rstd), arr(&gx), arr(&gw), arr(&gb)
+        p.eps,
+        arr(&xt),
+        arr(&wt),
+        arr(&bt),
+        arr(&dyt),
+        arr(&y),
+        arr(&mean),
+        arr(&rstd),
+        arr(&gx),
+        arr(&gw),
+        arr(&gb)
     ))
 }
 
@@ -491,7 +566,16 @@ fn refusal_case(r: &mut Rng) -> String {
             format!(
                 "{{\"op\":\"max_pool2d_args\",\"x_shape\":[{},{},{},{}],\"kernel\":{:?},\"stride\":{:?},\"padding\":{:?},\"dilation\":{:?},\
                  \"ceil_mode\":{},{}}}",
-                p.batch, p.channels, p.input[0], p.input[1], p.kernel, p.stride, p.padding, p.dilation, p.ceil_mode, verdict(p.validate())
+                p.batch,
+                p.channels,
+                p.input[0],
+                p.input[1],
+                p.kernel,
+                p.stride,
+                p.padding,
+                p.dilation,
+                p.ceil_mode,
+                verdict(p.validate())
             )
         }
         3 => {

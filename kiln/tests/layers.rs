@@ -454,10 +454,10 @@ fn exported_macros(files: &[(Vec<String>, String)]) -> BTreeMap<String, String> 
     for (module, src) in files {
         let toks = tokens(&strip(src));
         for w in toks.windows(3) {
-            if ident(Some(&w[0])) == Some("macro_rules") {
-                if let Some(name) = ident(Some(&w[2])) {
-                    out.insert(name.to_string(), module.first().cloned().unwrap_or_else(|| "lib".into()));
-                }
+            if ident(Some(&w[0])) == Some("macro_rules")
+                && let Some(name) = ident(Some(&w[2]))
+            {
+                out.insert(name.to_string(), module.first().cloned().unwrap_or_else(|| "lib".into()));
             }
         }
     }
@@ -579,10 +579,10 @@ fn find_cycle(g: &Graph) -> Option<Vec<String>> {
     }
     let mut state = BTreeMap::new();
     for n in g.keys() {
-        if state.get(n).copied().unwrap_or(0) == 0 {
-            if let Some(c) = visit(n, g, &mut state, &mut Vec::new()) {
-                return Some(c);
-            }
+        if state.get(n).copied().unwrap_or(0) == 0
+            && let Some(c) = visit(n, g, &mut state, &mut Vec::new())
+        {
+            return Some(c);
         }
     }
     None

@@ -398,7 +398,9 @@ fn kills_mid_save_leave_no_torn_file_and_no_leftovers() {
     kiln::checkpoint::save_tensors(&tensors(-1.0), &path).unwrap();
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).filter(|n| n != "model.safetensors").collect();
     assert!(left.is_empty(), "left behind after {kills} kills and a save: {left:?}");
-    println!("kills: {kills}; {mid_save} left a temporary file (killed mid-save); {whole} found a whole checkpoint in place; none left after the next save");
+    println!(
+        "kills: {kills}; {mid_save} left a temporary file (killed mid-save); {whole} found a whole checkpoint in place; none left after the next save"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

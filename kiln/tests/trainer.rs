@@ -123,7 +123,7 @@ fn metrics_are_means_over_examples_with_a_short_last_batch() -> Result<()> {
         let correct = logits
             .iter()
             .zip(&labels)
-            .filter(|(row, &l)| {
+            .filter(|&(row, &l)| {
                 let best = row.iter().enumerate().fold(0, |b, (i, v)| if *v > row[b] { i } else { b });
                 best as i64 == l
             })

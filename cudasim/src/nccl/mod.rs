@@ -65,7 +65,7 @@ fn fail(code: NcclResult, msg: String) -> NcclResult {
     code
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclGetErrorString(r: NcclResult) -> *const c_char {
     let s: &'static CStr = match r {
         0 => c"no error",
@@ -81,18 +81,20 @@ pub unsafe extern "C" fn ncclGetErrorString(r: NcclResult) -> *const c_char {
     s.as_ptr()
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclGetLastError(_comm: *mut c_void) -> *const c_char {
     LAST.with(|l| l.borrow().as_ptr())
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclGetVersion(v: *mut c_int) -> NcclResult {
-    if v.is_null() {
-        return fail(INVALID_ARGUMENT, "ncclGetVersion: null pointer".into());
+    unsafe {
+        if v.is_null() {
+            return fail(INVALID_ARGUMENT, "ncclGetVersion: null pointer".into());
+        }
+        *v = VERSION;
+        OK
     }
-    *v = VERSION;
-    OK
 }
 
 // ---- communicators --------------------------------------------------------------
@@ -130,46 +132,48 @@ fn comm(h: *mut c_void, what: &str) -> Result<Arc<Comm>, NcclResult> {
     lock(comms()).get(&(h as usize)).cloned().ok_or_else(|| fail(INVALID_ARGUMENT, format!("{what}: invalid communicator {h:?}")))
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommInitAll(out: *mut *mut c_void, ndev: c_int, devlist: *const c_int) -> NcclResult {
-    if out.is_null() || ndev < 1 {
-        return fail(INVALID_ARGUMENT, format!("ncclCommInitAll: comms {out:?}, ndev {ndev}"));
-    }
-    let Some(sim) = sim() else {
-        return fail(UNHANDLED_CUDA_ERROR, "ncclCommInitAll: no CUDA device (cudasim: KILN_CUDASIM=1 is not set)".into());
-    };
-    // NCCL's runtime initialises the driver itself.
-    let _ = cuInit(0);
-    let devs: Vec<usize> =
-        if devlist.is_null() { (0..ndev as usize).collect() } else { (0..ndev as usize).map(|i| *devlist.add(i) as usize).collect() };
-    for (i, &d) in devs.iter().enumerate() {
-        if d >= sim.devices.len() {
-            return fail(INVALID_ARGUMENT, format!("ncclCommInitAll: device {d} does not exist ({} simulated)", sim.devices.len()));
+    unsafe {
+        if out.is_null() || ndev < 1 {
+            return fail(INVALID_ARGUMENT, format!("ncclCommInitAll: comms {out:?}, ndev {ndev}"));
         }
-        if devs[..i].contains(&d) {
-            return fail(INVALID_USAGE, format!("ncclCommInitAll: duplicate GPU detected: device {d} is listed twice"));
+        let Some(sim) = sim() else {
+            return fail(UNHANDLED_CUDA_ERROR, "ncclCommInitAll: no CUDA device (cudasim: KILN_CUDASIM=1 is not set)".into());
+        };
+        // NCCL's runtime initialises the driver itself.
+        let _ = cuInit(0);
+        let devs: Vec<usize> =
+            if devlist.is_null() { (0..ndev as usize).collect() } else { (0..ndev as usize).map(|i| *devlist.add(i) as usize).collect() };
+        for (i, &d) in devs.iter().enumerate() {
+            if d >= sim.devices.len() {
+                return fail(INVALID_ARGUMENT, format!("ncclCommInitAll: device {d} does not exist ({} simulated)", sim.devices.len()));
+            }
+            if devs[..i].contains(&d) {
+                return fail(INVALID_USAGE, format!("ncclCommInitAll: duplicate GPU detected: device {d} is listed twice"));
+            }
+            if sim.devices[d].ctx.sticky() != SUCCESS {
+                return fail(UNHANDLED_CUDA_ERROR, format!("ncclCommInitAll: device {d}'s context has faulted"));
+            }
         }
-        if sim.devices[d].ctx.sticky() != SUCCESS {
-            return fail(UNHANDLED_CUDA_ERROR, format!("ncclCommInitAll: device {d}'s context has faulted"));
+        if injected_failure("ncclCommInitAll") {
+            return fail(UNHANDLED_CUDA_ERROR, "ncclCommInitAll: out of memory (KILN_CUDASIM_FAIL)".into());
         }
+        let clique = Arc::new(Clique { devs: devs.clone(), meetings: Mutex::new(HashMap::new()), cv: Condvar::new() });
+        let mut live = lock(comms());
+        for (rank, &dev) in devs.iter().enumerate() {
+            let c = Arc::new(Comm { clique: clique.clone(), rank, dev, next: AtomicU64::new(0), async_error: Mutex::new(OK) });
+            let h = Arc::as_ptr(&c) as *mut c_void;
+            live.insert(h as usize, c);
+            *out.add(rank) = h;
+        }
+        OK
     }
-    if injected_failure("ncclCommInitAll") {
-        return fail(UNHANDLED_CUDA_ERROR, "ncclCommInitAll: out of memory (KILN_CUDASIM_FAIL)".into());
-    }
-    let clique = Arc::new(Clique { devs: devs.clone(), meetings: Mutex::new(HashMap::new()), cv: Condvar::new() });
-    let mut live = lock(comms());
-    for (rank, &dev) in devs.iter().enumerate() {
-        let c = Arc::new(Comm { clique: clique.clone(), rank, dev, next: AtomicU64::new(0), async_error: Mutex::new(OK) });
-        let h = Arc::as_ptr(&c) as *mut c_void;
-        live.insert(h as usize, c);
-        *out.add(rank) = h;
-    }
-    OK
 }
 
 /// Destroys a communicator: its handle is refused from now on; collectives
 /// already queued still run.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommDestroy(c: *mut c_void) -> NcclResult {
     match lock(comms()).remove(&(c as usize)) {
         Some(_) => OK,
@@ -177,43 +181,45 @@ pub unsafe extern "C" fn ncclCommDestroy(c: *mut c_void) -> NcclResult {
     }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommAbort(c: *mut c_void) -> NcclResult {
-    ncclCommDestroy(c)
+    unsafe { ncclCommDestroy(c) }
 }
 
 /// A communicator query: the handle is checked, then the out-pointer, then
 /// `value` of the communicator is written there.
 unsafe fn query<T>(c: *mut c_void, out: *mut T, what: &str, value: impl FnOnce(&Comm) -> T) -> NcclResult {
-    let c = match comm(c, what) {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
-    if out.is_null() {
-        return fail(INVALID_ARGUMENT, format!("{what}: null pointer"));
+    unsafe {
+        let c = match comm(c, what) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        if out.is_null() {
+            return fail(INVALID_ARGUMENT, format!("{what}: null pointer"));
+        }
+        *out = value(&c);
+        OK
     }
-    *out = value(&c);
-    OK
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommCount(c: *mut c_void, count: *mut c_int) -> NcclResult {
-    query(c, count, "ncclCommCount", |c| c.clique.devs.len() as c_int)
+    unsafe { query(c, count, "ncclCommCount", |c| c.clique.devs.len() as c_int) }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommCuDevice(c: *mut c_void, dev: *mut c_int) -> NcclResult {
-    query(c, dev, "ncclCommCuDevice", |c| c.dev as c_int)
+    unsafe { query(c, dev, "ncclCommCuDevice", |c| c.dev as c_int) }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommUserRank(c: *mut c_void, rank: *mut c_int) -> NcclResult {
-    query(c, rank, "ncclCommUserRank", |c| c.rank as c_int)
+    unsafe { query(c, rank, "ncclCommUserRank", |c| c.rank as c_int) }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommGetAsyncError(c: *mut c_void, err: *mut NcclResult) -> NcclResult {
-    query(c, err, "ncclCommGetAsyncError", |c| *lock(&c.async_error))
+    unsafe { query(c, err, "ncclCommGetAsyncError", |c| *lock(&c.async_error)) }
 }
 
 // ---- groups -----------------------------------------------------------------------
@@ -227,13 +233,13 @@ struct Group {
     error: Option<(NcclResult, String)>,
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclGroupStart() -> NcclResult {
     GROUP.with(|g| g.borrow_mut().depth += 1);
     OK
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclGroupEnd() -> NcclResult {
     let done = GROUP.with(|g| {
         let mut g = g.borrow_mut();
@@ -445,7 +451,7 @@ unsafe fn collective(
     })
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclAllReduce(
     send: *const c_void,
     recv: *mut c_void,
@@ -455,10 +461,10 @@ pub unsafe extern "C" fn ncclAllReduce(
     comm: *mut c_void,
     stream: *mut c_void,
 ) -> NcclResult {
-    collective(Kind::AllReduce, send, recv, count, ty, Some(op), 0, comm, stream)
+    unsafe { collective(Kind::AllReduce, send, recv, count, ty, Some(op), 0, comm, stream) }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclBroadcast(
     send: *const c_void,
     recv: *mut c_void,
@@ -468,11 +474,11 @@ pub unsafe extern "C" fn ncclBroadcast(
     comm: *mut c_void,
     stream: *mut c_void,
 ) -> NcclResult {
-    collective(Kind::Broadcast, send, recv, count, ty, None, root, comm, stream)
+    unsafe { collective(Kind::Broadcast, send, recv, count, ty, None, root, comm, stream) }
 }
 
 /// The in-place broadcast of NCCL's first API.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclBcast(
     buf: *mut c_void,
     count: usize,
@@ -481,10 +487,10 @@ pub unsafe extern "C" fn ncclBcast(
     comm: *mut c_void,
     stream: *mut c_void,
 ) -> NcclResult {
-    collective(Kind::Broadcast, buf, buf, count, ty, None, root, comm, stream)
+    unsafe { collective(Kind::Broadcast, buf, buf, count, ty, None, root, comm, stream) }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclReduce(
     send: *const c_void,
     recv: *mut c_void,
@@ -495,10 +501,10 @@ pub unsafe extern "C" fn ncclReduce(
     comm: *mut c_void,
     stream: *mut c_void,
 ) -> NcclResult {
-    collective(Kind::Reduce, send, recv, count, ty, Some(op), root, comm, stream)
+    unsafe { collective(Kind::Reduce, send, recv, count, ty, Some(op), root, comm, stream) }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclAllGather(
     send: *const c_void,
     recv: *mut c_void,
@@ -507,10 +513,10 @@ pub unsafe extern "C" fn ncclAllGather(
     comm: *mut c_void,
     stream: *mut c_void,
 ) -> NcclResult {
-    collective(Kind::AllGather, send, recv, count, ty, None, 0, comm, stream)
+    unsafe { collective(Kind::AllGather, send, recv, count, ty, None, 0, comm, stream) }
 }
 
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclReduceScatter(
     send: *const c_void,
     recv: *mut c_void,
@@ -520,5 +526,5 @@ pub unsafe extern "C" fn ncclReduceScatter(
     comm: *mut c_void,
     stream: *mut c_void,
 ) -> NcclResult {
-    collective(Kind::ReduceScatter, send, recv, count, ty, Some(op), 0, comm, stream)
+    unsafe { collective(Kind::ReduceScatter, send, recv, count, ty, Some(op), 0, comm, stream) }
 }

@@ -191,10 +191,10 @@ fn topological(root: &Arc<Node>) -> Vec<&Node> {
         }
         stack.push((node, true));
         for input in &node.inputs {
-            if let Some(n) = &input.node {
-                if !seen.contains(&key(n)) {
-                    stack.push((&**n, false));
-                }
+            if let Some(n) = &input.node
+                && !seen.contains(&key(n))
+            {
+                stack.push((&**n, false));
             }
         }
     }

@@ -82,7 +82,7 @@ pub fn parse_bytes(text: &str) -> Result<usize> {
         "t" | "tb" => 1e12,
         "tib" => 1024f64.powi(4),
         other => {
-            return Err(Error::invalid("parse_bytes", format!("unknown unit `{other}` in `{text}`; use B, KiB, MiB, GiB, KB, MB or GB")))
+            return Err(Error::invalid("parse_bytes", format!("unknown unit `{other}` in `{text}`; use B, KiB, MiB, GiB, KB, MB or GB")));
         }
     };
     Ok((value * scale) as usize)

@@ -192,7 +192,9 @@ pub enum Error {
         limit: Option<HostLimit>,
     },
     /// A transfer forbidden by a [`crate::TransferGuard`].
-    #[error("{direction} transfer from {src} to {dst} at {location} is disallowed by a transfer guard; keep the data where it is, or allow it with `kiln::transfer_guard(...)`")]
+    #[error(
+        "{direction} transfer from {src} to {dst} at {location} is disallowed by a transfer guard; keep the data where it is, or allow it with `kiln::transfer_guard(...)`"
+    )]
     TransferDisallowed {
         /// Which way the transfer would have gone.
         direction: Direction,
@@ -230,7 +232,9 @@ pub enum Error {
     /// it, returns this same error until it is recomputed (overwritten
     /// whole by a kernel that succeeds). Nothing read is ever silently
     /// wrong; the device itself works again once the failure is reported.
-    #[error("{device}: kernel `{op}` failed: {msg}; reading the results of this kernel, of the work queued after it on {device} before this was reported, and of anything computed from them returns this error; recompute them (e.g. `let y = f(&x)?;` again)")]
+    #[error(
+        "{device}: kernel `{op}` failed: {msg}; reading the results of this kernel, of the work queued after it on {device} before this was reported, and of anything computed from them returns this error; recompute them (e.g. `let y = f(&x)?;` again)"
+    )]
     KernelFailed {
         /// The device that ran the kernel.
         device: Device,

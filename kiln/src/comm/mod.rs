@@ -265,10 +265,10 @@ fn writable_in_place(t: &Tensor) -> bool {
 fn tickets(tensors: &[Tensor], traffic: &[(usize, usize, usize)], site: &'static Location<'static>) -> Result<Vec<Ticket>> {
     let mut out = Vec::new();
     for &(from, to, bytes) in traffic {
-        if bytes > 0 {
-            if let Some(t) = ledger::check(tensors[from].device(), tensors[to].device(), bytes, site)? {
-                out.push(t);
-            }
+        if bytes > 0
+            && let Some(t) = ledger::check(tensors[from].device(), tensors[to].device(), bytes, site)?
+        {
+            out.push(t);
         }
     }
     Ok(out)

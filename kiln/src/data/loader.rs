@@ -96,7 +96,9 @@ impl DataLoader {
             if t.rank() == 0 || t.dims()[0] != n {
                 let rows = if t.rank() == 0 { "no first dimension".to_string() } else { format!("{} rows", t.dims()[0]) };
                 return Err(Error::ShapeMismatch {
-                    op: format!("DataLoader: every tensor needs the same number of rows (first dimension); tensor 0 has {n} rows, tensor {i} has {rows}"),
+                    op: format!(
+                        "DataLoader: every tensor needs the same number of rows (first dimension); tensor 0 has {n} rows, tensor {i} has {rows}"
+                    ),
                     lhs: first.dims().to_vec(),
                     rhs: t.dims().to_vec(),
                 });

@@ -318,11 +318,11 @@ impl Group {
         let divisor = self.mean_divisor(kind);
         if let Some(view) = HostView::of(t, true) {
             self.run(kind, Payload::InPlace(view))?;
-            if let Some(n) = divisor {
-                if let Err(e) = t.div_scalar(n as f64).and_then(|m| t.assign(&m)) {
-                    t.storage.poison(&e);
-                    return Err(e);
-                }
+            if let Some(n) = divisor
+                && let Err(e) = t.div_scalar(n as f64).and_then(|m| t.assign(&m))
+            {
+                t.storage.poison(&e);
+                return Err(e);
             }
             return Ok(());
         }
@@ -457,7 +457,7 @@ impl Group {
             _ => {
                 return Err(
                     self.error("reduce_scatter", format!("dimension 0 of shape {:?} must be a multiple of the group's size {n}", t.dims()))
-                )
+                );
             }
         }
         self.collective(CallKind::ReduceScatter(op), t, &dims)

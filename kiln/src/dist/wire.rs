@@ -352,7 +352,7 @@ impl CallKind {
         let op = match self {
             CallKind::AllReduce(op) | CallKind::Reduce { op, .. } | CallKind::ReduceScatter(op) => op,
             CallKind::Broadcast { .. } | CallKind::AllGather | CallKind::Barrier | CallKind::Send { .. } | CallKind::Recv { .. } => {
-                return 0
+                return 0;
             }
         };
         match op {

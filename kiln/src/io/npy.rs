@@ -87,7 +87,7 @@ fn parse_descr(text: &str) -> std::result::Result<ElemFormat, String> {
         ('i' | 'u' | 'f' | 'c' | 'b' | 'V' | 'U' | 'S' | 'M' | 'm', _) => {
             return Err(format!(
                 "dtype `{text}` is not one kiln has; {supported}; convert it in numpy first, e.g. `np.save(path, a.astype(np.int64))`"
-            ))
+            ));
         }
         _ => return Err(format!("dtype `{text}` is not a numpy type descriptor; {supported}")),
     };
@@ -414,7 +414,7 @@ pub(crate) fn read_array(r: &mut dyn Read, bounds: Bounds, origin: &Origin, devi
     let buf = match decode(r, header.format, len, exact) {
         Ok(buf) => buf,
         Err(DecodeError::Truncated(got)) => {
-            return Err(origin.format(format!("truncated: {what}, but the data ends after {got} bytes (at byte {})", start + got)))
+            return Err(origin.format(format!("truncated: {what}, but the data ends after {got} bytes (at byte {})", start + got)));
         }
         Err(DecodeError::Io(e)) => return Err(origin.io("cannot read the array's data", e)),
         Err(DecodeError::Other(e)) => return Err(e),

@@ -230,10 +230,10 @@ impl<'a> OperandLocks<'a> {
         if inputs.len() > u8::MAX as usize {
             return Err(lock_bug(&out, "a kernel locks more than 255 inputs"));
         }
-        if let Out::Storage(o) = &out {
-            if inputs.iter().any(|s| std::ptr::eq(*s, *o)) {
-                return Err(lock_bug(&out, "a kernel's output storage is also one of its inputs"));
-            }
+        if let Out::Storage(o) = &out
+            && inputs.iter().any(|s| std::ptr::eq(*s, *o))
+        {
+            return Err(lock_bug(&out, "a kernel's output storage is also one of its inputs"));
         }
         // The distinct storages, in address order, and each input's place
         // among them. One or two inputs (nearly every kernel) without the
@@ -266,10 +266,11 @@ impl<'a> OperandLocks<'a> {
         let mut guards = SmallVec::new();
         let mut w = None;
         for s in &distinct {
-            if w.is_none() && out_addr.is_some_and(|o| o < addr(s)) {
-                if let Out::Storage(o) = &out {
-                    w = Some(o.buffer.write());
-                }
+            if w.is_none()
+                && out_addr.is_some_and(|o| o < addr(s))
+                && let Out::Storage(o) = &out
+            {
+                w = Some(o.buffer.write());
             }
             guards.push(s.buffer.read());
         }
@@ -443,10 +444,10 @@ fn keep_shell(arc: Arc<Storage>) {
     }
     // Dropped normally (its buffer is gone) when the thread keeps enough.
     let _ = SHELLS.try_with(|shells| {
-        if let Ok(mut shells) = shells.try_borrow_mut() {
-            if shells.len() < SHELLS_KEPT {
-                shells.push(arc);
-            }
+        if let Ok(mut shells) = shells.try_borrow_mut()
+            && shells.len() < SHELLS_KEPT
+        {
+            shells.push(arc);
         }
     });
 }

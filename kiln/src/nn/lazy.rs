@@ -90,10 +90,10 @@ impl<S: LazySpec> Module for Lazy<S> {
         if let Some(layer) = self.inner.get() {
             return layer.forward(x);
         }
-        if let Some(d) = self.device {
-            if x.device() != d {
-                return Err(input_device_mismatch(x.device(), "weight", d));
-            }
+        if let Some(d) = self.device
+            && x.device() != d
+        {
+            return Err(input_device_mismatch(x.device(), "weight", d));
         }
         lazy_float_input(&self.describe(), x)?;
         let mut layer = {

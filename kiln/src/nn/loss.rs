@@ -94,12 +94,11 @@ fn check_labels(op: &str, logits: &Tensor, labels: &Tensor) -> Result<usize> {
 /// back (that would be a hidden transfer and a wait): the kernel that reads
 /// them checks them, and a bad one is reported by the next synchronising call.
 fn check_label_values(op: &str, labels: &Tensor, classes: usize) -> Result<()> {
-    if labels.device().is_cpu() {
-        if let Some(bad) =
+    if labels.device().is_cpu()
+        && let Some(bad) =
             labels.to_dtype(DType::I64)?.to_vec::<i64>()?.into_iter().find(|&l| usize::try_from(l).map_or(true, |l| l >= classes))
-        {
-            return Err(Error::invalid(op, format!("label {bad} is out of range for {classes} classes")));
-        }
+    {
+        return Err(Error::invalid(op, format!("label {bad} is out of range for {classes} classes")));
     }
     Ok(())
 }

@@ -94,11 +94,12 @@ impl CustomKernel for CopyOp {
         let n = self.dst_layout.elem_count();
         let (sdt, ddt) = (src.storage.dtype, out.dtype);
         let (src_ptr, dst_ptr) = (dev.ptr(&src.storage)?, dev.ptr(out)?);
-        if sdt == ddt && src_ptr != dst_ptr {
-            if let (Some((a, _)), Some((b, _))) = (src.layout.contiguous_range(), self.dst_layout.contiguous_range()) {
-                let size = sdt.size_in_bytes();
-                return dev.copy_d2d(dst_ptr + (b * size) as u64, src_ptr + (a * size) as u64, n * size);
-            }
+        if sdt == ddt
+            && src_ptr != dst_ptr
+            && let (Some((a, _)), Some((b, _))) = (src.layout.contiguous_range(), self.dst_layout.contiguous_range())
+        {
+            let size = sdt.size_in_bytes();
+            return dev.copy_d2d(dst_ptr + (b * size) as u64, src_ptr + (a * size) as u64, n * size);
         }
         let ls = lays(dev, &[&src.layout, &self.dst_layout])?;
         let args = CopyArgs { src: src_ptr, sl: ls[0], dst: dst_ptr, dl: ls[1], n: n as u64 };

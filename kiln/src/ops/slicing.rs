@@ -204,7 +204,9 @@ fn step(sel: Selector, dim: usize, size: usize) -> Result<Step> {
             if e < s {
                 return Err(Error::invalid(
                     "i",
-                    format!("range {sel} runs backwards in dimension {dim} of size {size} (from {s} to {e}); write it start..end with start <= end"),
+                    format!(
+                        "range {sel} runs backwards in dimension {dim} of size {size} (from {s} to {e}); write it start..end with start <= end"
+                    ),
                 ));
             }
             if s == 0 && e == n {

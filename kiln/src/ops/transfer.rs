@@ -59,10 +59,10 @@ impl Tensor {
             // On the source's backend: its queue runs the copy.
             let op = CopyOp::into_contiguous(self);
             src_backend.launch(&Kernel::Custom { op: OpRef::Borrowed(&op), inputs: smallvec::smallvec![this.src()] }, &out)?;
-            if src_device != *device {
-                if let Some(event) = src_backend.record_event() {
-                    dst.wait_event(event)?;
-                }
+            if src_device != *device
+                && let Some(event) = src_backend.record_event()
+            {
+                dst.wait_event(event)?;
             }
             out
         } else if let Some(out) = src_backend.copy_to_peer(&this.src(), dst)? {

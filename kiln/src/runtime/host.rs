@@ -50,10 +50,10 @@ pub(crate) fn refusing_limit(requested: usize) -> HostLimit {
                 return HostLimit::Data { limit, used };
             }
         }
-        if let Some((path, limit, used)) = cgroup_limit() {
-            if crosses(used, limit) {
-                return HostLimit::Cgroup { path, limit, used };
-            }
+        if let Some((path, limit, used)) = cgroup_limit()
+            && crosses(used, limit)
+        {
+            return HostLimit::Cgroup { path, limit, used };
         }
     }
     HostLimit::Machine { total: host_memory_total().unwrap_or(0), available: host_memory_available().unwrap_or(0) }

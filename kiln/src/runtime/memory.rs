@@ -273,10 +273,10 @@ impl MemoryPool {
             // small allocation in Rust does) and come from this thread's cache.
             return Ok(small_take(dtype, len).unwrap_or_else(|| CpuBuffer::zeros(dtype, len)));
         }
-        if bytes < self.cache_min() {
-            if let Some(buf) = medium_take(dtype, len) {
-                return Ok(buf);
-            }
+        if bytes < self.cache_min()
+            && let Some(buf) = medium_take(dtype, len)
+        {
+            return Ok(buf);
         }
         self.host_buffer(dtype, len).inspect_err(|_| self.unreserve(bytes))
     }

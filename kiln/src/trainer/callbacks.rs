@@ -367,7 +367,7 @@ impl Callback for BestCheckpoint {
                 return Err(Error::invalid(
                     "BestCheckpoint::load_state",
                     format!("expected `best` and a whole `best_epoch`, got {state:?}"),
-                ))
+                ));
             }
         }
         Ok(())

@@ -395,7 +395,7 @@ fn range_indexing_makes_views() {
         let x = arange(24, &[2, 3, 4], d)?.requires_grad_();
         x.i((.., 1..3, -1))?.sum_all()?.backward()?;
         let g = x.grad().expect("dx").to_vec::<f32>()?;
-        let ones: Vec<usize> = g.iter().enumerate().filter(|(_, &v)| v == 1.0).map(|(k, _)| k).collect();
+        let ones: Vec<usize> = g.iter().enumerate().filter(|&(_, &v)| v == 1.0).map(|(k, _)| k).collect();
         assert_eq!(ones, vec![7, 11, 19, 23]);
         assert_eq!(g.iter().sum::<f32>(), 4.0);
         Ok(())

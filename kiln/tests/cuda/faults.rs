@@ -168,12 +168,17 @@ pub(crate) fn cuda_convolutions_fall_back_to_direct_kernels_without_cublas_and_s
         let (xd, wd) = (x.to(&d)?, w.to(&d)?);
         assert!(conv_status().starts_with("im2col + cuBLAS once cuBLAS loads"), "{}", conv_status());
         // KILN_CUDA_CONV=gemm with cuBLAS failing to load: an error, nothing run.
-        std::env::set_var("KILN_CUDA_CONV", "gemm");
+        // SAFETY: this child process runs this one test on this thread;
+        // nothing else in it reads or writes the environment meanwhile (the
+        // CPU pool and the simulator read their settings when they start,
+        // which happened above).
+        unsafe { std::env::set_var("KILN_CUDA_CONV", "gemm") };
         match xd.conv2d(&wd, None, args).and_then(|y| y.to_vec::<f32>()) {
             Err(e) => assert!(e.to_string().contains("KILN_CUDA_CONV=direct"), "{e}"),
             Ok(_) => panic!("KILN_CUDA_CONV=gemm ran without cuBLAS"),
         }
-        std::env::remove_var("KILN_CUDA_CONV");
+        // SAFETY: as for set_var above.
+        unsafe { std::env::remove_var("KILN_CUDA_CONV") };
         let (gemms, direct) = (stat("gemms"), stat("launches:conv2d_fwd_f32"));
         let close = |got: &[f32]| got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0));
         let y = xd.conv2d(&wd, None, args)?.to_vec::<f32>()?;

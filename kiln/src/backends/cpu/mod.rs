@@ -39,10 +39,10 @@ impl CpuBackend {
         if let Some(fault) = kernel.input_fault() {
             return Err(fault);
         }
-        if let Out::Storage(o) = &out {
-            if let Some(fault) = o.fault() {
-                return Err(fault);
-            }
+        if let Out::Storage(o) = &out
+            && let Some(fault) = o.fault()
+        {
+            return Err(fault);
         }
         host::run_caught(kernel, out, threads(), Device::Cpu)
     }

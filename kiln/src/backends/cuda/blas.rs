@@ -46,10 +46,10 @@ impl CudaBackend {
                 Ok(Blas { handle: Raw(h) })
             })
             .unwrap_or_else(|_| Err(format!("{BLAS_MISSING} (a function kiln needs is missing)")));
-            if let Err(why) = &created {
-                if !self.blas_warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                    eprintln!("kiln: cuBLAS unavailable on {} ({why}); matmul uses kiln's own CUDA kernel", self.device);
-                }
+            if let Err(why) = &created
+                && !self.blas_warned.swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                eprintln!("kiln: cuBLAS unavailable on {} ({why}); matmul uses kiln's own CUDA kernel", self.device);
             }
             *guard = Some(created);
         }

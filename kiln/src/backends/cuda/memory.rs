@@ -235,12 +235,12 @@ impl CudaBackend {
             c.last_use = st.uses;
             return Ok(i);
         }
-        if st.chunks.len() < MAX_STAGING_CHUNKS {
-            if let Some(mut c) = self.new_chunk() {
-                c.last_use = st.uses;
-                st.chunks.push(c);
-                return Ok(st.chunks.len() - 1);
-            }
+        if st.chunks.len() < MAX_STAGING_CHUNKS
+            && let Some(mut c) = self.new_chunk()
+        {
+            c.last_use = st.uses;
+            st.chunks.push(c);
+            return Ok(st.chunks.len() - 1);
         }
         let i = order[0];
         let c = &mut st.chunks[i];

@@ -415,10 +415,10 @@ impl Backend for CudaBackend {
     }
     fn release(&self, buffer: Buffer, bytes: usize) {
         self.pool.unreserve(bytes);
-        if let Buffer::Device(b) = buffer {
-            if let Ok(d) = b.downcast::<DevBuf>() {
-                self.free_dev(*d);
-            }
+        if let Buffer::Device(b) = buffer
+            && let Ok(d) = b.downcast::<DevBuf>()
+        {
+            self.free_dev(*d);
         }
     }
     fn launch(&self, kernel: &Kernel<'_>, out: &Arc<Storage>) -> Result<()> {

@@ -83,27 +83,29 @@ impl Api {
     /// # Safety
     /// `handle` must be a live dlopen handle of an NCCL library.
     unsafe fn from_handle(handle: *mut c_void, lib: &str) -> std::result::Result<Api, String> {
-        let sym = |name: &str| -> Option<*mut c_void> {
-            let c = CString::new(name).ok()?;
-            let p = dl::sym(handle, &c);
-            (!p.is_null()).then_some(p)
-        };
-        let need = |name: &str| sym(name).ok_or_else(|| format!("the NCCL library {lib} lacks {name} (too old?)"));
-        // SAFETY (every fn_ptr): each symbol is the NCCL function of that
-        // name, whose C signature the pointer type spells (enums are C ints).
-        Ok(Api {
-            get_version: fn_ptr(need("ncclGetVersion")?),
-            comm_init_all: fn_ptr(need("ncclCommInitAll")?),
-            group_start: fn_ptr(need("ncclGroupStart")?),
-            group_end: fn_ptr(need("ncclGroupEnd")?),
-            all_reduce: fn_ptr(need("ncclAllReduce")?),
-            broadcast: fn_ptr(need("ncclBroadcast")?),
-            reduce: fn_ptr(need("ncclReduce")?),
-            all_gather: fn_ptr(need("ncclAllGather")?),
-            reduce_scatter: fn_ptr(need("ncclReduceScatter")?),
-            error_string: fn_ptr(need("ncclGetErrorString")?),
-            last_error: sym("ncclGetLastError").map(|p| fn_ptr(p)),
-        })
+        unsafe {
+            let sym = |name: &str| -> Option<*mut c_void> {
+                let c = CString::new(name).ok()?;
+                let p = dl::sym(handle, &c);
+                (!p.is_null()).then_some(p)
+            };
+            let need = |name: &str| sym(name).ok_or_else(|| format!("the NCCL library {lib} lacks {name} (too old?)"));
+            // SAFETY (every fn_ptr): each symbol is the NCCL function of that
+            // name, whose C signature the pointer type spells (enums are C ints).
+            Ok(Api {
+                get_version: fn_ptr(need("ncclGetVersion")?),
+                comm_init_all: fn_ptr(need("ncclCommInitAll")?),
+                group_start: fn_ptr(need("ncclGroupStart")?),
+                group_end: fn_ptr(need("ncclGroupEnd")?),
+                all_reduce: fn_ptr(need("ncclAllReduce")?),
+                broadcast: fn_ptr(need("ncclBroadcast")?),
+                reduce: fn_ptr(need("ncclReduce")?),
+                all_gather: fn_ptr(need("ncclAllGather")?),
+                reduce_scatter: fn_ptr(need("ncclReduceScatter")?),
+                error_string: fn_ptr(need("ncclGetErrorString")?),
+                last_error: sym("ncclGetLastError").map(|p| fn_ptr(p)),
+            })
+        }
     }
 
     /// NCCL's text for a result code, and its last error for `comm`.

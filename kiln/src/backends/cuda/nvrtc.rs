@@ -58,8 +58,10 @@ struct Api {
 /// # Safety
 /// `p` must be the address of a function whose C signature `F` spells.
 pub(super) unsafe fn fn_ptr<F: Copy>(p: *mut std::ffi::c_void) -> F {
-    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut std::ffi::c_void>());
-    std::mem::transmute_copy(&p)
+    unsafe {
+        assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut std::ffi::c_void>());
+        std::mem::transmute_copy(&p)
+    }
 }
 
 /// The dynamic loader: dlopen on Unix; elsewhere (Windows) libloading,
@@ -70,10 +72,10 @@ pub(super) mod dl {
     use std::ffi::{c_void, CStr};
     /// Opens a library; `global` makes its symbols visible to later loads.
     pub(in crate::backends::cuda) unsafe fn open(name: &CStr, global: bool) -> *mut c_void {
-        libc::dlopen(name.as_ptr(), libc::RTLD_NOW | if global { libc::RTLD_GLOBAL } else { libc::RTLD_LOCAL })
+        unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | if global { libc::RTLD_GLOBAL } else { libc::RTLD_LOCAL }) }
     }
     pub(in crate::backends::cuda) unsafe fn sym(handle: *mut c_void, name: &CStr) -> *mut c_void {
-        libc::dlsym(handle, name.as_ptr())
+        unsafe { libc::dlsym(handle, name.as_ptr()) }
     }
     pub(in crate::backends::cuda) fn error() -> String {
         // SAFETY: dlerror returns null or a C string valid until the next dl call.
@@ -120,29 +122,31 @@ impl Api {
     /// # Safety
     /// `handle` must be a live dlopen handle of an NVRTC library.
     unsafe fn from_handle(handle: *mut std::ffi::c_void, lib: &str) -> Result<Api, String> {
-        let sym = |name: &str| -> Option<*mut std::ffi::c_void> {
-            let c = CString::new(name).ok()?;
-            let p = dl::sym(handle, &c);
-            (!p.is_null()).then_some(p)
-        };
-        let need = |name: &str| sym(name).ok_or_else(|| format!("the NVRTC library {lib} lacks {name}"));
-        // SAFETY (every fn_ptr): each symbol is the NVRTC function of that
-        // name, whose C signature the pointer type spells.
-        Ok(Api {
-            create: fn_ptr(need("nvrtcCreateProgram")?),
-            compile: fn_ptr(need("nvrtcCompileProgram")?),
-            ptx_size: fn_ptr(need("nvrtcGetPTXSize")?),
-            ptx: fn_ptr(need("nvrtcGetPTX")?),
-            cubin_size: sym("nvrtcGetCUBINSize").map(|p| fn_ptr(p)),
-            cubin: sym("nvrtcGetCUBIN").map(|p| fn_ptr(p)),
-            log_size: fn_ptr(need("nvrtcGetProgramLogSize")?),
-            log: fn_ptr(need("nvrtcGetProgramLog")?),
-            destroy: fn_ptr(need("nvrtcDestroyProgram")?),
-            version: fn_ptr(need("nvrtcVersion")?),
-            error_string: fn_ptr(need("nvrtcGetErrorString")?),
-            num_archs: sym("nvrtcGetNumSupportedArchs").map(|p| fn_ptr(p)),
-            archs: sym("nvrtcGetSupportedArchs").map(|p| fn_ptr(p)),
-        })
+        unsafe {
+            let sym = |name: &str| -> Option<*mut std::ffi::c_void> {
+                let c = CString::new(name).ok()?;
+                let p = dl::sym(handle, &c);
+                (!p.is_null()).then_some(p)
+            };
+            let need = |name: &str| sym(name).ok_or_else(|| format!("the NVRTC library {lib} lacks {name}"));
+            // SAFETY (every fn_ptr): each symbol is the NVRTC function of that
+            // name, whose C signature the pointer type spells.
+            Ok(Api {
+                create: fn_ptr(need("nvrtcCreateProgram")?),
+                compile: fn_ptr(need("nvrtcCompileProgram")?),
+                ptx_size: fn_ptr(need("nvrtcGetPTXSize")?),
+                ptx: fn_ptr(need("nvrtcGetPTX")?),
+                cubin_size: sym("nvrtcGetCUBINSize").map(|p| fn_ptr(p)),
+                cubin: sym("nvrtcGetCUBIN").map(|p| fn_ptr(p)),
+                log_size: fn_ptr(need("nvrtcGetProgramLogSize")?),
+                log: fn_ptr(need("nvrtcGetProgramLog")?),
+                destroy: fn_ptr(need("nvrtcDestroyProgram")?),
+                version: fn_ptr(need("nvrtcVersion")?),
+                error_string: fn_ptr(need("nvrtcGetErrorString")?),
+                num_archs: sym("nvrtcGetNumSupportedArchs").map(|p| fn_ptr(p)),
+                archs: sym("nvrtcGetSupportedArchs").map(|p| fn_ptr(p)),
+            })
+        }
     }
 }
 
@@ -298,22 +302,21 @@ pub(crate) fn compile_cached(name: &str, source: &str, options: &[String], cubin
         let key = fnv1a(&[source.as_bytes(), options.join(" ").as_bytes(), format!("{major}.{minor}").as_bytes(), &[cubin as u8]]);
         d.join("cuda").join(format!("{name}-{key:016x}.{}", if cubin { "cubin" } else { "ptx" }))
     });
-    if let Some(p) = &path {
-        if let Ok(bytes) = std::fs::read(p) {
-            if !bytes.is_empty() {
-                return Ok(if cubin { Image::Cubin(bytes) } else { Image::Ptx(bytes) });
-            }
-        }
+    if let Some(p) = &path
+        && let Ok(bytes) = std::fs::read(p)
+        && !bytes.is_empty()
+    {
+        return Ok(if cubin { Image::Cubin(bytes) } else { Image::Ptx(bytes) });
     }
     let image = compile(name, source, options, cubin)?;
     if let Some(p) = &path {
         // Best effort: a read-only home only costs the next process a compile.
-        if let Some(dir) = p.parent() {
-            if std::fs::create_dir_all(dir).is_ok() {
-                let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-                if std::fs::write(&tmp, image.bytes()).is_ok() {
-                    let _ = std::fs::rename(&tmp, p);
-                }
+        if let Some(dir) = p.parent()
+            && std::fs::create_dir_all(dir).is_ok()
+        {
+            let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+            if std::fs::write(&tmp, image.bytes()).is_ok() {
+                let _ = std::fs::rename(&tmp, p);
             }
         }
     }

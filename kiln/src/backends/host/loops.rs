@@ -154,14 +154,15 @@ pub(crate) fn simplify_pair(la: &Layout, lb: &Layout) -> (Layout, Layout) {
         if n == 1 {
             continue;
         }
-        if let (Some(&pd), Some(&pa), Some(&pb)) = (d.last(), sa.last(), sb.last()) {
-            if pa == la.strides[i] * n && pb == lb.strides[i] * n {
-                let last = d.len() - 1;
-                d[last] = pd * n;
-                sa[last] = la.strides[i];
-                sb[last] = lb.strides[i];
-                continue;
-            }
+        if let (Some(&pd), Some(&pa), Some(&pb)) = (d.last(), sa.last(), sb.last())
+            && pa == la.strides[i] * n
+            && pb == lb.strides[i] * n
+        {
+            let last = d.len() - 1;
+            d[last] = pd * n;
+            sa[last] = la.strides[i];
+            sb[last] = lb.strides[i];
+            continue;
         }
         d.push(n);
         sa.push(la.strides[i]);
@@ -376,17 +377,17 @@ pub(crate) fn reduce<
         return;
     }
     // Everything, dense: one pass, parallel for big inputs.
-    if out.len() == 1 {
-        if let Some((a, b)) = l.contiguous_range() {
-            let s = &s[a..b];
-            let total = if threads > 1 && s.len() >= PAR_MIN {
-                on_pool(|| s.par_chunks(CHUNK).map(|c| fold_dense(c, to, &fold)).reduce(|| fold.init, |x, y| (fold.combine)(x, y)))
-            } else {
-                fold_dense(s, to, &fold)
-            };
-            out[0] = from(total);
-            return;
-        }
+    if out.len() == 1
+        && let Some((a, b)) = l.contiguous_range()
+    {
+        let s = &s[a..b];
+        let total = if threads > 1 && s.len() >= PAR_MIN {
+            on_pool(|| s.par_chunks(CHUNK).map(|c| fold_dense(c, to, &fold)).reduce(|| fold.init, |x, y| (fold.combine)(x, y)))
+        } else {
+            fold_dense(s, to, &fold)
+        };
+        out[0] = from(total);
+        return;
     }
     if rank == 0 {
         out[0] = from((fold.combine)(fold.init, to(s[l.offset])));

@@ -133,24 +133,27 @@ mod avx2 {
     /// Lane masks for a partial 8-wide vector of `lanes` (0..=8) columns.
     #[inline(always)]
     unsafe fn mask(lanes: usize) -> __m256i {
-        let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes as i32), idx)
+        unsafe {
+            let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes as i32), idx)
+        }
     }
 
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn product(a: View<'_>, b: View<'_>, dst: &mut [f32], (m, n, k): (usize, usize, usize)) {
-        let (ap, bp, cp) = (a.data.as_ptr().add(a.offset), b.data.as_ptr().add(b.offset), dst.as_mut_ptr());
-        let t = Tile { k, a_rs: a.rs, a_cs: a.cs, b_rs: b.rs, c_rs: n };
-        let mut j = 0;
-        while j < n {
-            let cols = (n - j).min(NR);
-            // A last strip of 8 columns or fewer takes one vector, not two.
-            let masks = [mask(cols.min(8)), mask(cols.saturating_sub(8))];
-            let mut i = 0;
-            while i < m {
-                let rows = (m - i).min(MR);
-                let (at, bt, ct) = (ap.add(i * a.rs), bp.add(j), cp.add(i * n + j));
-                macro_rules! by_rows {
+        unsafe {
+            let (ap, bp, cp) = (a.data.as_ptr().add(a.offset), b.data.as_ptr().add(b.offset), dst.as_mut_ptr());
+            let t = Tile { k, a_rs: a.rs, a_cs: a.cs, b_rs: b.rs, c_rs: n };
+            let mut j = 0;
+            while j < n {
+                let cols = (n - j).min(NR);
+                // A last strip of 8 columns or fewer takes one vector, not two.
+                let masks = [mask(cols.min(8)), mask(cols.saturating_sub(8))];
+                let mut i = 0;
+                while i < m {
+                    let rows = (m - i).min(MR);
+                    let (at, bt, ct) = (ap.add(i * a.rs), bp.add(j), cp.add(i * n + j));
+                    macro_rules! by_rows {
                     ($f:ident $(, $flag:literal)?; $($x:expr),*) => {
                         match rows {
                             6 => t.$f::<6 $(, $flag)?>($($x),*),
@@ -162,16 +165,17 @@ mod avx2 {
                         }
                     };
                 }
-                if cols == NR {
-                    by_rows!(two, false; at, bt, ct, masks[1])
-                } else if cols > 8 {
-                    by_rows!(two, true; at, bt, ct, masks[1])
-                } else {
-                    by_rows!(one; at, bt, ct, masks[0])
+                    if cols == NR {
+                        by_rows!(two, false; at, bt, ct, masks[1])
+                    } else if cols > 8 {
+                        by_rows!(two, true; at, bt, ct, masks[1])
+                    } else {
+                        by_rows!(one; at, bt, ct, masks[0])
+                    }
+                    i += rows;
                 }
-                i += rows;
+                j += cols;
             }
-            j += cols;
         }
     }
 
@@ -190,28 +194,30 @@ mod avx2 {
         #[target_feature(enable = "avx2,fma")]
         #[inline]
         unsafe fn two<const R: usize, const MASKED: bool>(&self, a: *const f32, b: *const f32, c: *mut f32, m1: __m256i) {
-            let mut acc = [[_mm256_setzero_ps(); 2]; R];
-            let (mut ak, mut bk) = (a, b);
-            for _ in 0..self.k {
-                let b0 = _mm256_loadu_ps(bk);
-                let b1 = if MASKED { _mm256_maskload_ps(bk.add(8), m1) } else { _mm256_loadu_ps(bk.add(8)) };
-                for (r, row) in acc.iter_mut().enumerate() {
-                    let x = _mm256_broadcast_ss(&*ak.add(r * self.a_rs));
-                    row[0] = _mm256_fmadd_ps(x, b0, row[0]);
-                    row[1] = _mm256_fmadd_ps(x, b1, row[1]);
+            unsafe {
+                let mut acc = [[_mm256_setzero_ps(); 2]; R];
+                let (mut ak, mut bk) = (a, b);
+                for _ in 0..self.k {
+                    let b0 = _mm256_loadu_ps(bk);
+                    let b1 = if MASKED { _mm256_maskload_ps(bk.add(8), m1) } else { _mm256_loadu_ps(bk.add(8)) };
+                    for (r, row) in acc.iter_mut().enumerate() {
+                        let x = _mm256_broadcast_ss(&*ak.add(r * self.a_rs));
+                        row[0] = _mm256_fmadd_ps(x, b0, row[0]);
+                        row[1] = _mm256_fmadd_ps(x, b1, row[1]);
+                    }
+                    // After the last step these point past the operands, where
+                    // nothing reads: `add` would promise they stay inside.
+                    ak = ak.wrapping_add(self.a_cs);
+                    bk = bk.wrapping_add(self.b_rs);
                 }
-                // After the last step these point past the operands, where
-                // nothing reads: `add` would promise they stay inside.
-                ak = ak.wrapping_add(self.a_cs);
-                bk = bk.wrapping_add(self.b_rs);
-            }
-            for (r, row) in acc.iter().enumerate() {
-                let cr = c.add(r * self.c_rs);
-                _mm256_storeu_ps(cr, row[0]);
-                if MASKED {
-                    _mm256_maskstore_ps(cr.add(8), m1, row[1]);
-                } else {
-                    _mm256_storeu_ps(cr.add(8), row[1]);
+                for (r, row) in acc.iter().enumerate() {
+                    let cr = c.add(r * self.c_rs);
+                    _mm256_storeu_ps(cr, row[0]);
+                    if MASKED {
+                        _mm256_maskstore_ps(cr.add(8), m1, row[1]);
+                    } else {
+                        _mm256_storeu_ps(cr.add(8), row[1]);
+                    }
                 }
             }
         }
@@ -220,21 +226,23 @@ mod avx2 {
         #[target_feature(enable = "avx2,fma")]
         #[inline]
         unsafe fn one<const R: usize>(&self, a: *const f32, b: *const f32, c: *mut f32, m0: __m256i) {
-            let mut acc = [_mm256_setzero_ps(); R];
-            let (mut ak, mut bk) = (a, b);
-            for _ in 0..self.k {
-                let b0 = _mm256_maskload_ps(bk, m0);
-                for (r, row) in acc.iter_mut().enumerate() {
-                    let x = _mm256_broadcast_ss(&*ak.add(r * self.a_rs));
-                    *row = _mm256_fmadd_ps(x, b0, *row);
+            unsafe {
+                let mut acc = [_mm256_setzero_ps(); R];
+                let (mut ak, mut bk) = (a, b);
+                for _ in 0..self.k {
+                    let b0 = _mm256_maskload_ps(bk, m0);
+                    for (r, row) in acc.iter_mut().enumerate() {
+                        let x = _mm256_broadcast_ss(&*ak.add(r * self.a_rs));
+                        *row = _mm256_fmadd_ps(x, b0, *row);
+                    }
+                    // After the last step these point past the operands, where
+                    // nothing reads: `add` would promise they stay inside.
+                    ak = ak.wrapping_add(self.a_cs);
+                    bk = bk.wrapping_add(self.b_rs);
                 }
-                // After the last step these point past the operands, where
-                // nothing reads: `add` would promise they stay inside.
-                ak = ak.wrapping_add(self.a_cs);
-                bk = bk.wrapping_add(self.b_rs);
-            }
-            for (r, row) in acc.iter().enumerate() {
-                _mm256_maskstore_ps(c.add(r * self.c_rs), m0, *row);
+                for (r, row) in acc.iter().enumerate() {
+                    _mm256_maskstore_ps(c.add(r * self.c_rs), m0, *row);
+                }
             }
         }
     }
@@ -263,17 +271,18 @@ mod avx512 {
 
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn product(a: View<'_>, b: View<'_>, dst: &mut [f32], (m, n, k): (usize, usize, usize)) {
-        let (ap, bp, cp) = (a.data.as_ptr().add(a.offset), b.data.as_ptr().add(b.offset), dst.as_mut_ptr());
-        let t = Tile { k, a_rs: a.rs, a_cs: a.cs, b_rs: b.rs, c_rs: n };
-        let mut j = 0;
-        while j < n {
-            let cols = (n - j).min(NR);
-            let (m0, m1) = (mask(cols.min(16)), mask(cols.saturating_sub(16)));
-            let mut i = 0;
-            while i < m {
-                let rows = (m - i).min(MR);
-                let (at, bt, ct) = (ap.add(i * a.rs), bp.add(j), cp.add(i * n + j));
-                macro_rules! by_rows {
+        unsafe {
+            let (ap, bp, cp) = (a.data.as_ptr().add(a.offset), b.data.as_ptr().add(b.offset), dst.as_mut_ptr());
+            let t = Tile { k, a_rs: a.rs, a_cs: a.cs, b_rs: b.rs, c_rs: n };
+            let mut j = 0;
+            while j < n {
+                let cols = (n - j).min(NR);
+                let (m0, m1) = (mask(cols.min(16)), mask(cols.saturating_sub(16)));
+                let mut i = 0;
+                while i < m {
+                    let rows = (m - i).min(MR);
+                    let (at, bt, ct) = (ap.add(i * a.rs), bp.add(j), cp.add(i * n + j));
+                    macro_rules! by_rows {
                     ($f:ident $(, $flag:literal)?; $($x:expr),*) => {
                         match rows {
                             8 => t.$f::<8 $(, $flag)?>($($x),*),
@@ -287,16 +296,17 @@ mod avx512 {
                         }
                     };
                 }
-                if cols == NR {
-                    by_rows!(two, false; at, bt, ct, m1)
-                } else if cols > 16 {
-                    by_rows!(two, true; at, bt, ct, m1)
-                } else {
-                    by_rows!(one; at, bt, ct, m0)
+                    if cols == NR {
+                        by_rows!(two, false; at, bt, ct, m1)
+                    } else if cols > 16 {
+                        by_rows!(two, true; at, bt, ct, m1)
+                    } else {
+                        by_rows!(one; at, bt, ct, m0)
+                    }
+                    i += rows;
                 }
-                i += rows;
+                j += cols;
             }
-            j += cols;
         }
     }
 
@@ -315,28 +325,30 @@ mod avx512 {
         #[target_feature(enable = "avx512f")]
         #[inline]
         unsafe fn two<const R: usize, const MASKED: bool>(&self, a: *const f32, b: *const f32, c: *mut f32, m1: __mmask16) {
-            let mut acc = [[_mm512_setzero_ps(); 2]; R];
-            let (mut ak, mut bk) = (a, b);
-            for _ in 0..self.k {
-                let b0 = _mm512_loadu_ps(bk);
-                let b1 = if MASKED { _mm512_maskz_loadu_ps(m1, bk.add(16)) } else { _mm512_loadu_ps(bk.add(16)) };
-                for (r, row) in acc.iter_mut().enumerate() {
-                    let x = _mm512_set1_ps(*ak.add(r * self.a_rs));
-                    row[0] = _mm512_fmadd_ps(x, b0, row[0]);
-                    row[1] = _mm512_fmadd_ps(x, b1, row[1]);
+            unsafe {
+                let mut acc = [[_mm512_setzero_ps(); 2]; R];
+                let (mut ak, mut bk) = (a, b);
+                for _ in 0..self.k {
+                    let b0 = _mm512_loadu_ps(bk);
+                    let b1 = if MASKED { _mm512_maskz_loadu_ps(m1, bk.add(16)) } else { _mm512_loadu_ps(bk.add(16)) };
+                    for (r, row) in acc.iter_mut().enumerate() {
+                        let x = _mm512_set1_ps(*ak.add(r * self.a_rs));
+                        row[0] = _mm512_fmadd_ps(x, b0, row[0]);
+                        row[1] = _mm512_fmadd_ps(x, b1, row[1]);
+                    }
+                    // After the last step these point past the operands, where
+                    // nothing reads: `add` would promise they stay inside.
+                    ak = ak.wrapping_add(self.a_cs);
+                    bk = bk.wrapping_add(self.b_rs);
                 }
-                // After the last step these point past the operands, where
-                // nothing reads: `add` would promise they stay inside.
-                ak = ak.wrapping_add(self.a_cs);
-                bk = bk.wrapping_add(self.b_rs);
-            }
-            for (r, row) in acc.iter().enumerate() {
-                let cr = c.add(r * self.c_rs);
-                _mm512_storeu_ps(cr, row[0]);
-                if MASKED {
-                    _mm512_mask_storeu_ps(cr.add(16), m1, row[1]);
-                } else {
-                    _mm512_storeu_ps(cr.add(16), row[1]);
+                for (r, row) in acc.iter().enumerate() {
+                    let cr = c.add(r * self.c_rs);
+                    _mm512_storeu_ps(cr, row[0]);
+                    if MASKED {
+                        _mm512_mask_storeu_ps(cr.add(16), m1, row[1]);
+                    } else {
+                        _mm512_storeu_ps(cr.add(16), row[1]);
+                    }
                 }
             }
         }
@@ -345,19 +357,21 @@ mod avx512 {
         #[target_feature(enable = "avx512f")]
         #[inline]
         unsafe fn one<const R: usize>(&self, a: *const f32, b: *const f32, c: *mut f32, m0: __mmask16) {
-            let mut acc = [_mm512_setzero_ps(); R];
-            let (mut ak, mut bk) = (a, b);
-            for _ in 0..self.k {
-                let b0 = _mm512_maskz_loadu_ps(m0, bk);
-                for (r, row) in acc.iter_mut().enumerate() {
-                    let x = _mm512_set1_ps(*ak.add(r * self.a_rs));
-                    *row = _mm512_fmadd_ps(x, b0, *row);
+            unsafe {
+                let mut acc = [_mm512_setzero_ps(); R];
+                let (mut ak, mut bk) = (a, b);
+                for _ in 0..self.k {
+                    let b0 = _mm512_maskz_loadu_ps(m0, bk);
+                    for (r, row) in acc.iter_mut().enumerate() {
+                        let x = _mm512_set1_ps(*ak.add(r * self.a_rs));
+                        *row = _mm512_fmadd_ps(x, b0, *row);
+                    }
+                    ak = ak.wrapping_add(self.a_cs);
+                    bk = bk.wrapping_add(self.b_rs);
                 }
-                ak = ak.wrapping_add(self.a_cs);
-                bk = bk.wrapping_add(self.b_rs);
-            }
-            for (r, row) in acc.iter().enumerate() {
-                _mm512_mask_storeu_ps(c.add(r * self.c_rs), m0, *row);
+                for (r, row) in acc.iter().enumerate() {
+                    _mm512_mask_storeu_ps(c.add(r * self.c_rs), m0, *row);
+                }
             }
         }
     }

@@ -280,35 +280,37 @@ fn datatype(w: Wire) -> ffi::MPI_Datatype {
 /// Elementwise max or min where a NaN wins, for f32 and f64 (integers never
 /// get here).
 unsafe fn nan_wins(inv: *mut c_void, inout: *mut c_void, len: *mut c_int, dt: *mut ffi::MPI_Datatype, max: bool) {
-    let n = (*len).max(0) as usize;
-    let pick = |a: f64, b: f64| {
-        if a.is_nan() || b.is_nan() {
-            f64::NAN
-        } else if (a > b) == max {
-            a
+    unsafe {
+        let n = (*len).max(0) as usize;
+        let pick = |a: f64, b: f64| {
+            if a.is_nan() || b.is_nan() {
+                f64::NAN
+            } else if (a > b) == max {
+                a
+            } else {
+                b
+            }
+        };
+        if *dt == ffi::RSMPI_DOUBLE {
+            let (a, b) = (std::slice::from_raw_parts(inv as *const f64, n), std::slice::from_raw_parts_mut(inout as *mut f64, n));
+            for (x, y) in a.iter().zip(b.iter_mut()) {
+                *y = pick(*x, *y);
+            }
         } else {
-            b
-        }
-    };
-    if *dt == ffi::RSMPI_DOUBLE {
-        let (a, b) = (std::slice::from_raw_parts(inv as *const f64, n), std::slice::from_raw_parts_mut(inout as *mut f64, n));
-        for (x, y) in a.iter().zip(b.iter_mut()) {
-            *y = pick(*x, *y);
-        }
-    } else {
-        let (a, b) = (std::slice::from_raw_parts(inv as *const f32, n), std::slice::from_raw_parts_mut(inout as *mut f32, n));
-        for (x, y) in a.iter().zip(b.iter_mut()) {
-            *y = pick(*x as f64, *y as f64) as f32;
+            let (a, b) = (std::slice::from_raw_parts(inv as *const f32, n), std::slice::from_raw_parts_mut(inout as *mut f32, n));
+            for (x, y) in a.iter().zip(b.iter_mut()) {
+                *y = pick(*x as f64, *y as f64) as f32;
+            }
         }
     }
 }
 
 unsafe extern "C" fn nan_max(inv: *mut c_void, inout: *mut c_void, len: *mut c_int, dt: *mut ffi::MPI_Datatype) {
-    nan_wins(inv, inout, len, dt, true)
+    unsafe { nan_wins(inv, inout, len, dt, true) }
 }
 
 unsafe extern "C" fn nan_min(inv: *mut c_void, inout: *mut c_void, len: *mut c_int, dt: *mut ffi::MPI_Datatype) {
-    nan_wins(inv, inout, len, dt, false)
+    unsafe { nan_wins(inv, inout, len, dt, false) }
 }
 
 impl Comm {
@@ -425,14 +427,14 @@ impl Comm {
             }
             while let Some(fp) = peer.unchecked.front().copied().filter(|fp| fp.seq <= self.seq) {
                 peer.unchecked.pop_front();
-                if let Some(mine) = self.mine(fp.seq) {
-                    if !mine.same_call(&fp) {
-                        result = Err(format!(
-                            "the ranks called different collectives: rank {} called {mine}, rank {p} called {fp}; \
+                if let Some(mine) = self.mine(fp.seq)
+                    && !mine.same_call(&fp)
+                {
+                    result = Err(format!(
+                        "the ranks called different collectives: rank {} called {mine}, rank {p} called {fp}; \
                              every rank must make the same collective calls in the same order",
-                            self.rank
-                        ));
-                    }
+                        self.rank
+                    ));
                 }
             }
             self.peers[p] = Some(peer);
@@ -573,74 +575,77 @@ impl Comm {
         n: usize,
         wire: Wire,
     ) -> std::result::Result<Option<HostBuf>, String> {
-        if n == 0 {
-            // Nothing to move, and Open MPI refuses some calls of no
-            // elements (MPI_Reduce_scatter_block): every rank has seen the
-            // others' fingerprints of this call, which is all it needs.
-            return Ok(match kind {
-                CallKind::AllReduce(_) | CallKind::Broadcast { .. } if writable => None,
-                CallKind::Reduce { root, .. } if root != self.rank as usize => None,
-                CallKind::AllReduce(_)
-                | CallKind::Broadcast { .. }
-                | CallKind::Reduce { .. }
-                | CallKind::AllGather
-                | CallKind::ReduceScatter(_)
-                | CallKind::Barrier
-                | CallKind::Send { .. }
-                | CallKind::Recv { .. } => Some(HostBuf::zeros_of(wire, 0)),
-            });
-        }
-        let count = c_int::try_from(n).map_err(|_| format!("{n} elements is more than MPI's {} per call; split the tensor", c_int::MAX))?;
-        let dt = datatype(wire);
-        let read_only = || format!("{} writes its buffer, which was given read-only (a kiln bug: please report it)", kind.name());
-        match kind {
-            CallKind::AllReduce(op) => {
-                let op = self.reduce_op(op, wire);
-                match self.in_place {
-                    Some(in_place) if writable => {
-                        check("MPI_Allreduce", ffi::MPI_Allreduce(in_place, at, count, dt, op, self.data))?;
-                        Ok(None)
-                    }
-                    _ => {
-                        let mut out = HostBuf::zeros_of(wire, n);
-                        check("MPI_Allreduce", ffi::MPI_Allreduce(at, out.as_mut_ptr(), count, dt, op, self.data))?;
-                        Ok(Some(out))
+        unsafe {
+            if n == 0 {
+                // Nothing to move, and Open MPI refuses some calls of no
+                // elements (MPI_Reduce_scatter_block): every rank has seen the
+                // others' fingerprints of this call, which is all it needs.
+                return Ok(match kind {
+                    CallKind::AllReduce(_) | CallKind::Broadcast { .. } if writable => None,
+                    CallKind::Reduce { root, .. } if root != self.rank as usize => None,
+                    CallKind::AllReduce(_)
+                    | CallKind::Broadcast { .. }
+                    | CallKind::Reduce { .. }
+                    | CallKind::AllGather
+                    | CallKind::ReduceScatter(_)
+                    | CallKind::Barrier
+                    | CallKind::Send { .. }
+                    | CallKind::Recv { .. } => Some(HostBuf::zeros_of(wire, 0)),
+                });
+            }
+            let count =
+                c_int::try_from(n).map_err(|_| format!("{n} elements is more than MPI's {} per call; split the tensor", c_int::MAX))?;
+            let dt = datatype(wire);
+            let read_only = || format!("{} writes its buffer, which was given read-only (a kiln bug: please report it)", kind.name());
+            match kind {
+                CallKind::AllReduce(op) => {
+                    let op = self.reduce_op(op, wire);
+                    match self.in_place {
+                        Some(in_place) if writable => {
+                            check("MPI_Allreduce", ffi::MPI_Allreduce(in_place, at, count, dt, op, self.data))?;
+                            Ok(None)
+                        }
+                        _ => {
+                            let mut out = HostBuf::zeros_of(wire, n);
+                            check("MPI_Allreduce", ffi::MPI_Allreduce(at, out.as_mut_ptr(), count, dt, op, self.data))?;
+                            Ok(Some(out))
+                        }
                     }
                 }
-            }
-            CallKind::Broadcast { root } => {
-                if !writable {
-                    return Err(read_only());
+                CallKind::Broadcast { root } => {
+                    if !writable {
+                        return Err(read_only());
+                    }
+                    check("MPI_Bcast", ffi::MPI_Bcast(at, count, dt, root as c_int, self.data))?;
+                    Ok(None)
                 }
-                check("MPI_Bcast", ffi::MPI_Bcast(at, count, dt, root as c_int, self.data))?;
-                Ok(None)
+                CallKind::Reduce { root, op } => {
+                    let mut out = HostBuf::zeros_of(wire, n);
+                    let mpi_op = self.reduce_op(op, wire);
+                    check("MPI_Reduce", ffi::MPI_Reduce(at, out.as_mut_ptr(), count, dt, mpi_op, root as c_int, self.data))?;
+                    Ok((root == self.rank as usize).then_some(out))
+                }
+                CallKind::AllGather => {
+                    let total = n.checked_mul(self.size as usize).ok_or("all_gather: the result's size overflows")?;
+                    let mut out = HostBuf::zeros_of(wire, total);
+                    check("MPI_Allgather", ffi::MPI_Allgather(at, count, dt, out.as_mut_ptr(), count, dt, self.data))?;
+                    Ok(Some(out))
+                }
+                CallKind::ReduceScatter(op) => {
+                    let piece = n / self.size as usize;
+                    let mut out = HostBuf::zeros_of(wire, piece);
+                    let mpi_op = self.reduce_op(op, wire);
+                    check(
+                        "MPI_Reduce_scatter_block",
+                        ffi::MPI_Reduce_scatter_block(at, out.as_mut_ptr(), piece as c_int, dt, mpi_op, self.data),
+                    )?;
+                    Ok(Some(out))
+                }
+                // Every rank's fingerprint of this barrier has arrived: that
+                // is the barrier.
+                CallKind::Barrier => Ok(Some(HostBuf::U8(Vec::new()))),
+                CallKind::Send { .. } | CallKind::Recv { .. } => Err(format!("{} is not a collective", kind.name())),
             }
-            CallKind::Reduce { root, op } => {
-                let mut out = HostBuf::zeros_of(wire, n);
-                let mpi_op = self.reduce_op(op, wire);
-                check("MPI_Reduce", ffi::MPI_Reduce(at, out.as_mut_ptr(), count, dt, mpi_op, root as c_int, self.data))?;
-                Ok((root == self.rank as usize).then_some(out))
-            }
-            CallKind::AllGather => {
-                let total = n.checked_mul(self.size as usize).ok_or("all_gather: the result's size overflows")?;
-                let mut out = HostBuf::zeros_of(wire, total);
-                check("MPI_Allgather", ffi::MPI_Allgather(at, count, dt, out.as_mut_ptr(), count, dt, self.data))?;
-                Ok(Some(out))
-            }
-            CallKind::ReduceScatter(op) => {
-                let piece = n / self.size as usize;
-                let mut out = HostBuf::zeros_of(wire, piece);
-                let mpi_op = self.reduce_op(op, wire);
-                check(
-                    "MPI_Reduce_scatter_block",
-                    ffi::MPI_Reduce_scatter_block(at, out.as_mut_ptr(), piece as c_int, dt, mpi_op, self.data),
-                )?;
-                Ok(Some(out))
-            }
-            // Every rank's fingerprint of this barrier has arrived: that
-            // is the barrier.
-            CallKind::Barrier => Ok(Some(HostBuf::U8(Vec::new()))),
-            CallKind::Send { .. } | CallKind::Recv { .. } => Err(format!("{} is not a collective", kind.name())),
         }
     }
 

@@ -159,7 +159,7 @@ fn pooling_gradients_match_finite_differences() {
         let mut gx = vec![0.0; x.len()];
         let m: Vec<f64> = m.iter().zip(&y0).map(|(&m, y)| if y.is_finite() { m } else { 0.0 }).collect();
         max_pool2d_backward(&p, &m, &idx, &mut gx, 1).unwrap();
-        fd_check(&x, &gx, |x| forward(x).0.iter().zip(&m).filter(|(_, &m)| m != 0.0).map(|(a, b)| a * b).sum(), &format!("{p:?}"));
+        fd_check(&x, &gx, |x| forward(x).0.iter().zip(&m).filter(|&(_, &m)| m != 0.0).map(|(a, b)| a * b).sum(), &format!("{p:?}"));
 
         let q = random_avg(&mut r);
         let out = q.validate().unwrap();

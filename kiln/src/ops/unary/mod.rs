@@ -285,12 +285,14 @@ impl Tensor {
         let dtype = self.dtype();
         let keeps_dtype = !matches!(dtype, DType::F16 | DType::BF16) && (dtype.is_float() || !promotes_integers(op, dtype));
         let whole = self.layout.offset == 0 && self.layout.is_contiguous() && self.layout.elem_count() == self.storage.len;
-        if keeps_dtype && whole && self.node.is_none() && self.storage.device == crate::Device::Cpu {
-            if let Some(buf) = self.storage.get_mut().and_then(|s| s.host_mut()) {
-                if op.host_in_place(buf, crate::runtime::pool::threads()) {
-                    return Ok(self);
-                }
-            }
+        if keeps_dtype
+            && whole
+            && self.node.is_none()
+            && self.storage.device == crate::Device::Cpu
+            && let Some(buf) = self.storage.get_mut().and_then(|s| s.host_mut())
+            && op.host_in_place(buf, crate::runtime::pool::threads())
+        {
+            return Ok(self);
         }
         self.unary(op)
     }
