@@ -872,6 +872,52 @@ fn apply_walks_every_layer_and_init_cnn_is_pytorchs_xavier_uniform() -> Result<(
     Ok(())
 }
 
+/// SGD updates a parameter in its own storage: a parameter that is a view
+/// at an offset of a larger storage changes there and nowhere else, a
+/// transposed one (not one contiguous run) takes the composed ops, and a
+/// parameter listed twice (or two parameters sharing one storage) steps
+/// once, from the values before the step, as when listed once; the bits are
+/// those of the tensor ops on every device.
+#[test]
+fn sgd_updates_views_shared_and_strided_parameters_in_their_own_storage() -> Result<()> {
+    for d in common::devices() {
+        common::report_ran(d);
+        for dtype in [DType::F32, DType::F64] {
+            let init: Vec<f64> = (0..60).map(|i| ((i * 7 % 13) as f64 - 6.0) / 4.0).collect();
+            let grad_of = |p: &Tensor| -> Result<Tensor> {
+                p.sqr()?.sum_all()?.backward()?; // grad = 2p
+                Ok(p.grad().expect("a gradient"))
+            };
+            // A view at an offset: rows 2..4 of a 6×10 storage.
+            let base = Tensor::from_vec(init.clone(), (6, 10), &d)?.to_dtype(dtype)?;
+            let p = base.narrow(0, 2, 2)?.requires_grad_();
+            assert!(p.same_storage(&base));
+            let g = grad_of(&p)?;
+            let want_p = p.detach().sub(&g.mul_scalar(0.25)?)?.to_vec_f64()?;
+            Sgd::new(vec![p.clone()], 0.25).weight_decay(0.0).step()?;
+            assert_eq!(p.to_vec_f64()?, want_p, "{d} {dtype}: the view's new values");
+            let all = base.to_vec_f64()?;
+            let want_rest: Vec<f64> = Tensor::from_vec(init.clone(), (6, 10), &d)?.to_dtype(dtype)?.to_vec_f64()?;
+            assert_eq!((&all[..20], &all[40..]), (&want_rest[..20], &want_rest[40..]), "{d} {dtype}: the rest of the storage is untouched");
+            // A transposed parameter: composed ops, same bits.
+            let t = Tensor::from_vec(init.clone(), (6, 10), &d)?.to_dtype(dtype)?.t()?.requires_grad_();
+            let g = grad_of(&t)?;
+            let want_t = t.detach().sub(&g.mul_scalar(0.25)?)?.to_vec_f64()?;
+            Sgd::new(vec![t.clone()], 0.25).step()?;
+            assert_eq!(t.to_vec_f64()?, want_t, "{d} {dtype}: a transposed parameter");
+            // Listed twice, with momentum: one step from the old values.
+            for momentum in [0.0, 0.5] {
+                let q = Tensor::from_vec(init.clone(), (60,), &d)?.to_dtype(dtype)?.requires_grad_();
+                let g = grad_of(&q)?;
+                let want_q = q.detach().sub(&g.mul_scalar(0.25)?)?.to_vec_f64()?;
+                Sgd::new(vec![q.clone(), q.clone()], 0.25).momentum(momentum).step()?;
+                assert_eq!(q.to_vec_f64()?, want_q, "{d} {dtype} momentum {momentum}: a parameter listed twice steps once");
+            }
+        }
+    }
+    Ok(())
+}
+
 /// SGD's step (one kernel per parameter, two with momentum) gives the bits
 /// of PyTorch's formulation written with tensor ops (g' = g + λ·p,
 /// v = μ·v + g', p − lr·v, each rounded to the dtype), over three steps with

@@ -196,7 +196,8 @@ fn adam_state(o: &Adam) -> AdamState {
 /// Sweeps `make`'s optimizer over 3 parameters of 1, 2 and 3 `unit`s of
 /// f32 on `dev`, under `squeeze`, and checks everything the module comment
 /// promises. `kept` is the number of tensors per parameter a step holds
-/// until it commits (the new parameter and its new state).
+/// until it commits (its new state, and the new parameter where it is not
+/// updated in place).
 #[allow(clippy::too_many_arguments)]
 fn check_all_or_nothing<O: Optimizer, S: PartialEq + Debug, G>(
     dev: Device,
@@ -206,6 +207,7 @@ fn check_all_or_nothing<O: Optimizer, S: PartialEq + Debug, G>(
     state: impl Fn(&O) -> S,
     grid: Grid,
     squeeze: impl Fn(usize) -> Option<G>,
+    every_parameter: bool,
 ) -> Sweep {
     let n = 3;
     let ps = params(dev, n, unit, 7);
@@ -233,9 +235,15 @@ fn check_all_or_nothing<O: Optimizer, S: PartialEq + Debug, G>(
     assert!(seen.successes > 0, "no step had enough memory: {seen:?}");
     // Failures landed in the update of every parameter, the last included:
     // after the new values of every other parameter and of its state had
-    // been computed (2 parameters and 2 momenta, or 4 moments and Adam's
-    // counter, that a step writing as it went would have changed).
-    for (k, &count) in seen.by_parameter(n).iter().enumerate() {
+    // been computed (2 momenta, or 2 parameters, 4 moments and Adam's
+    // counter, that a step writing as it went would have changed). SGD on
+    // the CPU is the exception: its step allocates only the new momenta,
+    // which glibc places in the holes the previous step's momenta left, so
+    // an address-space cap meets only the first (the simulated GPU's sweep,
+    // which counts every byte, reaches every parameter).
+    let reached = seen.by_parameter(n);
+    let must_reach = if every_parameter { n } else { 1 };
+    for (k, &count) in reached.iter().enumerate().take(must_reach) {
         assert!(count > 0, "no step failed while updating parameter {k}: {seen:?}");
     }
     // The memory in use agrees: a failure at parameter k held at least the
@@ -267,18 +275,22 @@ fn check_all_or_nothing<O: Optimizer, S: PartialEq + Debug, G>(
     seen
 }
 
+/// What SGD with momentum holds per parameter until it commits: the new
+/// momentum buffer (the parameter is then updated in place).
+const SGD_KEPT: usize = 1;
+
 #[test]
 fn sgd_with_momentum_step_is_all_or_nothing() {
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dev = small_gpu();
-    check_all_or_nothing(dev, 1024, 2, sgd, sgd_state, GPU_GRID, |free| ballast(dev, free));
+    check_all_or_nothing(dev, 1024, SGD_KEPT, sgd, sgd_state, GPU_GRID, |free| ballast(dev, free), true);
 }
 
 #[test]
 fn adam_step_is_all_or_nothing_including_its_step_counter() {
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dev = small_gpu();
-    check_all_or_nothing(dev, 1024, 3, adam, adam_state, GPU_GRID, |free| ballast(dev, free));
+    check_all_or_nothing(dev, 1024, 3, adam, adam_state, GPU_GRID, |free| ballast(dev, free), true);
 }
 
 // ---- the CPU: host memory pressure from an address-space limit ------------
@@ -347,9 +359,9 @@ fn cpu_child() {
     // 23 pages at a time (prime, as on the GPU), then page by page.
     let pages = Grid { stride: 23 << 12, fine: 1 << 12 };
     let squeeze = |free: usize| Some(AddressSpaceCap::new(address_space() + free));
-    let s = check_all_or_nothing(dev, CPU_UNIT, 2, sgd, sgd_state, pages, squeeze);
+    let s = check_all_or_nothing(dev, CPU_UNIT, SGD_KEPT, sgd, sgd_state, pages, squeeze, false);
     println!("CPU-CHILD sgd: {} steps succeeded, {} failed, by parameter {:?}", s.successes, s.failures.len(), s.by_parameter(3));
-    let a = check_all_or_nothing(dev, CPU_UNIT, 3, adam, adam_state, pages, squeeze);
+    let a = check_all_or_nothing(dev, CPU_UNIT, 3, adam, adam_state, pages, squeeze, true);
     println!("CPU-CHILD adam: {} steps succeeded, {} failed, by parameter {:?}", a.successes, a.failures.len(), a.by_parameter(3));
 }
 

@@ -6,10 +6,12 @@
 //! device (their identity is kept; see [`Tensor::latest`]), moving its own
 //! state (momentum, moments) there on the next step.
 //!
-//! A step is transactional: every new value (parameters and state) is
-//! computed into new buffers first and committed only when all of them
-//! exist, so a step that fails (e.g. `OutOfMemory` on a full GPU) leaves the
-//! parameters, the state and Adam's step counter exactly as they were.
+//! A step is transactional: everything that allocates (new state, and the
+//! new values of any parameter updated by composed ops) runs first, and the
+//! parameters change only once all of it exists, so a step that fails (e.g.
+//! `OutOfMemory` on a full GPU) leaves the parameters, the state and Adam's
+//! step counter exactly as they were. SGD then updates each f32/f64
+//! parameter in place with one kernel, which allocates nothing.
 //!
 //! An optimizer's state (momentum, moments, step counter, hyperparameters)
 //! is exported with [`Optimizer::state_dict`] and put back with

@@ -46,28 +46,49 @@ impl Sgd {
     }
 }
 
+/// How one parameter takes its step, once every value it needs exists.
+enum Update {
+    /// `p ← p − (by + p·λ)·lr` in place (`by` is contiguous).
+    InPlace { by: Tensor, weight_decay: f64 },
+    /// `p ← new`, computed by the composed ops.
+    Assign(Tensor),
+}
+
 impl Optimizer for Sgd {
     #[track_caller]
     fn step(&mut self) -> Result<()> {
         let _site = crate::runtime::ledger::site_scope(std::panic::Location::caller());
         let _g = no_grad();
         follow_moves(&mut self.params);
-        // Compute everything into new buffers; commit only when all exist.
+        // Everything that allocates runs first (gradients made contiguous,
+        // momentum buffers, values of the composed path); the parameters
+        // change only once all of it exists. The fused kernels then update
+        // each parameter in place, which allocates nothing.
         let mut velocity = self.velocity.clone();
-        let mut updates: Vec<(usize, Tensor)> = Vec::with_capacity(self.params.len());
+        let mut updates: Vec<(usize, Update)> = Vec::with_capacity(self.params.len());
+        // A parameter that shares its storage with another (the same tensor
+        // listed twice, or two views of one storage) takes the composed
+        // path: each value is computed from the parameters before the step
+        // and written after, as before the in-place kernels.
+        let mut storages: Vec<usize> = self.params.iter().map(|p| p.storage_id()).collect();
+        storages.sort_unstable();
+        let shared = |p: &Tensor| {
+            let at = storages.partition_point(|&s| s < p.storage_id());
+            storages.get(at + 1) == Some(&p.storage_id())
+        };
         for (i, p) in self.params.iter().enumerate() {
             let Some(mut g) = p.grad() else { continue };
-            if sgd_kernel::fused(p.dtype()) && g.dtype() == p.dtype() && g.dims() == p.dims() {
+            if sgd_kernel::can_update_in_place(p, &g) && !shared(p) {
                 // One kernel (two with momentum): the same values as below.
-                let new = if self.momentum != 0.0 {
+                let update = if self.momentum != 0.0 {
                     let old = velocity[i].as_ref().map(|v| v.to(&p.device())).transpose()?;
                     let next = sgd_kernel::velocity_step(p, &g, old.as_ref(), self.momentum, self.weight_decay)?;
                     velocity[i] = Some(next.clone());
-                    sgd_kernel::param_step(p, &next, self.lr, 0.0)?
+                    Update::InPlace { by: next, weight_decay: 0.0 }
                 } else {
-                    sgd_kernel::param_step(p, &g, self.lr, self.weight_decay)?
+                    Update::InPlace { by: g.contiguous()?, weight_decay: self.weight_decay }
                 };
-                updates.push((i, new));
+                updates.push((i, update));
                 continue;
             }
             if self.weight_decay != 0.0 {
@@ -81,10 +102,13 @@ impl Optimizer for Sgd {
                 velocity[i] = Some(next.clone());
                 g = next;
             }
-            updates.push((i, p.sub(&g.mul_scalar(self.lr)?)?));
+            updates.push((i, Update::Assign(p.sub(&g.mul_scalar(self.lr)?)?)));
         }
-        for (i, new) in updates {
-            self.params[i].assign(&new)?;
+        for (i, update) in updates {
+            match update {
+                Update::InPlace { by, weight_decay } => sgd_kernel::param_step_in_place(&self.params[i], &by, self.lr, weight_decay)?,
+                Update::Assign(new) => self.params[i].assign(&new)?,
+            }
         }
         self.velocity = velocity;
         Ok(())

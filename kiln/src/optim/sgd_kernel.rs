@@ -2,7 +2,9 @@
 //! one launch per arithmetic step: the same operations in the same order
 //! and precision as the composed ops (`g + p·λ`, `v·μ + g`, `p − v·lr`,
 //! each rounded to the parameter's type), so the values are the same bits.
-//! f32 and f64 parameters; other dtypes take the composed ops.
+//! The parameter is updated in place, in its own storage: no new buffer and
+//! no copy back (a LeNet step on CUDA launched a copy per parameter for
+//! that). f32 and f64 parameters; other dtypes take the composed ops.
 
 use crate::backends::host::loops::{CHUNK, PAR_MIN};
 use crate::backends::host::unsupported_op;
@@ -21,8 +23,9 @@ use std::sync::Arc;
 /// One SGD kernel. With `g' = g + p·λ` (λ = 0: `g' = g`):
 #[derive(Clone, Copy, Debug)]
 enum SgdKernel {
-    /// [p, g] → p − g'·lr.
-    Param { lr: f64, weight_decay: f64 },
+    /// [g] → p ← p − g'·lr, in place: p is the `n` elements of the output
+    /// storage from `offset` on.
+    Param { lr: f64, weight_decay: f64, offset: usize },
     /// [p, g, v] → v·μ + g'; [p, g] (the first step) → g'.
     Velocity { momentum: f64, weight_decay: f64, has_velocity: bool },
 }
@@ -40,6 +43,7 @@ impl SgdKernel {
         }
     }
 
+    /// out[i] = at(p[i], g[i], v[i]) over a new buffer.
     fn run<T: crate::host_nn::NnFloat>(&self, p: &[T], g: &[T], v: Option<&[T]>, out: &mut [T], threads: usize) {
         let body = |start: usize, o: &mut [T]| {
             for (j, o) in o.iter_mut().enumerate() {
@@ -51,6 +55,20 @@ impl SgdKernel {
             on_pool(|| out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, o)| body(c * CHUNK, o)));
         } else {
             body(0, out);
+        }
+    }
+
+    /// p[i] = at(p[i], g[i]) in place.
+    fn run_in_place<T: crate::host_nn::NnFloat>(&self, p: &mut [T], g: &[T], threads: usize) {
+        let body = |start: usize, p: &mut [T]| {
+            for (j, p) in p.iter_mut().enumerate() {
+                *p = self.at(*p, g[start + j], None);
+            }
+        };
+        if threads > 1 && p.len() >= PAR_MIN {
+            on_pool(|| p.par_chunks_mut(CHUNK).enumerate().for_each(|(c, p)| body(c * CHUNK, p)));
+        } else {
+            body(0, p);
         }
     }
 }
@@ -72,6 +90,16 @@ impl CustomKernel for SgdKernel {
             i.layout.contiguous_range().map(|_| i.buf)
         }
         let range = |i: &HostIn<'_>| i.layout.contiguous_range().unwrap_or((0, 0));
+        if let SgdKernel::Param { offset, .. } = *self {
+            let (a, e) = range(&inputs[0]);
+            let place = offset..offset + (e - a);
+            match (out, slice(&inputs[0])) {
+                (CpuBuffer::F32(p), Some(CpuBuffer::F32(g))) if place.end <= p.len() => self.run_in_place(&mut p[place], &g[a..e], threads),
+                (CpuBuffer::F64(p), Some(CpuBuffer::F64(g))) if place.end <= p.len() => self.run_in_place(&mut p[place], &g[a..e], threads),
+                _ => return Err(unsupported_op(self.name())),
+            }
+            return Ok(());
+        }
         let v = inputs.get(2);
         match (out, slice(&inputs[0]), slice(&inputs[1])) {
             (CpuBuffer::F32(o), Some(CpuBuffer::F32(p)), Some(CpuBuffer::F32(g))) => {
@@ -97,27 +125,33 @@ impl CustomKernel for SgdKernel {
         Ok(())
     }
     fn cuda(&self, dev: &dyn CudaDevice, inputs: &[Src<'_>], out: &Storage) -> Result<()> {
-        let n = out.len;
-        check_extents(self.name(), inputs, &vec![n; inputs.len()], out, n)?;
-        let (lr, momentum, weight_decay, kind) = match *self {
-            SgdKernel::Param { lr, weight_decay } => (lr, 0.0, weight_decay, 0),
-            SgdKernel::Velocity { momentum, weight_decay, has_velocity } => (0.0, momentum, weight_decay, if has_velocity { 1 } else { 2 }),
-        };
-        let args = SgdArgs {
-            p: dptr(dev, &inputs[0])?,
-            g: dptr(dev, &inputs[1])?,
-            v: if inputs.len() > 2 { dptr(dev, &inputs[2])? } else { 0 },
-            out: dev.ptr(out)?,
-            n: n as u64,
-            lr,
-            momentum,
-            weight_decay,
-            kind,
+        let (n, args) = match *self {
+            SgdKernel::Param { lr, weight_decay, offset } => {
+                // In place: the output storage holds p from `offset` on.
+                let n = inputs[0].layout.elem_count();
+                check_extents(self.name(), inputs, &[n], out, offset.saturating_add(n))?;
+                let p = dev.ptr(out)? + (offset * out.dtype.size_in_bytes()) as u64;
+                let g = dptr(dev, &inputs[0])?;
+                (n, SgdArgs { p, g, v: 0, out: p, n: n as u64, lr, momentum: 0.0, weight_decay, kind: 0 })
+            }
+            SgdKernel::Velocity { momentum, weight_decay, has_velocity } => {
+                let n = out.len;
+                check_extents(self.name(), inputs, &vec![n; inputs.len()], out, n)?;
+                let v = if inputs.len() > 2 { dptr(dev, &inputs[2])? } else { 0 };
+                let (p, g, out) = (dptr(dev, &inputs[0])?, dptr(dev, &inputs[1])?, dev.ptr(out)?);
+                (n, SgdArgs { p, g, v, out, n: n as u64, lr: 0.0, momentum, weight_decay, kind: if has_velocity { 1 } else { 2 } })
+            }
         };
         if n == 0 {
             return Ok(());
         }
         dev.launch(&MODULE, &format!("sgd_{}", dtype_tag(out.dtype)), dev.grid_for(n), crate::kernel::cuda::BLOCK, &args)
+    }
+    fn writes_nothing(&self, inputs: &[Src<'_>], out_len: usize) -> bool {
+        match self {
+            SgdKernel::Param { .. } => inputs[0].layout.elem_count() == 0,
+            SgdKernel::Velocity { .. } => out_len == 0,
+        }
     }
     fn to_shared(&self) -> Arc<dyn CustomKernel> {
         Arc::new(*self)
@@ -131,13 +165,15 @@ fn cuda_source() -> String {
     let mut s = String::from(SgdArgs::C_DECL);
     s.push_str(
         r#"
-// kind 0: p − g'·lr; 1: v·μ + g'; 2: g' (g' = g + p·λ, or g when λ = 0),
-// each product and sum rounded to T as the composed ops round them.
+// kind 0: p − g'·lr (in place: out is p); 1: v·μ + g'; 2: g' (g' = g + p·λ,
+// or g when λ = 0), each product and sum rounded to T as the composed ops
+// round them. p and out may be one array: each thread reads its element
+// before writing it.
 template <typename T> __device__ void sgd_impl(const SgdArgs& a) {
-    const T* __restrict__ p = (const T*)a.p;
+    const T* p = (const T*)a.p;
     const T* __restrict__ g = (const T*)a.g;
     const T* __restrict__ v = (const T*)a.v;
-    T* __restrict__ out = (T*)a.out;
+    T* out = (T*)a.out;
     T lr = (T)a.lr, mu = (T)a.momentum, wd = (T)a.weight_decay;
     GRID_LOOP(i, a.n) {
         T gi = g[i];
@@ -167,9 +203,25 @@ fn run(k: SgdKernel, inputs: &[&Tensor]) -> Result<Tensor> {
     refs[0].run_new(kernel, refs[0].dtype(), refs[0].shape().clone())
 }
 
-/// `p − (g + p·λ)·lr` in one kernel.
-pub(super) fn param_step(p: &Tensor, g: &Tensor, lr: f64, weight_decay: f64) -> Result<Tensor> {
-    run(SgdKernel::Param { lr, weight_decay }, &[p, g])
+/// Whether `p` can be updated in place from `g` (a contiguous tensor of
+/// its dtype and shape): `p` covers a contiguous run of its storage, which
+/// `g` does not share.
+pub(super) fn can_update_in_place(p: &Tensor, g: &Tensor) -> bool {
+    fused(p.dtype())
+        && g.dtype() == p.dtype()
+        && g.dims() == p.dims()
+        && g.device() == p.device()
+        && p.layout().contiguous_range().is_some()
+        && !p.same_storage(g)
+}
+
+/// `p ← p − (g + p·λ)·lr` in one kernel, in `p`'s own storage. Only for a
+/// pair that [`can_update_in_place`] accepts, with `g` contiguous.
+pub(super) fn param_step_in_place(p: &Tensor, g: &Tensor, lr: f64, weight_decay: f64) -> Result<()> {
+    let offset = p.layout().contiguous_range().map_or(0, |(a, _)| a);
+    let k = SgdKernel::Param { lr, weight_decay, offset };
+    let kernel = Kernel::Custom { op: OpRef::Borrowed(&k), inputs: smallvec::smallvec![g.src()] };
+    crate::backends::launch_into(&kernel, &p.storage)
 }
 
 /// `v·μ + (g + p·λ)`, or `g + p·λ` at the first step, in one kernel.

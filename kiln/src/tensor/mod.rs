@@ -313,6 +313,11 @@ impl Tensor {
     pub fn same_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.storage, &other.storage)
     }
+    /// An identity of the underlying storage, equal for two tensors exactly
+    /// when [`same_storage`](Self::same_storage) holds (while both live).
+    pub(crate) fn storage_id(&self) -> usize {
+        Arc::as_ptr(&self.storage) as usize
+    }
     /// Bytes of the underlying storage.
     pub fn storage_bytes(&self) -> usize {
         self.storage.bytes()
