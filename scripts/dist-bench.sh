@@ -11,8 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 np="${NP:-2}"
 rounds="${ROUNDS:-3}"
-# The release settings without fat LTO (the copies and MPI's work dominate).
-profile="${PROFILE:-release-tests}"
+# The release settings (the copies and MPI's work dominate).
+profile="${PROFILE:-release}"
 cargo build --profile "$profile" -p kiln --features mpi --example dist_allreduce_bench >&2
 bin="${CARGO_TARGET_DIR:-target}/$profile/examples/dist_allreduce_bench"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

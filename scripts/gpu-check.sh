@@ -6,9 +6,8 @@
 #     cargo build --release                      # target/release/kiln
 #     cargo test --workspace --profile release-tests --no-run   # target/release-tests/deps/<test>-<hash>
 # (--workspace: the default member is the kiln command alone. release-tests
-# is the release profile without LTO: `cargo test --workspace --release`
-# works too, but links each harness with fat LTO, which takes far longer;
-# the profile whose newest harness is newest is the one that runs)
+# has the release settings; `cargo test --workspace --release` works too,
+# and the profile whose newest harness is newest is the one that runs)
 # then carry the repository (or at least target/release/kiln,
 # target/release-tests/kiln, which the command's tests run,
 # target/release-tests/deps/*, which holds libkiln_cudasim.so for the simulator's
