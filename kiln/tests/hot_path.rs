@@ -1,4 +1,4 @@
-//! The hot path of small operations (issue 12): the CPU's per-thread memory
+//! The hot path of small operations: the CPU's per-thread memory
 //! booking, storage allocations kept per thread, the dense path of small
 //! elementwise kernels, and the simulated GPU's wake-ups. Each is checked
 //! for exactness against the general path or against hand-computed values.

@@ -1,4 +1,4 @@
-//! PyTorch's numerics (issue 10, second list), each on the CPU and on two
+//! PyTorch's numerics, each on the CPU and on two
 //! simulated GPUs: NaN propagation, casts, gradients at the edges, empty
 //! inputs, type promotion with scalars, negative dimensions.
 

@@ -123,3 +123,18 @@ fn random_distributions_have_the_right_moments() {
         Ok(())
     });
 }
+
+#[test]
+fn arange_with_a_step_of_the_wrong_sign_is_an_error() {
+    on_every_device(|d| {
+        // torch.arange(1.0, 20.0, -0.25): "upper bound and larger bound inconsistent with step sign".
+        for (start, end, step) in [(1.0, 20.0, -0.25), (5.0, 0.0, 1.0)] {
+            let e = Tensor::arange(start, end, step, &d).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains("sign of the step"), "{e}");
+        }
+        assert_f32(&Tensor::arange(20.0, 19.0, -0.25, &d)?, d, &[4], &[20., 19.75, 19.5, 19.25]);
+        assert_eq!(Tensor::arange(3.0, 3.0, -1.0, &d)?.dims(), &[0]);
+        assert_eq!(Tensor::arange(3.0, 3.0, 1.0, &d)?.dims(), &[0]);
+        Ok(())
+    });
+}

@@ -1,6 +1,6 @@
 //! Conformance: every op that takes a dimension, with every dimension from
-//! −5 to 4 on tensors of rank 0 to 3, against PyTorch's rule for it
-//! (issue 18): which dimensions are valid, what a negative one names, the
+//! −5 to 4 on tensors of rank 0 to 3, against PyTorch's rule for it:
+//! which dimensions are valid, what a negative one names, the
 //! shape of the result, and an error naming the rank for the rest. A
 //! negative dimension must give exactly what its positive twin gives.
 //!
@@ -210,6 +210,37 @@ fn every_dimension_of_every_op_that_takes_one() {
         for rank in 0..=3 {
             check(d, rank)?;
         }
+        Ok(())
+    });
+}
+
+#[test]
+fn flatten_from_resolves_negative_dimensions_against_the_rank() {
+    on_every_device(|d| {
+        let x = Tensor::zeros((5, 3), DType::F32, &d)?;
+        // torch.zeros(5, 3).flatten(-2) is [15]; flatten(-1) and flatten(1) change nothing.
+        assert_eq!(x.flatten_from(-2)?.dims(), &[15]);
+        assert_eq!(x.flatten_from(0)?.dims(), &[15]);
+        assert_eq!(x.flatten_from(-1)?.dims(), &[5, 3]);
+        assert_eq!(x.flatten_from(1)?.dims(), &[5, 3]);
+        // IndexError in PyTorch: -3 and 2 are out of range for rank 2.
+        for bad in [-3i64, 2, 3] {
+            let e = x.flatten_from(bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains("rank 2"), "{bad}: {e}");
+        }
+        let y = Tensor::arange(0.0, 24.0, 1.0, &d)?.reshape((2, 3, 4))?;
+        assert_eq!(y.flatten_from(-2)?.dims(), &[2, 12]);
+        assert_eq!(y.flatten_from(-3)?.dims(), &[24]);
+        assert_eq!(y.flatten_from(1)?.to_vec::<f32>()?, y.to_vec::<f32>()?);
+        assert!(y.flatten_from(3).is_err() && y.flatten_from(-4).is_err());
+        // A 0-d tensor: flatten(0) and flatten(-1) give [1]; 1 is out of
+        // range "for a tensor of rank 1" (PyTorch wraps as if it had one).
+        let s = Tensor::new(&7f32, &d)?;
+        crate::common::assert_f32(&s.flatten_from(0)?, d, &[1], &[7.]);
+        crate::common::assert_f32(&s.flatten_from(-1)?, d, &[1], &[7.]);
+        let e = s.flatten_from(1).unwrap_err().to_string();
+        assert!(e.contains("rank 1"), "{e}");
+        assert!(s.flatten_from(-2).is_err());
         Ok(())
     });
 }

@@ -1,4 +1,4 @@
-//! Conformance: dtypes as PyTorch promotes them (issue 18), and the ops
+//! Conformance: dtypes as PyTorch promotes them, and the ops
 //! PyTorch refuses for integers. Reference values are PyTorch 2.x's
 //! (`torch.result_type`, `torch.promote_types`), written as literals.
 

@@ -159,7 +159,7 @@ fn out_of_range_indices_on_the_host_are_errors() {
     assert!(matches!(x.index_add(&Tensor::new(&[3i64], &cpu()).unwrap(), &src, 0), Err(Error::InvalidArgument { .. })));
     // Indices on a simulated GPU are not read back (that would be a hidden
     // transfer): the kernel checks them, and the next synchronising call
-    // reports the first bad one (issue 18; `issue18.rs` has the rest).
+    // reports the first bad one (`indexing.rs` has the rest).
     for d in crate::common::sims() {
         let x = Tensor::new(&[[1f32, 2.], [3., 4.]], &d).unwrap();
         let ids = Tensor::new(&[-1i64, 1, 2], &d).unwrap();

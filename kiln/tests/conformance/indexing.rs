@@ -163,7 +163,7 @@ fn gather_and_scatter_refuse_bad_arguments() {
         assert!(invalid(x.scatter_add(-3, &i64s(&[0], &[1, 1], d)?, &src)).contains("dimension -3"));
         // Index values: checked on the CPU at the call; on a GPU the kernel
         // checks them and the next synchronising call reports a bad one
-        // (issue18.rs, in a child process: the report poisons the device).
+        // (below, in a child process: the report poisons the device).
         let bad = i64s(&[0, 3], &[1, 2], d)?;
         let neg = i64s(&[-1, 0], &[1, 2], d)?;
         if d == cpu() {
@@ -449,4 +449,130 @@ fn embedding_moves_between_devices() {
         assert_eq!(out.to_vec2::<f32>().unwrap(), vec![start[12..15].to_vec(), start[..3].to_vec()]);
         crate::common::report_ran(d);
     }
+}
+
+/// Runs `f` on another thread and waits at most 20 s for it: a call that
+/// synchronised with a held queue would never return.
+fn returns_without_waiting<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(20))
+        .unwrap_or_else(|_| panic!("{what} waited for the held queue: a hidden synchronisation"))
+}
+
+/// Asserts that `r` is the report of a bad index or label: `KernelFailed`
+/// on `d` naming `op` and `what`.
+#[track_caller]
+fn reported<T: std::fmt::Debug>(r: Result<T>, d: Device, op: &str, what: &str) {
+    match r {
+        Err(e @ Error::KernelFailed { .. }) => {
+            let Error::KernelFailed { device, op: got, msg } = &e else { unreachable!() };
+            assert_eq!((*device, got.as_str()), (d, op), "{e}");
+            assert!(msg.contains(what), "{e}");
+        }
+        other => panic!("on {d}: expected {op} to report `{what}`, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_indices_and_labels_on_a_gpu_are_reported_by_the_next_synchronising_call() {
+    // A fault poisons the device's queue for every thread until it is
+    // reported (as CUDA's sticky errors): in a child process of its own, so
+    // that the tests running beside it on the same devices never see it.
+    if !crate::common::is_child() {
+        crate::common::run_child(&[]);
+        // The child ran on every device the parent has (CUDA ones counted here).
+        crate::common::devices().into_iter().for_each(crate::common::report_ran);
+        return;
+    }
+    on_every_device(|d| {
+        let x = Tensor::new(&[[1f32, 2.], [3., 4.], [5., 6.]], &d)?;
+        let logits = Tensor::new(&[[0f32, 1., 2.], [1., 1., 1.]], &d)?;
+        let bad_labels = Tensor::new(&[1i64, 7], &d)?;
+        if d.is_cpu() {
+            // The CPU raises at the call, as PyTorch does.
+            assert!(matches!(x.index_select(&Tensor::new(&[5i64], &d)?, 0), Err(Error::InvalidArgument { .. })));
+            assert!(matches!(kiln::nn::cross_entropy(&logits, &bad_labels), Err(Error::InvalidArgument { .. })));
+            return Ok(());
+        }
+        // The first use of a kernel loads it into the device's context, and
+        // loading waits for the device to be idle (on a GPU as in the CUDA
+        // simulator): each op runs once on good indices, with the index
+        // dtypes used below, before any queue is held.
+        let ones = Tensor::ones((1, 2), DType::F32, &d)?;
+        kiln::nn::cross_entropy(&logits, &Tensor::new(&[1i64, 0], &d)?)?;
+        kiln::nn::one_hot(&Tensor::new(&[0i32, 2], &d)?, 3, DType::F32)?;
+        x.index_select(&Tensor::new(&[0i64, 2], &d)?, 0)?;
+        x.index_select(&Tensor::new(&[1i32], &d)?, -1)?;
+        x.index_add(&Tensor::new(&[2u8], &d)?, &ones, 0)?;
+        x.gather(1, &Tensor::new(&[[0i64], [1], [1]], &d)?)?;
+        x.scatter(0, &Tensor::new(&[[0i64, 2]], &d)?, &ones)?;
+        x.scatter_add(-2, &Tensor::new(&[[2i32, 0]], &d)?, &ones)?;
+        kiln::nn::embedding(&Tensor::new(&[[1i64, 2]], &d)?, &x)?;
+        kiln::synchronize(&d)?;
+        // cross_entropy with label 7 of 3 classes, called while the device's
+        // queue is held: it returns at once (no read of the labels, no wait),
+        // moves nothing to the host, and its failure comes with the next
+        // synchronising call.
+        let hold = kiln::hold_queue(&d)?;
+        let (l, b) = (logits.clone(), bad_labels.clone());
+        let (loss, transfers) = returns_without_waiting("cross_entropy", move || {
+            let _guard = kiln::transfer_guard(kiln::GuardLevel::Disallow);
+            let before = kiln::thread_transfer_stats();
+            let loss = kiln::nn::cross_entropy(&l, &b);
+            (loss, kiln::thread_transfer_stats().since(&before).total().count)
+        });
+        assert_eq!(transfers, 0, "cross_entropy on {d} moved data");
+        let loss = loss?;
+        drop(hold);
+        reported(kiln::synchronize(&d), d, "cross_entropy", "label 7 is out of range for 3 classes");
+        // Reported once; the device works again.
+        kiln::synchronize(&d)?;
+        assert_eq!(logits.sum_all()?.to_scalar::<f32>()?, 6.0);
+        drop(loss);
+        // A read reports it too, and block_until_ready. Each op is launched
+        // while the queue is held: an op made of several kernels would
+        // otherwise see its own earlier kernel's fault at its next launch
+        // (launches fail fast on a poisoned device) when the device is quick.
+        let launched = |f: &dyn Fn() -> Result<Tensor>| -> Result<Tensor> {
+            let hold = kiln::hold_queue(&d)?;
+            let out = f();
+            drop(hold);
+            out
+        };
+        let labels = Tensor::new(&[-1i64, 0], &d)?;
+        let loss = launched(&|| kiln::nn::cross_entropy(&logits, &labels))?;
+        reported(loss.to_scalar::<f32>(), d, "cross_entropy", "label -1 is out of range for 3 classes");
+        let labels = Tensor::new(&[0i32, 3], &d)?;
+        let hot = launched(&|| kiln::nn::one_hot(&labels, 3, DType::F32))?;
+        reported(hot.block_until_ready().map(|_| ()), d, "one_hot", "label 3 is out of range for 3 classes");
+        let ids = Tensor::new(&[0i64, 5], &d)?;
+        let picked = launched(&|| x.index_select(&ids, 0))?;
+        reported(picked.to_vec::<f32>(), d, "index_select", "index 5 is out of range for dimension 0 of size 3");
+        let ids = Tensor::new(&[-1i32], &d)?;
+        let picked = launched(&|| x.index_select(&ids, -1))?;
+        reported(picked.to_vec::<f32>(), d, "index_select", "index -1 is out of range for dimension 1 of size 2");
+        let (ids, src) = (Tensor::new(&[3u8], &d)?, Tensor::ones((1, 2), DType::F32, &d)?);
+        let added = launched(&|| x.index_add(&ids, &src, 0))?;
+        reported(added.to_vec::<f32>(), d, "index_add", "index 3 is out of range for dimension 0 of size 3");
+        let ids = Tensor::new(&[[0i64], [2], [1]], &d)?;
+        let got = launched(&|| x.gather(1, &ids))?;
+        reported(got.to_vec::<f32>(), d, "gather", "index 2 is out of range for dimension 1 of size 2");
+        let ids = Tensor::new(&[[0i64, 4]], &d)?;
+        let put = launched(&|| x.scatter(0, &ids, &ones))?;
+        reported(put.to_vec::<f32>(), d, "scatter", "index 4 is out of range for dimension 0 of size 3");
+        let ids = Tensor::new(&[[-3i32, 0]], &d)?;
+        let put = launched(&|| x.scatter_add(-2, &ids, &ones))?;
+        reported(put.to_vec::<f32>(), d, "scatter_add", "index -3 is out of range for dimension 0 of size 3");
+        let ids = Tensor::new(&[[1i64, 3]], &d)?;
+        let rows = launched(&|| kiln::nn::embedding(&ids, &x))?;
+        reported(rows.to_vec::<f32>(), d, "index_select", "index 3 is out of range for dimension 0 of size 3");
+        // Good indices still work after each report.
+        assert_eq!(x.index_select(&Tensor::new(&[2i64], &d)?, 0)?.to_vec::<f32>()?, vec![5., 6.]);
+        assert_eq!(x.gather(1, &Tensor::new(&[[1i64]], &d)?)?.to_vec::<f32>()?, vec![2.]);
+        Ok(())
+    });
+    println!("CHILD-OK");
 }

@@ -15,7 +15,6 @@ mod dtypes;
 mod elementwise;
 mod errors;
 mod indexing;
-mod issue18;
 mod matmul;
 mod reductions;
 mod storage;

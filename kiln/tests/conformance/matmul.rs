@@ -119,3 +119,30 @@ fn norm_is_frobenius() {
         Ok(())
     });
 }
+
+#[test]
+fn matmul_of_an_empty_output_with_a_huge_batch_is_valid() {
+    on_every_device(|d| {
+        // [usize::MAX, 0, 2] @ [2]: PyTorch gives [usize::MAX, 0].
+        let a = Tensor::zeros((usize::MAX, 0, 2), DType::F32, &d)?;
+        let v = Tensor::ones(2, DType::F32, &d)?;
+        assert_eq!(a.matmul(&v)?.dims(), &[usize::MAX, 0]);
+        // [4, usize::MAX - 1, 0, 7] @ [7, 3]: the inner dimensions agree.
+        let b = Tensor::zeros(vec![4, usize::MAX - 1, 0, 7], DType::F32, &d)?;
+        assert_eq!(b.matmul(&Tensor::ones((7, 3), DType::F32, &d)?)?.dims(), &[4, usize::MAX - 1, 0, 3]);
+        // Inner dimensions that disagree say so; batch dimensions that do
+        // not broadcast say that instead.
+        let e = b.matmul(&Tensor::ones((6, 3), DType::F32, &d)?).unwrap_err().to_string();
+        assert!(e.contains("inner dimensions must agree"), "{e}");
+        let e = Tensor::ones((2, 1, 3), DType::F32, &d)?.matmul(&Tensor::ones((3, 3, 1), DType::F32, &d)?).unwrap_err();
+        assert!(matches!(e, kiln::Error::ShapeMismatch { .. }) && e.to_string().contains("batch dimensions"), "{e}");
+        assert!(!e.to_string().contains("inner dimensions must agree"), "{e}");
+        // A non-empty output too large to count is named as such.
+        let e = Tensor::ones((1, 2, 1), DType::F32, &d)?
+            .broadcast_to((usize::MAX / 2, 2, 1))?
+            .matmul(&Tensor::ones((1, 3), DType::F32, &d)?)
+            .unwrap_err();
+        assert!(matches!(e, kiln::Error::InvalidArgument { .. } | kiln::Error::OutOfMemory { .. }), "{e}");
+        Ok(())
+    });
+}

@@ -52,3 +52,29 @@ fn display_prints_values_and_device() {
         Ok(())
     });
 }
+
+#[test]
+fn a_host_allocation_refused_by_the_address_space_limit_names_the_limit() {
+    if !crate::common::is_child() {
+        crate::common::run_child(&[]);
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        // 4 GiB of address space, then ask for 8 GiB.
+        let limit = libc::rlimit { rlim_cur: 4 << 30, rlim_max: libc::RLIM_INFINITY };
+        // SAFETY: setrlimit reads the struct; lowering the soft limit is allowed.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
+        let e = Tensor::zeros(1usize << 31, DType::F32, &kiln::cpu()).unwrap_err();
+        let msg = e.to_string();
+        match &e {
+            kiln::Error::OutOfMemory { limit: Some(kiln::HostLimit::AddressSpace { limit, mapped }), .. } => {
+                assert_eq!(*limit, 4 << 30);
+                assert!(*mapped > 0 && *mapped < 4 << 30, "{mapped}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(msg.contains("RLIMIT_AS") && msg.contains("4.0 GiB") && msg.contains("8.0 GiB"), "{msg}");
+    }
+    println!("CHILD-OK");
+}

@@ -312,3 +312,16 @@ fn assign_writes_in_place_and_every_view_sees_it() {
         Ok(())
     });
 }
+
+#[test]
+fn assigning_a_broadcast_view_to_itself_is_a_no_op() {
+    on_every_device(|d| {
+        let v = Tensor::new(&[1f32, 2.], &d)?;
+        let b = v.broadcast_to((3, 2))?;
+        b.assign(&b)?;
+        assert_f32(&v, d, &[2], &[1., 2.]);
+        // Another view of the same storage into a broadcast view stays refused.
+        assert!(matches!(b.assign(&v.broadcast_to((3, 2))?.mul_scalar(2.0)?), Err(Error::InvalidArgument { .. })));
+        Ok(())
+    });
+}
