@@ -872,6 +872,80 @@ fn apply_walks_every_layer_and_init_cnn_is_pytorchs_xavier_uniform() -> Result<(
     Ok(())
 }
 
+/// Adam's step (three kernels per parameter) gives the bits of its formula
+/// written with tensor ops (g' = g + λ·p, m = β₁·m + (1−β₁)·g',
+/// v = β₂·v + (1−β₂)·g'², p − m / (√(v / c₂) + ε) · lr / c₁), over three
+/// steps with and without weight decay, in f32 and f64, on every device; a
+/// parameter listed twice steps once, and a view at an offset changes only
+/// its own elements.
+#[test]
+fn adam_steps_give_the_bits_of_the_same_update_written_with_tensor_ops() -> Result<()> {
+    for d in common::devices() {
+        common::report_ran(d);
+        for dtype in [DType::F32, DType::F64] {
+            for (lr, (b1, b2), eps, wd) in [(0.1, (0.9, 0.999), 1e-8, 0.0), (0.03, (0.8, 0.99), 1e-3, 1e-2)] {
+                let init: Vec<f64> = (0..1000).map(|i| ((i * 37 % 101) as f64 - 50.0) / 17.0).collect();
+                let p = Tensor::from_vec(init.clone(), (10, 100), &d)?.to_dtype(dtype)?.requires_grad_();
+                let mut opt = Adam::new(vec![p.clone()], lr).betas(b1, b2).eps(eps).weight_decay(wd);
+                let mut want = Tensor::from_vec(init, (10, 100), &d)?.to_dtype(dtype)?;
+                let (mut m, mut v): (Option<Tensor>, Option<Tensor>) = (None, None);
+                for step in 0..3 {
+                    opt.zero_grad();
+                    p.powi(3)?.div_scalar(3.0)?.add(&p.mul_scalar(step as f64)?)?.sum_all()?.backward()?;
+                    let mut g = p.grad().expect("a gradient").copy_to(&d)?;
+                    if wd != 0.0 {
+                        g = g.add(&want.mul_scalar(wd)?)?;
+                    }
+                    let m1 = match &m {
+                        Some(m) => m.mul_scalar(b1)?.add(&g.mul_scalar(1.0 - b1)?)?,
+                        None => g.mul_scalar(1.0 - b1)?,
+                    };
+                    let v1 = match &v {
+                        Some(v) => v.mul_scalar(b2)?.add(&g.sqr()?.mul_scalar(1.0 - b2)?)?,
+                        None => g.sqr()?.mul_scalar(1.0 - b2)?,
+                    };
+                    let t = step + 1;
+                    let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+                    let denom = v1.div_scalar(c2)?.sqrt()?.add_scalar(eps)?;
+                    want = want.sub(&m1.div(&denom)?.mul_scalar(lr / c1)?)?;
+                    opt.step()?;
+                    let what = format!("{d} {dtype} lr {lr} betas {b1}/{b2} wd {wd}: step {step}");
+                    assert_eq!(p.to_vec_f64()?, want.to_vec_f64()?, "{what}: the parameter differs from the tensor ops");
+                    let (om, ov) = opt.moments(0);
+                    assert_eq!(om.expect("m").to_vec_f64()?, m1.to_vec_f64()?, "{what}: the first moment");
+                    assert_eq!(ov.expect("v").to_vec_f64()?, v1.to_vec_f64()?, "{what}: the second moment");
+                    (m, v) = (Some(m1), Some(v1));
+                }
+            }
+            let init: Vec<f64> = (0..60).map(|i| ((i * 7 % 13) as f64 - 6.0) / 4.0).collect();
+            let fresh = || -> Result<Tensor> { Tensor::from_vec(init.clone(), (6, 10), &d)?.to_dtype(dtype) };
+            // One step of Adam from nothing moves every element by about lr
+            // (sign of its gradient, 2p): the reference is the composed path
+            // of a parameter that is not fused (transposed).
+            let t = fresh()?.t()?.requires_grad_();
+            t.sqr()?.sum_all()?.backward()?;
+            Adam::new(vec![t.clone()], 0.5).step()?;
+            let stepped = t.t()?.to_vec_f64()?;
+            // A view at an offset (rows 2..4): its rows change as the
+            // transposed parameter's did, and the rest of the storage not.
+            let base = fresh()?;
+            let q = base.narrow(0, 2, 2)?.requires_grad_();
+            q.sqr()?.sum_all()?.backward()?;
+            Adam::new(vec![q.clone()], 0.5).step()?;
+            let all = base.to_vec_f64()?;
+            let before = fresh()?.to_vec_f64()?;
+            assert_eq!(&all[20..40], &stepped[20..40], "{d} {dtype}: the view's new values");
+            assert_eq!((&all[..20], &all[40..]), (&before[..20], &before[40..]), "{d} {dtype}: the rest of the storage");
+            // Listed twice: one step, as listed once.
+            let r = fresh()?.requires_grad_();
+            r.sqr()?.sum_all()?.backward()?;
+            Adam::new(vec![r.clone(), r.clone()], 0.5).step()?;
+            assert_eq!(r.to_vec_f64()?, stepped, "{d} {dtype}: a parameter listed twice steps once");
+        }
+    }
+    Ok(())
+}
+
 /// SGD updates a parameter in its own storage: a parameter that is a view
 /// at an offset of a larger storage changes there and nowhere else, a
 /// transposed one (not one contiguous run) takes the composed ops, and a

@@ -279,6 +279,10 @@ fn check_all_or_nothing<O: Optimizer, S: PartialEq + Debug, G>(
 /// momentum buffer (the parameter is then updated in place).
 const SGD_KEPT: usize = 1;
 
+/// What Adam holds per parameter until it commits: the two new moments
+/// (the parameter is then updated in place).
+const ADAM_KEPT: usize = 2;
+
 #[test]
 fn sgd_with_momentum_step_is_all_or_nothing() {
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -290,7 +294,7 @@ fn sgd_with_momentum_step_is_all_or_nothing() {
 fn adam_step_is_all_or_nothing_including_its_step_counter() {
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dev = small_gpu();
-    check_all_or_nothing(dev, 1024, 3, adam, adam_state, GPU_GRID, |free| ballast(dev, free), true);
+    check_all_or_nothing(dev, 1024, ADAM_KEPT, adam, adam_state, GPU_GRID, |free| ballast(dev, free), true);
 }
 
 // ---- the CPU: host memory pressure from an address-space limit ------------
@@ -361,7 +365,7 @@ fn cpu_child() {
     let squeeze = |free: usize| Some(AddressSpaceCap::new(address_space() + free));
     let s = check_all_or_nothing(dev, CPU_UNIT, SGD_KEPT, sgd, sgd_state, pages, squeeze, false);
     println!("CPU-CHILD sgd: {} steps succeeded, {} failed, by parameter {:?}", s.successes, s.failures.len(), s.by_parameter(3));
-    let a = check_all_or_nothing(dev, CPU_UNIT, 3, adam, adam_state, pages, squeeze, true);
+    let a = check_all_or_nothing(dev, CPU_UNIT, ADAM_KEPT, adam, adam_state, pages, squeeze, true);
     println!("CPU-CHILD adam: {} steps succeeded, {} failed, by parameter {:?}", a.successes, a.failures.len(), a.by_parameter(3));
 }
 

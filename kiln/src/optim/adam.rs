@@ -1,6 +1,6 @@
 //! Adam, with bias correction and L2 weight decay.
 
-use super::{follow_moves, non_negative, Optimizer, OptimizerState};
+use super::{adam_kernel, follow_moves, non_negative, shares_storage, Optimizer, OptimizerState};
 use crate::{no_grad, Error, Result, Tensor};
 use std::collections::BTreeMap;
 use std::panic::Location;
@@ -70,6 +70,14 @@ impl Adam {
     }
 }
 
+/// How one parameter takes its step, once every value it needs exists.
+enum Update {
+    /// `p ← p − m / (√(v / c₂) + ε) · (lr / c₁)` in place.
+    InPlace { m: Tensor, v: Tensor },
+    /// `p ← new`, computed by the composed ops.
+    Assign(Tensor),
+}
+
 impl Optimizer for Adam {
     #[track_caller]
     fn step(&mut self) -> Result<()> {
@@ -79,31 +87,49 @@ impl Optimizer for Adam {
         let t = self.t.saturating_add(1);
         let c1 = 1.0 - self.beta1.powi(t);
         let c2 = 1.0 - self.beta2.powi(t);
-        // Compute everything into new buffers; commit only when all exist.
+        // Everything that allocates runs first (the new moments, and the
+        // values of the composed path); the parameters change only once
+        // all of it exists. The fused kernels then update each parameter in
+        // place, which allocates nothing.
         let (mut ms, mut vs) = (self.m.clone(), self.v.clone());
-        let mut updates: Vec<(usize, Tensor)> = Vec::with_capacity(self.params.len());
+        let shared = shares_storage(&self.params);
+        let mut updates: Vec<(usize, Update)> = Vec::with_capacity(self.params.len());
         for (i, p) in self.params.iter().enumerate() {
             let Some(mut g) = p.grad() else { continue };
             let device = p.device();
+            let old_m = ms[i].as_ref().map(|m| m.to(&device)).transpose()?;
+            let old_v = vs[i].as_ref().map(|v| v.to(&device)).transpose()?;
+            if !shared[i] && adam_kernel::fusable(p, &g, old_m.as_ref(), old_v.as_ref()) {
+                // Three kernels: the same values as below.
+                let m = adam_kernel::first_moment(p, &g, old_m.as_ref(), self.beta1, self.weight_decay)?;
+                let v = adam_kernel::second_moment(p, &g, old_v.as_ref(), self.beta2, self.weight_decay)?;
+                updates.push((i, Update::InPlace { m: m.clone(), v: v.clone() }));
+                ms[i] = Some(m);
+                vs[i] = Some(v);
+                continue;
+            }
             if self.weight_decay != 0.0 {
                 g = g.add(&p.mul_scalar(self.weight_decay)?)?;
             }
-            let m = match &ms[i] {
-                Some(m) => m.to(&device)?.mul_scalar(self.beta1)?.add(&g.mul_scalar(1.0 - self.beta1)?)?,
+            let m = match &old_m {
+                Some(m) => m.mul_scalar(self.beta1)?.add(&g.mul_scalar(1.0 - self.beta1)?)?,
                 None => g.mul_scalar(1.0 - self.beta1)?,
             };
-            let v = match &vs[i] {
-                Some(v) => v.to(&device)?.mul_scalar(self.beta2)?.add(&g.sqr()?.mul_scalar(1.0 - self.beta2)?)?,
+            let v = match &old_v {
+                Some(v) => v.mul_scalar(self.beta2)?.add(&g.sqr()?.mul_scalar(1.0 - self.beta2)?)?,
                 None => g.sqr()?.mul_scalar(1.0 - self.beta2)?,
             };
             let denom = v.div_scalar(c2)?.sqrt()?.add_scalar(self.eps)?;
             let update = m.div(&denom)?.mul_scalar(self.lr / c1)?;
-            updates.push((i, p.sub(&update)?));
+            updates.push((i, Update::Assign(p.sub(&update)?)));
             ms[i] = Some(m);
             vs[i] = Some(v);
         }
-        for (i, new) in updates {
-            self.params[i].assign(&new)?;
+        for (i, update) in updates {
+            match update {
+                Update::InPlace { m, v } => adam_kernel::param_step_in_place(&self.params[i], &m, &v, self.lr / c1, c2, self.eps)?,
+                Update::Assign(new) => self.params[i].assign(&new)?,
+            }
         }
         self.m = ms;
         self.v = vs;

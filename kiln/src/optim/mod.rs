@@ -38,6 +38,7 @@ use crate::{no_grad, Error, Result, Tensor};
 use std::collections::BTreeMap;
 
 mod adam;
+mod adam_kernel;
 mod schedule;
 mod sgd;
 mod sgd_kernel;
@@ -177,6 +178,23 @@ fn check_params(op: &str, params: &[Tensor]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// For each parameter, whether it shares its storage with another of the
+/// list (the same tensor listed twice, or two views of one storage). Such a
+/// parameter takes the composed path, where every new value is computed
+/// from the parameters before the step and written after; updating it in
+/// place would let one update see another's result.
+fn shares_storage(params: &[Tensor]) -> Vec<bool> {
+    let mut ids: Vec<usize> = params.iter().map(|p| p.storage_id()).collect();
+    ids.sort_unstable();
+    params
+        .iter()
+        .map(|p| {
+            let at = ids.partition_point(|&s| s < p.storage_id());
+            ids.get(at + 1) == Some(&p.storage_id())
+        })
+        .collect()
 }
 
 /// Replaces each handle of a parameter that `Module::to` moved by the

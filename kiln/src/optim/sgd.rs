@@ -1,6 +1,6 @@
 //! Stochastic gradient descent with momentum and weight decay.
 
-use super::{check_params, follow_moves, non_negative, sgd_kernel, Optimizer, OptimizerState};
+use super::{check_params, follow_moves, non_negative, sgd_kernel, shares_storage, Optimizer, OptimizerState};
 use crate::{no_grad, Result, Tensor};
 use std::panic::Location;
 
@@ -66,19 +66,10 @@ impl Optimizer for Sgd {
         // each parameter in place, which allocates nothing.
         let mut velocity = self.velocity.clone();
         let mut updates: Vec<(usize, Update)> = Vec::with_capacity(self.params.len());
-        // A parameter that shares its storage with another (the same tensor
-        // listed twice, or two views of one storage) takes the composed
-        // path: each value is computed from the parameters before the step
-        // and written after, as before the in-place kernels.
-        let mut storages: Vec<usize> = self.params.iter().map(|p| p.storage_id()).collect();
-        storages.sort_unstable();
-        let shared = |p: &Tensor| {
-            let at = storages.partition_point(|&s| s < p.storage_id());
-            storages.get(at + 1) == Some(&p.storage_id())
-        };
+        let shared = shares_storage(&self.params);
         for (i, p) in self.params.iter().enumerate() {
             let Some(mut g) = p.grad() else { continue };
-            if sgd_kernel::can_update_in_place(p, &g) && !shared(p) {
+            if sgd_kernel::can_update_in_place(p, &g) && !shared[i] {
                 // One kernel (two with momentum): the same values as below.
                 let update = if self.momentum != 0.0 {
                     let old = velocity[i].as_ref().map(|v| v.to(&p.device())).transpose()?;

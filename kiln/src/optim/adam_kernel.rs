@@ -1,0 +1,274 @@
+//! Adam's update as three kernels per parameter (the new first moment, the
+//! new second moment, then the parameter in place) instead of about fifteen
+//! launches of tensor ops: the same operations in the same order and
+//! precision as the composed ops (each product, sum, quotient and square
+//! root rounded to the parameter's type), so the values are the same bits.
+//! f32 and f64 parameters; other dtypes take the composed ops.
+
+use crate::backends::host::loops::{CHUNK, PAR_MIN};
+use crate::backends::host::unsupported_op;
+use crate::base::buffer::CpuBuffer;
+use crate::base::dtype::DType;
+use crate::base::error::Result;
+use crate::host_nn::NnFloat;
+use crate::kernel::cuda::{c_type, dtype_tag, CudaDevice, CudaModule};
+use crate::kernel::storage::Storage;
+use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
+use crate::ops::conv::{check_extents, dptr};
+use crate::runtime::pool::on_pool;
+use crate::Tensor;
+use rayon::prelude::*;
+use std::sync::Arc;
+
+/// One Adam kernel. With `g' = g + p·λ` (λ = 0: `g' = g`):
+#[derive(Clone, Copy, Debug)]
+enum AdamKernel {
+    /// [p, g, m] → m·β₁ + g'·(1−β₁); [p, g] (the first step) → g'·(1−β₁).
+    First { beta: f64, one_minus_beta: f64, weight_decay: f64 },
+    /// [p, g, v] → v·β₂ + (g'·g')·(1−β₂); [p, g] → (g'·g')·(1−β₂).
+    Second { beta: f64, one_minus_beta: f64, weight_decay: f64 },
+    /// [m, v] → p ← p − m / (√(v / c₂) + ε) · (lr / c₁), in place: p is the
+    /// output storage's elements from `offset` on.
+    Param { lr_over_c1: f64, c2: f64, eps: f64, offset: usize },
+}
+
+impl AdamKernel {
+    /// The new value at one element: `x` is p (moments) or m (the parameter),
+    /// `y` is g or v, `s` the old moment if any, `p` the parameter.
+    fn at<T: NnFloat>(&self, p: T, y: T, s: Option<T>) -> T {
+        let decayed = |g: T, wd: f64| if wd != 0.0 { g + p * T::from_f64(wd) } else { g };
+        match *self {
+            AdamKernel::First { beta, one_minus_beta, weight_decay } => {
+                let g = decayed(y, weight_decay);
+                match s {
+                    Some(m) => m * T::from_f64(beta) + g * T::from_f64(one_minus_beta),
+                    None => g * T::from_f64(one_minus_beta),
+                }
+            }
+            AdamKernel::Second { beta, one_minus_beta, weight_decay } => {
+                let g = decayed(y, weight_decay);
+                match s {
+                    Some(v) => v * T::from_f64(beta) + g * g * T::from_f64(one_minus_beta),
+                    None => g * g * T::from_f64(one_minus_beta),
+                }
+            }
+            // Here `y` is m and `s` is v.
+            AdamKernel::Param { lr_over_c1, c2, eps, .. } => {
+                let v = s.unwrap_or(T::ZERO);
+                p - y / ((v / T::from_f64(c2)).sqrt() + T::from_f64(eps)) * T::from_f64(lr_over_c1)
+            }
+        }
+    }
+
+    /// A moment: out[i] = at(p[i], g[i], s[i]) over a new buffer.
+    fn moment<T: NnFloat>(&self, p: &[T], g: &[T], s: Option<&[T]>, out: &mut [T], threads: usize) {
+        let body = |start: usize, o: &mut [T]| {
+            for (j, o) in o.iter_mut().enumerate() {
+                let i = start + j;
+                *o = self.at(p[i], g[i], s.map(|s| s[i]));
+            }
+        };
+        if threads > 1 && out.len() >= PAR_MIN {
+            on_pool(|| out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, o)| body(c * CHUNK, o)));
+        } else {
+            body(0, out);
+        }
+    }
+
+    /// The parameter: p[i] = at(p[i], m[i], v[i]) in place.
+    fn param<T: NnFloat>(&self, p: &mut [T], m: &[T], v: &[T], threads: usize) {
+        let body = |start: usize, p: &mut [T]| {
+            for (j, p) in p.iter_mut().enumerate() {
+                *p = self.at(*p, m[start + j], Some(v[start + j]));
+            }
+        };
+        if threads > 1 && p.len() >= PAR_MIN {
+            on_pool(|| p.par_chunks_mut(CHUNK).enumerate().for_each(|(c, p)| body(c * CHUNK, p)));
+        } else {
+            body(0, p);
+        }
+    }
+}
+
+crate::kernel_args! {
+    /// An Adam kernel's argument (`s` is 0 when absent). kind 0: a moment
+    /// (`a` = β, `b` = 1 − β, `second` = 1 for the second moment); kind 1:
+    /// the parameter (`x` = m, `y` = v, `a` = lr / c₁, `b` = c₂, `c` = ε).
+    AdamArgs { p: u64, x: u64, y: u64, out: u64, n: u64, a: f64, b: f64, c: f64, weight_decay: f64, kind: u64, second: u64 }
+}
+
+/// The contiguous elements of an operand, or `None`.
+fn slice<'a, T>(i: &'a HostIn<'_>, typed: impl Fn(&'a CpuBuffer) -> Option<&'a [T]>) -> Option<&'a [T]> {
+    let (a, e) = i.layout.contiguous_range()?;
+    typed(i.buf)?.get(a..e)
+}
+
+impl CustomKernel for AdamKernel {
+    fn name(&self) -> &'static str {
+        match self {
+            AdamKernel::First { .. } => "adam_first_moment",
+            AdamKernel::Second { .. } => "adam_second_moment",
+            AdamKernel::Param { .. } => "adam_step",
+        }
+    }
+    fn host(&self, inputs: &[HostIn<'_>], out: &mut CpuBuffer, threads: usize) -> Result<()> {
+        fn f32s(b: &CpuBuffer) -> Option<&[f32]> {
+            if let CpuBuffer::F32(v) = b {
+                Some(v)
+            } else {
+                None
+            }
+        }
+        fn f64s(b: &CpuBuffer) -> Option<&[f64]> {
+            if let CpuBuffer::F64(v) = b {
+                Some(v)
+            } else {
+                None
+            }
+        }
+        let refused = || unsupported_op(self.name());
+        if let AdamKernel::Param { offset, .. } = *self {
+            match out {
+                CpuBuffer::F32(p) => {
+                    let (m, v) = (slice(&inputs[0], f32s).ok_or_else(refused)?, slice(&inputs[1], f32s).ok_or_else(refused)?);
+                    let p = p.get_mut(offset..offset + m.len()).filter(|_| v.len() == m.len()).ok_or_else(refused)?;
+                    self.param(p, m, v, threads);
+                }
+                CpuBuffer::F64(p) => {
+                    let (m, v) = (slice(&inputs[0], f64s).ok_or_else(refused)?, slice(&inputs[1], f64s).ok_or_else(refused)?);
+                    let p = p.get_mut(offset..offset + m.len()).filter(|_| v.len() == m.len()).ok_or_else(refused)?;
+                    self.param(p, m, v, threads);
+                }
+                _ => return Err(refused()),
+            }
+            return Ok(());
+        }
+        match out {
+            CpuBuffer::F32(o) => {
+                let (p, g) = (slice(&inputs[0], f32s).ok_or_else(refused)?, slice(&inputs[1], f32s).ok_or_else(refused)?);
+                let s = inputs.get(2).map(|s| slice(s, f32s).ok_or_else(refused)).transpose()?;
+                self.moment(p, g, s, o, threads);
+            }
+            CpuBuffer::F64(o) => {
+                let (p, g) = (slice(&inputs[0], f64s).ok_or_else(refused)?, slice(&inputs[1], f64s).ok_or_else(refused)?);
+                let s = inputs.get(2).map(|s| slice(s, f64s).ok_or_else(refused)).transpose()?;
+                self.moment(p, g, s, o, threads);
+            }
+            _ => return Err(refused()),
+        }
+        Ok(())
+    }
+    fn cuda(&self, dev: &dyn CudaDevice, inputs: &[Src<'_>], out: &Storage) -> Result<()> {
+        let (n, args) = match *self {
+            AdamKernel::Param { lr_over_c1, c2, eps, offset } => {
+                let n = inputs[0].layout.elem_count();
+                check_extents(self.name(), inputs, &[n, n], out, offset.saturating_add(n))?;
+                let p = dev.ptr(out)? + (offset * out.dtype.size_in_bytes()) as u64;
+                let (m, v) = (dptr(dev, &inputs[0])?, dptr(dev, &inputs[1])?);
+                (n, AdamArgs { p, x: m, y: v, out: p, n: n as u64, a: lr_over_c1, b: c2, c: eps, weight_decay: 0.0, kind: 1, second: 0 })
+            }
+            AdamKernel::First { beta, one_minus_beta, weight_decay } | AdamKernel::Second { beta, one_minus_beta, weight_decay } => {
+                let n = out.len;
+                check_extents(self.name(), inputs, &vec![n; inputs.len()], out, n)?;
+                let s = if inputs.len() > 2 { dptr(dev, &inputs[2])? } else { 0 };
+                let (p, g, o) = (dptr(dev, &inputs[0])?, dptr(dev, &inputs[1])?, dev.ptr(out)?);
+                let second = u64::from(matches!(self, AdamKernel::Second { .. }));
+                (n, AdamArgs { p, x: g, y: s, out: o, n: n as u64, a: beta, b: one_minus_beta, c: 0.0, weight_decay, kind: 0, second })
+            }
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        dev.launch(&MODULE, &format!("adam_{}", dtype_tag(out.dtype)), dev.grid_for(n), crate::kernel::cuda::BLOCK, &args)
+    }
+    fn writes_nothing(&self, inputs: &[Src<'_>], out_len: usize) -> bool {
+        match self {
+            AdamKernel::Param { .. } => inputs[0].layout.elem_count() == 0,
+            AdamKernel::First { .. } | AdamKernel::Second { .. } => out_len == 0,
+        }
+    }
+    fn to_shared(&self) -> Arc<dyn CustomKernel> {
+        Arc::new(*self)
+    }
+}
+
+static MODULE: CudaModule = CudaModule::generated("adam", cuda_source);
+inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
+
+fn cuda_source() -> String {
+    let mut s = String::from(AdamArgs::C_DECL);
+    s.push_str(
+        r#"
+// kind 0: a moment, from x = g and y = the old moment (0: none): with
+// g' = g + p·λ, m' = y·β + g'·(1−β), or v' = y·β + (g'·g')·(1−β).
+// kind 1: p − x / (√(y / c₂) + ε) · (lr / c₁) with x = m', y = v', in place
+// (out is p). Each product, sum, quotient and root rounded to T as the
+// composed ops round them; each thread reads its element before writing it.
+template <typename T> __device__ void adam_impl(const AdamArgs& a) {
+    const T* p = (const T*)a.p;
+    const T* __restrict__ x = (const T*)a.x;
+    const T* __restrict__ y = (const T*)a.y;
+    T* out = (T*)a.out;
+    T ta = (T)a.a, tb = (T)a.b, tc = (T)a.c, wd = (T)a.weight_decay;
+    GRID_LOOP(i, a.n) {
+        if (a.kind == 1) {
+            T q = Ar<T>::add(Fl<T>::sqrt(Ar<T>::div(y[i], tb)), tc);
+            out[i] = Ar<T>::sub(p[i], Ar<T>::mul(Ar<T>::div(x[i], q), ta));
+        } else {
+            T g = x[i];
+            if (a.weight_decay != 0.0) g = Ar<T>::add(g, Ar<T>::mul(p[i], wd));
+            T term = a.second ? Ar<T>::mul(Ar<T>::mul(g, g), tb) : Ar<T>::mul(g, tb);
+            out[i] = a.y ? Ar<T>::add(Ar<T>::mul(y[i], ta), term) : term;
+        }
+    }
+}
+"#,
+    );
+    for dt in [DType::F32, DType::F64] {
+        s.push_str(&format!("extern \"C\" __global__ void adam_{}(AdamArgs a) {{ adam_impl<{}>(a); }}\n", dtype_tag(dt), c_type(dt)));
+    }
+    s
+}
+
+/// Whether `p` can take the fused step from `g` and its moments `m`, `v`
+/// (on `p`'s device already, when present): f32 or f64, one dtype, shape
+/// and device for all, and `p` a contiguous run of a storage that `g` does
+/// not share.
+pub(super) fn fusable(p: &Tensor, g: &Tensor, m: Option<&Tensor>, v: Option<&Tensor>) -> bool {
+    let like = |t: &Tensor| t.dtype() == p.dtype() && t.dims() == p.dims() && t.device() == p.device();
+    matches!(p.dtype(), DType::F32 | DType::F64)
+        && like(g)
+        && m.is_none_or(like)
+        && v.is_none_or(like)
+        && p.layout().contiguous_range().is_some()
+        && !p.same_storage(g)
+}
+
+fn moment(k: AdamKernel, p: &Tensor, g: &Tensor, old: Option<&Tensor>) -> Result<Tensor> {
+    let mut contiguous = vec![p.contiguous()?, g.contiguous()?];
+    if let Some(s) = old {
+        contiguous.push(s.contiguous()?);
+    }
+    let kernel = Kernel::Custom { op: OpRef::Borrowed(&k), inputs: contiguous.iter().map(|t| t.src()).collect() };
+    p.run_new(kernel, p.dtype(), p.shape().clone())
+}
+
+/// The new first moment `m·β₁ + (g + p·λ)·(1−β₁)` (without `m` at the first step).
+pub(super) fn first_moment(p: &Tensor, g: &Tensor, m: Option<&Tensor>, beta1: f64, weight_decay: f64) -> Result<Tensor> {
+    moment(AdamKernel::First { beta: beta1, one_minus_beta: 1.0 - beta1, weight_decay }, p, g, m)
+}
+
+/// The new second moment `v·β₂ + (g + p·λ)²·(1−β₂)` (without `v` at the first step).
+pub(super) fn second_moment(p: &Tensor, g: &Tensor, v: Option<&Tensor>, beta2: f64, weight_decay: f64) -> Result<Tensor> {
+    moment(AdamKernel::Second { beta: beta2, one_minus_beta: 1.0 - beta2, weight_decay }, p, g, v)
+}
+
+/// `p ← p − m / (√(v / c₂) + ε) · (lr / c₁)` in one kernel, in `p`'s own
+/// storage. Only for a parameter that [`fusable`] accepts, with `m` and `v`
+/// from [`first_moment`] and [`second_moment`].
+pub(super) fn param_step_in_place(p: &Tensor, m: &Tensor, v: &Tensor, lr_over_c1: f64, c2: f64, eps: f64) -> Result<()> {
+    let offset = p.layout().contiguous_range().map_or(0, |(a, _)| a);
+    let k = AdamKernel::Param { lr_over_c1, c2, eps, offset };
+    let kernel = Kernel::Custom { op: OpRef::Borrowed(&k), inputs: smallvec::smallvec![m.src(), v.src()] };
+    crate::backends::launch_into(&kernel, &p.storage)
+}
