@@ -1,6 +1,6 @@
 //! Adam, with bias correction and L2 weight decay.
 
-use super::{adam_kernel, follow_moves, non_negative, shares_storage, Optimizer, OptimizerState};
+use super::{adam_kernel, follow_moves, fused, non_negative, shares_storage, Optimizer, OptimizerState};
 use crate::{no_grad, Error, Result, Tensor};
 use std::collections::BTreeMap;
 use std::panic::Location;
@@ -99,7 +99,7 @@ impl Optimizer for Adam {
             let device = p.device();
             let old_m = ms[i].as_ref().map(|m| m.to(&device)).transpose()?;
             let old_v = vs[i].as_ref().map(|v| v.to(&device)).transpose()?;
-            if !shared[i] && adam_kernel::fusable(p, &g, old_m.as_ref(), old_v.as_ref()) {
+            if !shared[i] && fused::takes_in_place(p, [Some(&g), old_m.as_ref(), old_v.as_ref()].into_iter().flatten()) {
                 // Three kernels: the same values as below.
                 let m = adam_kernel::first_moment(p, &g, old_m.as_ref(), self.beta1, self.weight_decay)?;
                 let v = adam_kernel::second_moment(p, &g, old_v.as_ref(), self.beta2, self.weight_decay)?;

@@ -5,7 +5,8 @@
 //! root rounded to the parameter's type), so the values are the same bits.
 //! f32 and f64 parameters; other dtypes take the composed ops.
 
-use crate::backends::host::loops::{CHUNK, PAR_MIN};
+use super::fused;
+use crate::backends::host::loops::update_indexed;
 use crate::backends::host::unsupported_op;
 use crate::base::buffer::CpuBuffer;
 use crate::base::dtype::DType;
@@ -13,11 +14,9 @@ use crate::base::error::Result;
 use crate::host_nn::NnFloat;
 use crate::kernel::cuda::{c_type, dtype_tag, CudaDevice, CudaModule};
 use crate::kernel::storage::Storage;
-use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
+use crate::kernel::{CustomKernel, HostIn, Src};
 use crate::ops::conv::{check_extents, dptr};
-use crate::runtime::pool::on_pool;
 use crate::Tensor;
-use rayon::prelude::*;
 use std::sync::Arc;
 
 /// One Adam kernel. With `g' = g + p·λ` (λ = 0: `g' = g`):
@@ -57,35 +56,6 @@ impl AdamKernel {
                 let v = s.unwrap_or(T::ZERO);
                 p - y / ((v / T::from_f64(c2)).sqrt() + T::from_f64(eps)) * T::from_f64(lr_over_c1)
             }
-        }
-    }
-
-    /// A moment: out[i] = at(p[i], g[i], s[i]) over a new buffer.
-    fn moment<T: NnFloat>(&self, p: &[T], g: &[T], s: Option<&[T]>, out: &mut [T], threads: usize) {
-        let body = |start: usize, o: &mut [T]| {
-            for (j, o) in o.iter_mut().enumerate() {
-                let i = start + j;
-                *o = self.at(p[i], g[i], s.map(|s| s[i]));
-            }
-        };
-        if threads > 1 && out.len() >= PAR_MIN {
-            on_pool(|| out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, o)| body(c * CHUNK, o)));
-        } else {
-            body(0, out);
-        }
-    }
-
-    /// The parameter: p[i] = at(p[i], m[i], v[i]) in place.
-    fn param<T: NnFloat>(&self, p: &mut [T], m: &[T], v: &[T], threads: usize) {
-        let body = |start: usize, p: &mut [T]| {
-            for (j, p) in p.iter_mut().enumerate() {
-                *p = self.at(*p, m[start + j], Some(v[start + j]));
-            }
-        };
-        if threads > 1 && p.len() >= PAR_MIN {
-            on_pool(|| p.par_chunks_mut(CHUNK).enumerate().for_each(|(c, p)| body(c * CHUNK, p)));
-        } else {
-            body(0, p);
         }
     }
 }
@@ -132,12 +102,12 @@ impl CustomKernel for AdamKernel {
                 CpuBuffer::F32(p) => {
                     let (m, v) = (slice(&inputs[0], f32s).ok_or_else(refused)?, slice(&inputs[1], f32s).ok_or_else(refused)?);
                     let p = p.get_mut(offset..offset + m.len()).filter(|_| v.len() == m.len()).ok_or_else(refused)?;
-                    self.param(p, m, v, threads);
+                    update_indexed(p, threads, |i, p| self.at(p, m[i], Some(v[i])));
                 }
                 CpuBuffer::F64(p) => {
                     let (m, v) = (slice(&inputs[0], f64s).ok_or_else(refused)?, slice(&inputs[1], f64s).ok_or_else(refused)?);
                     let p = p.get_mut(offset..offset + m.len()).filter(|_| v.len() == m.len()).ok_or_else(refused)?;
-                    self.param(p, m, v, threads);
+                    update_indexed(p, threads, |i, p| self.at(p, m[i], Some(v[i])));
                 }
                 _ => return Err(refused()),
             }
@@ -147,12 +117,12 @@ impl CustomKernel for AdamKernel {
             CpuBuffer::F32(o) => {
                 let (p, g) = (slice(&inputs[0], f32s).ok_or_else(refused)?, slice(&inputs[1], f32s).ok_or_else(refused)?);
                 let s = inputs.get(2).map(|s| slice(s, f32s).ok_or_else(refused)).transpose()?;
-                self.moment(p, g, s, o, threads);
+                update_indexed(o, threads, |i, _| self.at(p[i], g[i], s.map(|s| s[i])));
             }
             CpuBuffer::F64(o) => {
                 let (p, g) = (slice(&inputs[0], f64s).ok_or_else(refused)?, slice(&inputs[1], f64s).ok_or_else(refused)?);
                 let s = inputs.get(2).map(|s| slice(s, f64s).ok_or_else(refused)).transpose()?;
-                self.moment(p, g, s, o, threads);
+                update_indexed(o, threads, |i, _| self.at(p[i], g[i], s.map(|s| s[i])));
             }
             _ => return Err(refused()),
         }
@@ -230,45 +200,21 @@ template <typename T> __device__ void adam_impl(const AdamArgs& a) {
     s
 }
 
-/// Whether `p` can take the fused step from `g` and its moments `m`, `v`
-/// (on `p`'s device already, when present): f32 or f64, one dtype, shape
-/// and device for all, and `p` a contiguous run of a storage that `g` does
-/// not share.
-pub(super) fn fusable(p: &Tensor, g: &Tensor, m: Option<&Tensor>, v: Option<&Tensor>) -> bool {
-    let like = |t: &Tensor| t.dtype() == p.dtype() && t.dims() == p.dims() && t.device() == p.device();
-    matches!(p.dtype(), DType::F32 | DType::F64)
-        && like(g)
-        && m.is_none_or(like)
-        && v.is_none_or(like)
-        && p.layout().contiguous_range().is_some()
-        && !p.same_storage(g)
-}
-
-fn moment(k: AdamKernel, p: &Tensor, g: &Tensor, old: Option<&Tensor>) -> Result<Tensor> {
-    let mut contiguous = vec![p.contiguous()?, g.contiguous()?];
-    if let Some(s) = old {
-        contiguous.push(s.contiguous()?);
-    }
-    let kernel = Kernel::Custom { op: OpRef::Borrowed(&k), inputs: contiguous.iter().map(|t| t.src()).collect() };
-    p.run_new(kernel, p.dtype(), p.shape().clone())
-}
-
 /// The new first moment `m·β₁ + (g + p·λ)·(1−β₁)` (without `m` at the first step).
 pub(super) fn first_moment(p: &Tensor, g: &Tensor, m: Option<&Tensor>, beta1: f64, weight_decay: f64) -> Result<Tensor> {
-    moment(AdamKernel::First { beta: beta1, one_minus_beta: 1.0 - beta1, weight_decay }, p, g, m)
+    let k = AdamKernel::First { beta: beta1, one_minus_beta: 1.0 - beta1, weight_decay };
+    fused::new_tensor(&k, [Some(p), Some(g), m].into_iter().flatten())
 }
 
 /// The new second moment `v·β₂ + (g + p·λ)²·(1−β₂)` (without `v` at the first step).
 pub(super) fn second_moment(p: &Tensor, g: &Tensor, v: Option<&Tensor>, beta2: f64, weight_decay: f64) -> Result<Tensor> {
-    moment(AdamKernel::Second { beta: beta2, one_minus_beta: 1.0 - beta2, weight_decay }, p, g, v)
+    let k = AdamKernel::Second { beta: beta2, one_minus_beta: 1.0 - beta2, weight_decay };
+    fused::new_tensor(&k, [Some(p), Some(g), v].into_iter().flatten())
 }
 
 /// `p ← p − m / (√(v / c₂) + ε) · (lr / c₁)` in one kernel, in `p`'s own
-/// storage. Only for a parameter that [`fusable`] accepts, with `m` and `v`
-/// from [`first_moment`] and [`second_moment`].
+/// storage. Only for a parameter that [`fused::takes_in_place`] accepts,
+/// with `m` and `v` from [`first_moment`] and [`second_moment`].
 pub(super) fn param_step_in_place(p: &Tensor, m: &Tensor, v: &Tensor, lr_over_c1: f64, c2: f64, eps: f64) -> Result<()> {
-    let offset = p.layout().contiguous_range().map_or(0, |(a, _)| a);
-    let k = AdamKernel::Param { lr_over_c1, c2, eps, offset };
-    let kernel = Kernel::Custom { op: OpRef::Borrowed(&k), inputs: smallvec::smallvec![m.src(), v.src()] };
-    crate::backends::launch_into(&kernel, &p.storage)
+    fused::into_parameter(&AdamKernel::Param { lr_over_c1, c2, eps, offset: fused::offset(p) }, p, &[m, v])
 }

@@ -39,6 +39,7 @@ use std::collections::BTreeMap;
 
 mod adam;
 mod adam_kernel;
+mod fused;
 mod schedule;
 mod sgd;
 mod sgd_kernel;

@@ -1,6 +1,6 @@
 //! Stochastic gradient descent with momentum and weight decay.
 
-use super::{check_params, follow_moves, non_negative, sgd_kernel, shares_storage, Optimizer, OptimizerState};
+use super::{check_params, follow_moves, fused, non_negative, sgd_kernel, shares_storage, Optimizer, OptimizerState};
 use crate::{no_grad, Result, Tensor};
 use std::panic::Location;
 
@@ -69,7 +69,7 @@ impl Optimizer for Sgd {
         let shared = shares_storage(&self.params);
         for (i, p) in self.params.iter().enumerate() {
             let Some(mut g) = p.grad() else { continue };
-            if sgd_kernel::can_update_in_place(p, &g) && !shared[i] {
+            if !shared[i] && fused::takes_in_place(p, [&g]) {
                 // One kernel (two with momentum): the same values as below.
                 let update = if self.momentum != 0.0 {
                     let old = velocity[i].as_ref().map(|v| v.to(&p.device())).transpose()?;

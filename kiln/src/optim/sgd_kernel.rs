@@ -6,18 +6,17 @@
 //! no copy back (a LeNet step on CUDA launched a copy per parameter for
 //! that). f32 and f64 parameters; other dtypes take the composed ops.
 
-use crate::backends::host::loops::{CHUNK, PAR_MIN};
+use super::fused;
+use crate::backends::host::loops::update_indexed;
 use crate::backends::host::unsupported_op;
 use crate::base::buffer::CpuBuffer;
 use crate::base::dtype::DType;
 use crate::base::error::Result;
 use crate::kernel::cuda::{c_type, dtype_tag, CudaDevice, CudaModule};
 use crate::kernel::storage::Storage;
-use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
+use crate::kernel::{CustomKernel, HostIn, Src};
 use crate::ops::conv::{check_extents, dptr};
-use crate::runtime::pool::on_pool;
 use crate::Tensor;
-use rayon::prelude::*;
 use std::sync::Arc;
 
 /// One SGD kernel. With `g' = g + p·λ` (λ = 0: `g' = g`):
@@ -40,35 +39,6 @@ impl SgdKernel {
                 Some(v) => v * T::from_f64(momentum) + g,
                 None => g,
             },
-        }
-    }
-
-    /// out[i] = at(p[i], g[i], v[i]) over a new buffer.
-    fn run<T: crate::host_nn::NnFloat>(&self, p: &[T], g: &[T], v: Option<&[T]>, out: &mut [T], threads: usize) {
-        let body = |start: usize, o: &mut [T]| {
-            for (j, o) in o.iter_mut().enumerate() {
-                let i = start + j;
-                *o = self.at(p[i], g[i], v.map(|v| v[i]));
-            }
-        };
-        if threads > 1 && out.len() >= PAR_MIN {
-            on_pool(|| out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, o)| body(c * CHUNK, o)));
-        } else {
-            body(0, out);
-        }
-    }
-
-    /// p[i] = at(p[i], g[i]) in place.
-    fn run_in_place<T: crate::host_nn::NnFloat>(&self, p: &mut [T], g: &[T], threads: usize) {
-        let body = |start: usize, p: &mut [T]| {
-            for (j, p) in p.iter_mut().enumerate() {
-                *p = self.at(*p, g[start + j], None);
-            }
-        };
-        if threads > 1 && p.len() >= PAR_MIN {
-            on_pool(|| p.par_chunks_mut(CHUNK).enumerate().for_each(|(c, p)| body(c * CHUNK, p)));
-        } else {
-            body(0, p);
         }
     }
 }
@@ -94,8 +64,12 @@ impl CustomKernel for SgdKernel {
             let (a, e) = range(&inputs[0]);
             let place = offset..offset + (e - a);
             match (out, slice(&inputs[0])) {
-                (CpuBuffer::F32(p), Some(CpuBuffer::F32(g))) if place.end <= p.len() => self.run_in_place(&mut p[place], &g[a..e], threads),
-                (CpuBuffer::F64(p), Some(CpuBuffer::F64(g))) if place.end <= p.len() => self.run_in_place(&mut p[place], &g[a..e], threads),
+                (CpuBuffer::F32(p), Some(CpuBuffer::F32(g))) if place.end <= p.len() => {
+                    update_indexed(&mut p[place], threads, |i, p| self.at(p, g[a + i], None))
+                }
+                (CpuBuffer::F64(p), Some(CpuBuffer::F64(g))) if place.end <= p.len() => {
+                    update_indexed(&mut p[place], threads, |i, p| self.at(p, g[a + i], None))
+                }
                 _ => return Err(unsupported_op(self.name())),
             }
             return Ok(());
@@ -109,7 +83,7 @@ impl CustomKernel for SgdKernel {
                     Some(_) => return Err(unsupported_op(self.name())),
                     None => None,
                 };
-                self.run(&p[pr.0..pr.1], &g[gr.0..gr.1], vs, o, threads);
+                update_indexed(o, threads, |i, _| self.at(p[pr.0 + i], g[gr.0 + i], vs.map(|v| v[i])));
             }
             (CpuBuffer::F64(o), Some(CpuBuffer::F64(p)), Some(CpuBuffer::F64(g))) => {
                 let (pr, gr) = (range(&inputs[0]), range(&inputs[1]));
@@ -118,7 +92,7 @@ impl CustomKernel for SgdKernel {
                     Some(_) => return Err(unsupported_op(self.name())),
                     None => None,
                 };
-                self.run(&p[pr.0..pr.1], &g[gr.0..gr.1], vs, o, threads);
+                update_indexed(o, threads, |i, _| self.at(p[pr.0 + i], g[gr.0 + i], vs.map(|v| v[i])));
             }
             _ => return Err(unsupported_op(self.name())),
         }
@@ -191,43 +165,14 @@ template <typename T> __device__ void sgd_impl(const SgdArgs& a) {
     s
 }
 
-/// Whether the fused kernels take a parameter of this dtype.
-pub(super) fn fused(dtype: DType) -> bool {
-    matches!(dtype, DType::F32 | DType::F64)
-}
-
-fn run(k: SgdKernel, inputs: &[&Tensor]) -> Result<Tensor> {
-    let contiguous: Vec<Tensor> = inputs.iter().map(|t| t.contiguous()).collect::<Result<_>>()?;
-    let refs: Vec<&Tensor> = contiguous.iter().collect();
-    let kernel = Kernel::Custom { op: OpRef::Borrowed(&k), inputs: refs.iter().map(|t| t.src()).collect() };
-    refs[0].run_new(kernel, refs[0].dtype(), refs[0].shape().clone())
-}
-
-/// Whether `p` can be updated in place from `g` (a contiguous tensor of
-/// its dtype and shape): `p` covers a contiguous run of its storage, which
-/// `g` does not share.
-pub(super) fn can_update_in_place(p: &Tensor, g: &Tensor) -> bool {
-    fused(p.dtype())
-        && g.dtype() == p.dtype()
-        && g.dims() == p.dims()
-        && g.device() == p.device()
-        && p.layout().contiguous_range().is_some()
-        && !p.same_storage(g)
-}
-
 /// `p ← p − (g + p·λ)·lr` in one kernel, in `p`'s own storage. Only for a
-/// pair that [`can_update_in_place`] accepts, with `g` contiguous.
+/// pair that [`fused::takes_in_place`] accepts, with `g` contiguous.
 pub(super) fn param_step_in_place(p: &Tensor, g: &Tensor, lr: f64, weight_decay: f64) -> Result<()> {
-    let offset = p.layout().contiguous_range().map_or(0, |(a, _)| a);
-    let k = SgdKernel::Param { lr, weight_decay, offset };
-    let kernel = Kernel::Custom { op: OpRef::Borrowed(&k), inputs: smallvec::smallvec![g.src()] };
-    crate::backends::launch_into(&kernel, &p.storage)
+    fused::into_parameter(&SgdKernel::Param { lr, weight_decay, offset: fused::offset(p) }, p, &[g])
 }
 
 /// `v·μ + (g + p·λ)`, or `g + p·λ` at the first step, in one kernel.
 pub(super) fn velocity_step(p: &Tensor, g: &Tensor, v: Option<&Tensor>, momentum: f64, weight_decay: f64) -> Result<Tensor> {
-    match v {
-        Some(v) => run(SgdKernel::Velocity { momentum, weight_decay, has_velocity: true }, &[p, g, v]),
-        None => run(SgdKernel::Velocity { momentum, weight_decay, has_velocity: false }, &[p, g]),
-    }
+    let k = SgdKernel::Velocity { momentum, weight_decay, has_velocity: v.is_some() };
+    fused::new_tensor(&k, [Some(p), Some(g), v].into_iter().flatten())
 }

@@ -436,6 +436,21 @@ pub(crate) fn fill<T: WithDType>(v: &mut [T], x: T, threads: usize) {
     }
 }
 
+/// Sets each element of `v` to `f(i, v[i])` (its index and its value), over
+/// the pool for big buffers.
+pub(crate) fn update_indexed<T: Copy + Send>(v: &mut [T], threads: usize, f: impl Fn(usize, T) -> T + Sync) {
+    let body = |start: usize, chunk: &mut [T]| {
+        for (j, x) in chunk.iter_mut().enumerate() {
+            *x = f(start + j, *x);
+        }
+    };
+    if threads > 1 && v.len() >= PAR_MIN {
+        on_pool(|| v.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| body(c * CHUNK, chunk)));
+    } else {
+        body(0, v);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
