@@ -10,8 +10,8 @@
 //! new values of any parameter updated by composed ops) runs first, and the
 //! parameters change only once all of it exists, so a step that fails (e.g.
 //! `OutOfMemory` on a full GPU) leaves the parameters, the state and Adam's
-//! step counter exactly as they were. SGD then updates each f32/f64
-//! parameter in place with one kernel, which allocates nothing.
+//! step counter exactly as they were. SGD and Adam then update each
+//! f32/f64 parameter in place with one kernel, which allocates nothing.
 //!
 //! An optimizer's state (momentum, moments, step counter, hyperparameters)
 //! is exported with [`Optimizer::state_dict`] and put back with
