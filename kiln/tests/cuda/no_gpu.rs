@@ -83,31 +83,49 @@ pub(crate) fn nvrtc_compiles_every_kernel_family_for_sm90() -> Ran {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let sources = kiln::cuda_check::kernel_sources();
     assert!(sources.len() >= 6, "expected every kernel family, got {}", sources.len());
-    let mut entries = 0;
-    for arch in &archs {
-        for (family, source) in &sources {
-            let ptx = kiln::cuda_check::compile_ptx(family, source, &format!("compute_{arch}"))
-                .unwrap_or_else(|log| panic!("NVRTC {}.{} failed on family `{family}` for compute_{arch}:\n{log}", version.0, version.1));
-            entries += ptx.matches(".entry").count();
-            if let Some(ptxas) = &ptxas {
-                let ptx_path = dir.join(format!("{family}-{arch}.ptx"));
-                std::fs::write(&ptx_path, &ptx).expect("write ptx");
-                let out = std::process::Command::new(ptxas)
-                    .arg(format!("-arch=sm_{arch}"))
-                    .arg(&ptx_path)
-                    .arg("-o")
-                    .arg(dir.join(format!("{family}-{arch}.cubin")))
-                    .output()
-                    .unwrap_or_else(|e| panic!("cannot run {ptxas}: {e}"));
-                assert!(
-                    out.status.success(),
-                    "ptxas failed on family `{family}` for sm_{arch}:\n{}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
+    // One job per (arch, family), run on every core: NVRTC compiles separate
+    // programs concurrently and ptxas is a process of its own, and the
+    // check is most of a minute on one core.
+    let jobs: Vec<(&String, &(String, String))> = archs.iter().flat_map(|a| sources.iter().map(move |s| (a, s))).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(jobs.len().max(1));
+    let compile = |(arch, (family, source)): (&String, &(String, String))| -> usize {
+        let ptx = kiln::cuda_check::compile_ptx(family, source, &format!("compute_{arch}"))
+            .unwrap_or_else(|log| panic!("NVRTC {}.{} failed on family `{family}` for compute_{arch}:\n{log}", version.0, version.1));
+        if let Some(ptxas) = &ptxas {
+            let ptx_path = dir.join(format!("{family}-{arch}.ptx"));
+            std::fs::write(&ptx_path, &ptx).expect("write ptx");
+            let out = std::process::Command::new(ptxas)
+                .arg(format!("-arch=sm_{arch}"))
+                .arg(&ptx_path)
+                .arg("-o")
+                .arg(dir.join(format!("{family}-{arch}.cubin")))
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run {ptxas}: {e}"));
+            assert!(
+                out.status.success(),
+                "ptxas failed on family `{family}` for sm_{arch}:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
-    }
+        ptx.matches(".entry").count()
+    };
+    let entries: usize = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut entries = 0;
+                    while let Some(job) = jobs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                        entries += compile(*job);
+                    }
+                    entries
+                })
+            })
+            .collect();
+        // A worker's panic (a failed compile) is re-raised here with its message.
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).sum()
+    });
     let _ = std::fs::remove_dir_all(&dir);
     // Every kernel a module declares is an entry point of its PTX.
     let declared: usize = sources.iter().map(|(_, src)| src.matches("extern \"C\" __global__").count()).sum();
