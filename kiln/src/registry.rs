@@ -8,7 +8,7 @@ use crate::backends::sim::{self, MAX_SIM_GPUS};
 use crate::backends::GPU_BACKENDS;
 use crate::base::device::{Device, DeviceInfo, DeviceKind, FallbackReason};
 use crate::base::error::{Error, Result};
-use crate::kernel::backend::{Backend, QueueHold};
+use crate::kernel::{Backend, QueueHold};
 use crate::runtime::host::host_memory_total;
 use crate::runtime::memory::MemoryStats;
 use std::sync::{OnceLock, RwLock};

@@ -16,8 +16,8 @@ pub(crate) mod sim;
 use crate::base::device::{Device, FallbackReason};
 use crate::base::dtype::DType;
 use crate::base::error::Result;
-use crate::kernel::backend::Backend;
 use crate::kernel::storage::Storage;
+use crate::kernel::Backend;
 use crate::kernel::{Kernel, Out};
 use std::sync::Arc;
 

@@ -1,7 +1,7 @@
 //! Host elements of one dtype: what host kernels read and write, and what
 //! reads to the host return.
 
-use crate::base::dtype::{DType, WithDType};
+use crate::base::dtype::DType;
 use half::{bf16, f16};
 
 /// Elements in host memory, one variant per dtype.
@@ -198,6 +198,77 @@ fn zeroed_vec<T: WithDType>(len: usize) -> Option<Vec<T>> {
         Some(Vec::from_raw_parts(ptr, len, len))
     }
 }
+
+/// A Rust type that can be an element of a tensor.
+pub trait WithDType: Copy + Send + Sync + 'static + std::fmt::Debug + PartialOrd {
+    /// The matching [`DType`].
+    const DTYPE: DType;
+    /// Lossy conversion from f64 (saturating for integers, NaN to 0).
+    fn from_f64(v: f64) -> Self;
+    /// Conversion from i64 as numpy and PyTorch cast: one rounding to a
+    /// float type, wrapping (two's complement truncation) to a narrower
+    /// integer type.
+    fn from_i64(v: i64) -> Self;
+    /// Conversion to f64.
+    fn to_f64(self) -> f64;
+    /// Wraps a vector into a host buffer.
+    fn into_buffer(v: Vec<Self>) -> CpuBuffer;
+    /// Borrows the elements if the buffer has this dtype.
+    fn slice(b: &CpuBuffer) -> Option<&[Self]>;
+    /// Takes the elements if the buffer has this dtype.
+    fn from_buffer(b: CpuBuffer) -> Option<Vec<Self>>;
+    /// Borrows the elements mutably if the buffer has this dtype.
+    fn slice_mut(b: &mut CpuBuffer) -> Option<&mut [Self]>;
+}
+
+macro_rules! with_dtype {
+    ($t:ty, $variant:ident, $from:expr, $to:expr, $from_i64:expr) => {
+        impl WithDType for $t {
+            const DTYPE: DType = DType::$variant;
+            #[inline(always)]
+            fn from_f64(v: f64) -> Self {
+                $from(v)
+            }
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                $to(self)
+            }
+            #[inline(always)]
+            fn from_i64(v: i64) -> Self {
+                $from_i64(v)
+            }
+            fn into_buffer(v: Vec<Self>) -> CpuBuffer {
+                CpuBuffer::$variant(v)
+            }
+            fn slice(b: &CpuBuffer) -> Option<&[Self]> {
+                match b {
+                    CpuBuffer::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn from_buffer(b: CpuBuffer) -> Option<Vec<Self>> {
+                match b {
+                    CpuBuffer::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn slice_mut(b: &mut CpuBuffer) -> Option<&mut [Self]> {
+                match b {
+                    CpuBuffer::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+with_dtype!(f32, F32, |v: f64| v as f32, |x: f32| x as f64, |v: i64| v as f32);
+with_dtype!(f64, F64, |v: f64| v, |x: f64| x, |v: i64| v as f64);
+with_dtype!(i64, I64, |v: f64| v as i64, |x: i64| x as f64, |v: i64| v);
+with_dtype!(i32, I32, |v: f64| v as i32, |x: i32| x as f64, |v: i64| v as i32);
+with_dtype!(u8, U8, |v: f64| v as u8, |x: u8| x as f64, |v: i64| v as u8);
+with_dtype!(f16, F16, f16::from_f64, |x: f16| x.to_f64(), |v: i64| f16::from_f64(v as f64));
+with_dtype!(bf16, BF16, bf16::from_f64, |x: bf16| x.to_f64(), |v: i64| bf16::from_f64(v as f64));
 
 #[cfg(test)]
 mod host_ceiling_tests {

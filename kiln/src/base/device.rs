@@ -3,8 +3,6 @@
 //! Naming a device never touches a backend; which devices exist is the
 //! registry's business (`registry.rs`).
 
-use crate::base::error::{Error, Result};
-
 /// Where a tensor lives: the CPU or the i-th GPU. Naming a device never
 /// fails; using one that does not exist returns [`Error::NoSuchDevice`].
 ///
@@ -35,33 +33,6 @@ impl std::fmt::Display for Device {
             Device::Cpu => f.write_str("cpu"),
             Device::Gpu(i) => write!(f, "gpu({i})"),
         }
-    }
-}
-
-impl std::str::FromStr for Device {
-    type Err = Error;
-    /// Parses `cpu`, `gpu`, `gpu(1)`, `gpu:1`, `cuda:1`, and TensorFlow's `/CPU:0`,
-    /// `/GPU:1`, `/device:GPU:1`.
-    fn from_str(s: &str) -> Result<Device> {
-        let t = s.trim().to_ascii_lowercase();
-        // TensorFlow's `/CPU:0`, `/GPU:1` and `/device:GPU:1` name the same devices.
-        let t = t.strip_prefix('/').unwrap_or(&t);
-        let t = t.strip_prefix("device:").unwrap_or(t);
-        if matches!(t, "cpu" | "cpu:0" | "cpu(0)") {
-            return Ok(Device::Cpu);
-        }
-        for prefix in ["gpu", "cuda"] {
-            if let Some(rest) = t.strip_prefix(prefix) {
-                let rest = rest.trim_start_matches([':', '(']).trim_end_matches(')');
-                if rest.is_empty() {
-                    return Ok(Device::Gpu(0));
-                }
-                if let Ok(i) = rest.parse() {
-                    return Ok(Device::Gpu(i));
-                }
-            }
-        }
-        Err(Error::invalid("device", format!("`{s}` is not a device; write `cpu`, `gpu`, `gpu(1)` or `gpu:1`")))
     }
 }
 

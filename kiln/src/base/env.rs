@@ -1,6 +1,8 @@
 //! Settings from the environment: every kiln variable is read through
-//! these, so a malformed value is reported the same way everywhere.
+//! these, so a malformed value is reported the same way everywhere; and the
+//! parsers of what a user writes for a setting (a size, a device).
 
+use crate::base::device::Device;
 use crate::base::error::{Error, Result};
 
 /// Reads a setting from the environment. A malformed value is ignored with
@@ -86,6 +88,33 @@ pub fn parse_bytes(text: &str) -> Result<usize> {
         }
     };
     Ok((value * scale) as usize)
+}
+
+impl std::str::FromStr for Device {
+    type Err = Error;
+    /// Parses `cpu`, `gpu`, `gpu(1)`, `gpu:1`, `cuda:1`, and TensorFlow's `/CPU:0`,
+    /// `/GPU:1`, `/device:GPU:1`.
+    fn from_str(s: &str) -> Result<Device> {
+        let t = s.trim().to_ascii_lowercase();
+        // TensorFlow's `/CPU:0`, `/GPU:1` and `/device:GPU:1` name the same devices.
+        let t = t.strip_prefix('/').unwrap_or(&t);
+        let t = t.strip_prefix("device:").unwrap_or(t);
+        if matches!(t, "cpu" | "cpu:0" | "cpu(0)") {
+            return Ok(Device::Cpu);
+        }
+        for prefix in ["gpu", "cuda"] {
+            if let Some(rest) = t.strip_prefix(prefix) {
+                let rest = rest.trim_start_matches([':', '(']).trim_end_matches(')');
+                if rest.is_empty() {
+                    return Ok(Device::Gpu(0));
+                }
+                if let Ok(i) = rest.parse() {
+                    return Ok(Device::Gpu(i));
+                }
+            }
+        }
+        Err(Error::invalid("device", format!("`{s}` is not a device; write `cpu`, `gpu`, `gpu(1)` or `gpu:1`")))
+    }
 }
 
 #[cfg(test)]

@@ -29,19 +29,11 @@ pub(crate) trait Engine: Send + Sync {
 /// An engine's constructor: `None` when it does not serve this launch.
 pub(crate) type Open = fn(&Launch, Duration) -> Option<Result<Box<dyn Engine>>>;
 
-/// The engines, in the order they are tried for a launch. A new engine is a
-/// folder under `dist/` plus one line here.
-pub(crate) const ENGINES: &[(&str, Open)] = &[
-    #[cfg(feature = "mpi")]
-    ("mpi", super::mpi::open),
-    ("single", open_single),
-];
-
 /// A world of one: every collective returns this rank's own data (the
 /// reduction of one tensor), as PyTorch's with one process.
 pub(crate) struct Single;
 
-fn open_single(launch: &Launch, _: Duration) -> Option<Result<Box<dyn Engine>>> {
+pub(super) fn open_single(launch: &Launch, _: Duration) -> Option<Result<Box<dyn Engine>>> {
     (launch.size == 1).then(|| Ok(Box::new(Single) as Box<dyn Engine>))
 }
 

@@ -45,10 +45,7 @@ impl From<NnError> for crate::Error {
     fn from(e: NnError) -> crate::Error {
         match e {
             NnError::InvalidArgument { op, msg } => crate::Error::InvalidArgument { op: op.to_string(), msg },
-            NnError::OutOfMemory { bytes, .. } => {
-                let in_use = crate::memory_stats(&crate::Device::Cpu).map(|s| s.in_use).unwrap_or(0);
-                crate::runtime::host::host_out_of_memory(crate::Device::Cpu, bytes, in_use)
-            }
+            NnError::OutOfMemory { bytes, .. } => crate::runtime::memory::host_oom(bytes),
         }
     }
 }

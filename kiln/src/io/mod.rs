@@ -54,7 +54,7 @@ pub use npy::{npy_from_bytes, npy_to_bytes, read_npy, write_npy};
 pub use npz::{npz_from_bytes, npz_from_bytes_ordered, npz_to_bytes, read_npz, read_npz_ordered, write_npz};
 pub use safetensors::{load_safetensors, save_safetensors};
 
-use crate::runtime::host::try_vec;
+use crate::runtime::memory::try_vec;
 use crate::{CpuBuffer, DType, Error, Result};
 use half::{bf16, f16};
 use std::io::{Read, Write};

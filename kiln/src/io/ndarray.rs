@@ -7,8 +7,8 @@
 //! an owned array after one read to the host, which is a device-to-host
 //! transfer booked at the caller's line when the tensor is on a GPU.
 
-use crate::runtime::host::try_vec;
 use crate::runtime::ledger;
+use crate::runtime::memory::try_vec;
 use crate::{Device, Error, Result, Shape, Tensor, WithDType};
 use ndarray::{Array2, ArrayBase, ArrayD, Data, Dimension, IxDyn};
 use std::panic::Location;

@@ -3,8 +3,8 @@
 //! spaces to a multiple of 64 bytes, then the elements.
 
 use super::{decode, encode_le, fortran_to_c, ByteOrder, DecodeError, ElemFormat, Origin};
-use crate::runtime::host::try_vec;
 use crate::runtime::ledger;
+use crate::runtime::memory::try_vec;
 use crate::{DType, Device, Result, Shape, Tensor};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::panic::Location;

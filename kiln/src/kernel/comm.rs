@@ -39,7 +39,7 @@ pub(crate) struct Part {
 
 /// Collectives over the devices of one backend. The front end calls them
 /// only with parts whose devices all return this communicator from
-/// [`Backend::communicator`](crate::kernel::backend::Backend::communicator),
+/// [`Backend::communicator`](crate::kernel::Backend::communicator),
 /// at least two of them, validated (same dtype, lengths as documented,
 /// distinct devices); `parts` may name any subset of the devices in any
 /// order. All are in place and asynchronous (see the module's doc).
@@ -73,7 +73,7 @@ pub(crate) trait Communicator: Send + Sync {
     /// after every public collective; the data-parallel trainer joins once
     /// before the optimizer step, so that backward's kernels queued
     /// meanwhile overlap the communication.
-    fn join(&self, backends: &[&'static dyn crate::kernel::backend::Backend]) -> Result<()>;
+    fn join(&self, backends: &[&'static dyn crate::kernel::Backend]) -> Result<()>;
 }
 
 /// The chunks a ring cuts `len` elements into for `n` devices: `n` runs,

@@ -7,7 +7,7 @@
 //! queue, while the host already holds the tensor.
 
 use crate::base::buffer::CpuBuffer;
-use crate::kernel::backend::Backend;
+use crate::kernel::Backend;
 use crate::kernel::Out;
 use crate::runtime::fork::Busy;
 use crate::runtime::memory::CPU_POOL;

@@ -7,7 +7,8 @@
 
 use crate::backends::host::num::Convert;
 use crate::base::buffer::CpuBuffer;
-use crate::base::dtype::{DType, WithDType};
+use crate::base::buffer::WithDType;
+use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::Layout;
 use crate::kernel::cuda::{c_type, dtype_tag, lays, CudaDevice, CudaModule, BLOCK};

@@ -16,7 +16,8 @@
 //! call (`kernel::index_check`), both naming `cross_entropy`.
 
 use crate::base::buffer::CpuBuffer;
-use crate::base::dtype::{DType, WithDType};
+use crate::base::buffer::WithDType;
+use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
 use crate::kernel::cuda::{c_type, dtype_tag, lay, CudaDevice, CudaModule, BLOCK};
@@ -25,7 +26,7 @@ use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
 use crate::map_buffer;
 use crate::ops::index_select::index_list;
-use crate::runtime::host::try_vec;
+use crate::runtime::memory::try_vec;
 use crate::Tensor;
 use std::sync::Arc;
 

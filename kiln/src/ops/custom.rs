@@ -11,7 +11,8 @@
 //! kiln's prelude) and launches the function the op names.
 
 use crate::base::buffer::CpuBuffer;
-use crate::base::dtype::{DType, WithDType};
+use crate::base::buffer::WithDType;
+use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
 use crate::kernel::cuda::{CudaDevice, CudaModule, KernelArgs};

@@ -5,7 +5,8 @@
 
 use crate::backends::host::loops::{fill, CHUNK, PAR_MIN};
 use crate::base::buffer::CpuBuffer;
-use crate::base::dtype::{DType, WithDType};
+use crate::base::buffer::WithDType;
+use crate::base::dtype::DType;
 use crate::base::error::Result;
 use crate::kernel::cuda::{c_type, dtype_tag, CudaDevice, CudaModule, BLOCK};
 use crate::kernel::storage::Storage;

@@ -10,7 +10,7 @@ use crate::kernel::cuda::{c_type, dtype_tag, lay, CudaDevice, CudaModule, BLOCK}
 use crate::kernel::index_check::IndexCheck;
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
-use crate::runtime::host::try_vec;
+use crate::runtime::memory::try_vec;
 use crate::tensor::{check_dim, check_same_device, Dim};
 use crate::Tensor;
 use std::sync::Arc;

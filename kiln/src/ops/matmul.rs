@@ -8,7 +8,8 @@
 use crate::backends::host::loops::fill;
 use crate::backends::host::num::Num;
 use crate::base::buffer::CpuBuffer;
-use crate::base::dtype::{DType, WithDType};
+use crate::base::buffer::WithDType;
+use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::{broadcast_dims, Dims, Layout, Shape};
 use crate::kernel::cuda::{c_type, dtype_tag, make_lay, merge_dims, CudaDevice, CudaModule, GemmCall, BLOCK};

@@ -16,7 +16,7 @@ use crate::host_nn::{self, BatchNormParams, LayerNormParams};
 use crate::kernel::cuda::{dtype_tag, grid_for_blocks, CudaDevice, CudaModule, BLOCK};
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
-use crate::runtime::host::try_vec;
+use crate::runtime::memory::try_vec;
 use crate::tensor::{check_same_device, check_same_dtype};
 use crate::Tensor;
 use std::sync::Arc;

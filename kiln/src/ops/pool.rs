@@ -13,7 +13,7 @@ use crate::host_nn::{self, AdaptivePool2dParams, AvgPool2dParams, MaxPool2dParam
 use crate::kernel::cuda::{dtype_tag, CudaDevice, CudaModule, BLOCK};
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
-use crate::runtime::host::try_vec;
+use crate::runtime::memory::try_vec;
 use crate::Tensor;
 use std::sync::Arc;
 

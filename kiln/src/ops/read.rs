@@ -43,7 +43,7 @@ impl Tensor {
         }
         let (rows, cols) = (self.dims()[0], self.dims()[1]);
         let flat = self.read_as::<T>("to_vec2")?;
-        let mut out = crate::runtime::host::try_vec(rows)?;
+        let mut out = crate::runtime::memory::try_vec(rows)?;
         if cols == 0 {
             out.resize(rows, Vec::new());
         } else {

@@ -13,7 +13,7 @@ use super::gather::{base_view, check_index, ALL_DTYPES, GATHER_INDEX_DTYPES};
 use super::index_select::index_list;
 use crate::backends::host::num::Num;
 use crate::base::buffer::CpuBuffer;
-use crate::base::dtype::WithDType;
+use crate::base::buffer::WithDType;
 use crate::base::error::Result;
 use crate::base::shape::{Dims, Layout, Shape};
 use crate::kernel::cuda::{c_type, dtype_tag, lays, CudaDevice, CudaModule, BLOCK};

@@ -66,6 +66,9 @@ impl Busy {
     /// thread's outermost one and a fork is being prepared.
     #[inline]
     pub(crate) fn enter() -> Busy {
+        // Before any thread is first marked busy (one atomic load after
+        // the first call).
+        install_handlers();
         match thread_slot::mine() {
             Some(i) => {
                 let depth = &SLOTS[i].depth;
@@ -151,8 +154,9 @@ pub(crate) fn in_child() -> bool {
     CHILD.load(Ordering::Relaxed)
 }
 
-/// Registers the fork handlers once per process (called when a thread
-/// first claims its slot, so before any thread can be busy).
+/// Registers the fork handlers once per process (called by
+/// [`Busy::enter`], so before any thread can be busy).
+#[inline]
 pub(crate) fn install_handlers() {
     static DONE: OnceLock<()> = OnceLock::new();
     DONE.get_or_init(|| {

@@ -3,8 +3,7 @@
 //! `/proc/cpuinfo` by hand before, which only Linux has). Each answer is
 //! `None` where the OS does not tell.
 
-use crate::base::device::Device;
-use crate::base::error::{Error, HostLimit, Result};
+use crate::base::error::HostLimit;
 use sysinfo::{CpuRefreshKind, MemoryRefreshKind, System};
 
 /// The host's RAM in bytes (all of it, not a container's limit).
@@ -122,18 +121,6 @@ pub(crate) fn cpu_name() -> Option<String> {
         sys.cpus().first().map(|c| c.brand().trim().to_string()).filter(|b| !b.is_empty())
     })
     .clone()
-}
-
-/// Host memory refused for a kernel's temporary of `bytes`.
-pub(crate) fn host_oom(bytes: usize) -> Error {
-    let in_use = crate::runtime::memory::CPU_POOL.stats().in_use;
-    host_out_of_memory(Device::Cpu, bytes, in_use)
-}
-
-/// `len` elements in a new vector, or `OutOfMemory` when the host refuses
-/// (a `Vec` that grows infallibly would abort the process instead).
-pub(crate) fn try_vec<T>(len: usize) -> Result<Vec<T>> {
-    crate::base::buffer::try_with_capacity(len).ok_or_else(|| host_oom(len.saturating_mul(std::mem::size_of::<T>())))
 }
 
 #[cfg(test)]

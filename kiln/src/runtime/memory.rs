@@ -520,3 +520,14 @@ fn medium_put(buf: CpuBuffer) {
         kept.push(buf);
     });
 }
+/// Host memory refused for a kernel's temporary of `bytes`.
+pub(crate) fn host_oom(bytes: usize) -> Error {
+    let in_use = CPU_POOL.stats().in_use;
+    crate::runtime::host::host_out_of_memory(crate::Device::Cpu, bytes, in_use)
+}
+
+/// `len` elements in a new vector, or `OutOfMemory` when the host refuses
+/// (a `Vec` that grows infallibly would abort the process instead).
+pub(crate) fn try_vec<T>(len: usize) -> Result<Vec<T>> {
+    crate::base::buffer::try_with_capacity(len).ok_or_else(|| host_oom(len.saturating_mul(std::mem::size_of::<T>())))
+}

@@ -31,8 +31,6 @@ impl Drop for Claim {
 
 impl Claim {
     fn new() -> Claim {
-        // Before this thread can hold any storage lock (fork.rs).
-        crate::runtime::fork::install_handlers();
         for (i, taken) in TAKEN.iter().enumerate() {
             if taken.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
                 USED.fetch_max(i + 1, Ordering::AcqRel);

@@ -7,12 +7,13 @@
 //! op for autograd (`autograd::record`). The ops themselves live in `ops/`.
 
 use crate::backends;
+use crate::base::buffer::WithDType;
 use crate::base::device::Device;
-use crate::base::dtype::{DType, WithDType};
+use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::{Layout, Shape};
-use crate::kernel::backend::Backend;
 use crate::kernel::storage::{Storage, StorageHandle};
+use crate::kernel::Backend;
 use crate::kernel::{Kernel, Src};
 use smallvec::SmallVec;
 use std::borrow::Cow;

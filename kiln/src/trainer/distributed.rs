@@ -24,8 +24,8 @@
 //!
 //! [`TrainerBuilder::bucket_size`]: super::TrainerBuilder::bucket_size
 
+use super::batch::{owned_input, split_batch};
 use super::buckets::plan_buckets;
-use super::fit::{owned_input, split_batch};
 use super::metrics::Sums;
 use super::Trainer;
 use crate::comm::ReduceOp;

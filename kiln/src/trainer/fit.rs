@@ -1,43 +1,16 @@
 //! The fit loop: [`Trainer::fit`], one epoch's steps, [`Trainer::evaluate`]
 //! and [`Trainer::predict`].
 
+use super::batch::{owned_input, split_batch};
 use super::metrics::{accumulate, mean, ParallelProbe, Sums};
 use super::parallel::{Replicas, Resident};
 use super::progress::Bar;
 use super::{EpochEnd, EpochStats, Evaluation, FitStart, History, Learner, Trainer};
 use crate::data::{DataLoader, DataModule};
 use crate::nn::{Loss, Module};
-use crate::{no_grad, Device, Error, Result, Tensor};
+use crate::{no_grad, Error, Result, Tensor};
 use std::panic::Location;
 use std::time::Instant;
-
-pub(super) fn split_batch<'a>(op: &str, batch: &'a [Tensor]) -> Result<(&'a Tensor, &'a Tensor)> {
-    match batch {
-        [x, y, ..] => Ok((x, y)),
-        _ => Err(Error::invalid(op, format!("a batch needs features and targets (2 tensors), got {}", batch.len()))),
-    }
-}
-
-/// A forward that failed because a tensor the model computes with was not
-/// moved with its parameters. The Trainer owns the input and moved it, so
-/// the message says what to fix in the model instead of suggesting to move
-/// an operand.
-pub(crate) fn owned_input(op: &str, device: Device, e: Error) -> Error {
-    match e {
-        Error::DeviceMismatch { op: what, lhs, rhs } if lhs != device || rhs != device => {
-            let elsewhere = if lhs != device { lhs } else { rhs };
-            Error::invalid(
-                op,
-                format!(
-                    "the Trainer moved the model and the batch to {device}, yet the forward met a tensor on {elsewhere} ({what}); \
-                     every tensor a model computes with must be listed by its `named_parameters` and `visit_parameters_mut`, \
-                     so that `Module::to` moves it"
-                ),
-            )
-        }
-        other => other,
-    }
-}
 
 impl Trainer {
     /// Creates the parameters of lazy layers (the chapter's `LazyLinear`)

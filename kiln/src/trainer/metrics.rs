@@ -53,7 +53,7 @@ pub struct ParallelStats {
 /// Snapshots taken at an epoch's start to report its [`ParallelStats`].
 pub(super) struct ParallelProbe {
     devices: Vec<Device>,
-    times: Option<Vec<crate::kernel::backend::QueueTimes>>,
+    times: Option<Vec<crate::kernel::QueueTimes>>,
     ledger: crate::TransferStats,
 }
 
@@ -77,7 +77,7 @@ impl ParallelProbe {
         let n = self.devices.len() as f64;
         let (compute, wait) = match (self.times, queue_times(&self.devices)) {
             (Some(a), Some(b)) => {
-                let sum = |f: fn(&crate::kernel::backend::QueueTimes) -> u64| {
+                let sum = |f: fn(&crate::kernel::QueueTimes) -> u64| {
                     a.iter().zip(&b).map(|(a, b)| f(b).saturating_sub(f(a)) as f64 * 1e-9).sum::<f64>() / n
                 };
                 (Some(sum(|t| t.compute_ns)), Some(sum(|t| t.wait_ns)))
@@ -89,7 +89,7 @@ impl ParallelProbe {
     }
 }
 
-fn queue_times(devices: &[Device]) -> Option<Vec<crate::kernel::backend::QueueTimes>> {
+fn queue_times(devices: &[Device]) -> Option<Vec<crate::kernel::QueueTimes>> {
     devices.iter().map(|d| crate::registry::backend(*d).ok().and_then(|b| b.queue_times())).collect()
 }
 

@@ -40,6 +40,7 @@ use std::panic::Location;
 #[cfg(feature = "plot")]
 use std::path::PathBuf;
 
+mod batch;
 mod bench;
 mod buckets;
 mod builder;

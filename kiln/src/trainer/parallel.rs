@@ -34,8 +34,8 @@
 //! [`TrainerBuilder::bucket_size`]: super::TrainerBuilder::bucket_size
 //! [`TrainerBuilder::check_replicas`]: super::TrainerBuilder::check_replicas
 
+use super::batch::owned_input;
 use super::buckets::{bucket_index, plan_buckets};
-use super::fit::owned_input;
 use super::metrics::Sums;
 use crate::autograd::backward_lockstep;
 use crate::data::{array_split, batch_ranges, DataLoader};

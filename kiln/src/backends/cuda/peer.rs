@@ -3,8 +3,8 @@
 
 use super::{ck, dev_ptr, CudaBackend, Raw};
 use crate::base::error::Result;
-use crate::kernel::backend::QueueHold;
 use crate::kernel::index_check::FaultRecord;
+use crate::kernel::QueueHold;
 use crate::kernel::Src;
 use cudarc::driver::sys as cu;
 use std::ffi::{c_int, c_void};

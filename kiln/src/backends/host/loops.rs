@@ -5,7 +5,7 @@
 //! over kiln's pool when `threads > 1` (the caller holds the locks).
 
 use super::num::Accumulate;
-use crate::base::dtype::WithDType;
+use crate::base::buffer::WithDType;
 use crate::base::shape::{Dims, Layout, Shape};
 use crate::runtime::pool::on_pool;
 use rayon::prelude::*;

@@ -12,14 +12,14 @@ pub(crate) mod small_sgemm;
 pub(crate) use dense::run_dense_small;
 
 use crate::base::buffer::CpuBuffer;
+use crate::base::buffer::WithDType;
 use crate::base::device::Device;
-use crate::base::dtype::WithDType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::Layout;
 use crate::kernel::storage::{OperandLocks, Storage};
 use crate::kernel::{HostIn, Kernel, Out, Src};
 use crate::map_buffer;
-use crate::runtime::host::try_vec;
+use crate::runtime::memory::try_vec;
 use smallvec::SmallVec;
 
 /// Runs one kernel to completion on this thread (and kiln's pool when

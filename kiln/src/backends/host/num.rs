@@ -4,7 +4,7 @@
 //! these, so an op's host kernel is one expression for every dtype.
 
 use crate::base::buffer::CpuBuffer;
-use crate::base::dtype::WithDType;
+use crate::base::buffer::WithDType;
 use crate::map_buffer;
 use half::{bf16, f16};
 

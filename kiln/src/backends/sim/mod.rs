@@ -13,8 +13,8 @@ use crate::base::device::{Device, DeviceKind};
 use crate::base::dtype::DType;
 use crate::base::env::{env_setting, parse_bytes};
 use crate::base::error::{human_bytes, Error, Result};
-use crate::kernel::backend::{Backend, Event, QueueHold};
 use crate::kernel::storage::{Buffer, Storage};
+use crate::kernel::{Backend, Event, QueueHold};
 use crate::kernel::{Kernel, Src};
 use crate::runtime::memory::MemoryPool;
 pub(crate) use queue::now_ns;
@@ -245,13 +245,13 @@ impl Backend for SimBackend {
     fn communicator(&self) -> Option<&'static dyn crate::kernel::comm::Communicator> {
         Some(&ring::RING)
     }
-    fn queue_times(&self) -> Option<crate::kernel::backend::QueueTimes> {
+    fn queue_times(&self) -> Option<crate::kernel::QueueTimes> {
         let t = &self.queue.progress.timers;
         let comm = self
             .comm
             .get()
             .map_or(0, |c| c.progress.timers.kernels_ns.load(Ordering::Relaxed) + c.progress.timers.waits_ns.load(Ordering::Relaxed));
-        Some(crate::kernel::backend::QueueTimes {
+        Some(crate::kernel::QueueTimes {
             compute_ns: t.kernels_ns.load(Ordering::Relaxed),
             wait_ns: t.waits_ns.load(Ordering::Relaxed),
             comm_ns: comm,

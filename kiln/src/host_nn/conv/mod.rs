@@ -14,6 +14,13 @@
 //! - anything else ([`im2col`]): the input unfolded one tile of output
 //!   columns at a time.
 //!
+//! The rooms, bottom up: [`band`] (the padded input band every stride-1
+//! path reads) and [`tiles`] (the instruction-set row kernels: the direct
+//! register tiles and Winograd's transforms); then the algorithms
+//! ([`pointwise`], [`shifted`], [`direct`], [`winograd`], [`im2col`]), which
+//! never call each other; the choice among them is made here only
+//! (`which`, `stride_one_forward`, `stride_one_weight`).
+//!
 //! As in PyTorch, padding takes part in the products as zeros: an infinite
 //! weight or output gradient meets it as ∞ · 0 = NaN.
 //!
@@ -23,19 +30,23 @@
 //! the order of the sums within a block depends on its size, so the last
 //! bits may differ between thread counts).
 
+mod band;
 mod direct;
 mod geom;
 mod im2col;
 mod params;
 mod pointwise;
 mod shifted;
+mod tiles;
 mod winograd;
 
 pub use params::{Conv2dParams, ConvTranspose2dParams, Padding2d};
 
+use crate::host_nn::vector::{level, Level};
 use crate::host_nn::work::{check_len, for_each_unit, part, zeroed, SharedMut};
 use crate::host_nn::{NnFloat, NnResult};
 pub(crate) use geom::Geom;
+use tiles::Kernels;
 
 /// Target workspace per thread, in bytes.
 pub(crate) const WORKSPACE_BYTES: usize = 1 << 20;
@@ -62,6 +73,92 @@ enum Path {
     Pointwise,
     Shifted,
     Im2col,
+}
+
+// Which stride-1 algorithm computes a convolution: the f32 row kernels of
+// this CPU (Winograd where it applies, else the direct tiles) or the
+// per-tap products of `shifted` for everything else.
+
+/// A stride-1 forward (and input gradient: the forward of the flipped
+/// geometry).
+fn stride_one_forward<T: NnFloat>(
+    g: &Geom,
+    input: &[T],
+    tw: TapWeights<'_, T>,
+    bias: Option<&[T]>,
+    out: &mut [T],
+    threads: usize,
+) -> NnResult<()> {
+    if let (Some(x), Some(o)) = (T::as_f32(input), T::as_f32_mut(out)) {
+        #[cfg(target_arch = "x86_64")]
+        match level() {
+            Level::Avx512 => return forward_f32::<crate::host_nn::vector::Avx512, T>(g, x, tw, bias, o, threads),
+            Level::Avx2 => return forward_f32::<crate::host_nn::vector::Avx2, T>(g, x, tw, bias, o, threads),
+            Level::Portable => {}
+        }
+        let _ = (x, o);
+    }
+    shifted::forward(g, input, tw, bias, out, threads)
+}
+
+/// A stride-1 weight gradient of group `grp`'s input channels `c` over
+/// images `n`, added to `acc`.
+#[allow(clippy::too_many_arguments)]
+fn stride_one_weight<T: NnFloat>(
+    g: &Geom,
+    input: &[T],
+    dout: &[T],
+    n: (usize, usize),
+    grp: usize,
+    c: (usize, usize),
+    acc: &mut [T],
+    ws: &mut Workspace<T>,
+) -> NnResult<()> {
+    if let (Some(x), Some(d), Some(a)) = (T::as_f32(input), T::as_f32(dout), T::as_f32_mut(acc)) {
+        #[cfg(target_arch = "x86_64")]
+        match level() {
+            Level::Avx512 => return accumulate_weight_f32::<crate::host_nn::vector::Avx512, T>(g, x, d, n, grp, c, a, ws),
+            Level::Avx2 => return accumulate_weight_f32::<crate::host_nn::vector::Avx2, T>(g, x, d, n, grp, c, a, ws),
+            Level::Portable => {}
+        }
+        let _ = (x, d, a);
+    }
+    shifted::accumulate_weight(g, input, dout, n, grp, c, acc, ws)
+}
+
+/// The f32 forward: Winograd where it applies and the input is finite,
+/// else the direct tiles.
+fn forward_f32<I: Kernels, T: NnFloat>(
+    g: &Geom,
+    input: &[f32],
+    tw: TapWeights<'_, T>,
+    bias: Option<&[T]>,
+    out: &mut [f32],
+    threads: usize,
+) -> NnResult<()> {
+    if winograd::applies(g) && winograd::forward::<I, T>(g, input, tw, bias, out, threads)? {
+        return Ok(());
+    }
+    direct::forward::<I, T>(g, input, tw, bias, out, threads)
+}
+
+/// The f32 weight gradient: Winograd where it applies and the values are
+/// finite, else the direct tiles.
+#[allow(clippy::too_many_arguments)]
+fn accumulate_weight_f32<I: Kernels, T: NnFloat>(
+    g: &Geom,
+    input: &[f32],
+    dout: &[f32],
+    n: (usize, usize),
+    grp: usize,
+    c: (usize, usize),
+    acc: &mut [f32],
+    ws: &mut Workspace<T>,
+) -> NnResult<()> {
+    if winograd::applies(g) && winograd::accumulate_weight::<I, T>(g, input, dout, n, grp, c, acc, ws)? {
+        return Ok(());
+    }
+    direct::accumulate_weight::<I, T>(g, input, dout, n, grp, c, acc, ws)
 }
 
 /// The weight of group `grp` at kernel tap `tap` as an `ocg × icg` matrix,
@@ -128,7 +225,7 @@ fn forward_geom<T: NnFloat>(g: &Geom, input: &[T], weight: &[T], bias: Option<&[
     }
     match which(g) {
         Path::Pointwise => pointwise::forward(g, input, weight, bias, out, threads),
-        Path::Shifted => shifted::forward(g, input, TapWeights::plain(g, weight), bias, out, threads),
+        Path::Shifted => stride_one_forward(g, input, TapWeights::plain(g, weight), bias, out, threads),
         Path::Im2col => {
             im2col::forward(g, input, weight, out, threads)?;
             add_bias(g, bias, out);
@@ -149,7 +246,7 @@ fn backward_input_geom<T: NnFloat>(g: &Geom, weight: &[T], dout: &[T], gin: &mut
     check_reach("conv2d_backward", g)?;
     match which(g) {
         Path::Pointwise => pointwise::backward_input(g, weight, dout, gin, threads),
-        Path::Shifted => shifted::forward(&g.flipped(), dout, TapWeights::flipped(g, weight), None, gin, threads),
+        Path::Shifted => stride_one_forward(&g.flipped(), dout, TapWeights::flipped(g, weight), None, gin, threads),
         Path::Im2col => im2col::backward_input(g, weight, dout, gin, threads),
     }
 }
@@ -171,7 +268,7 @@ fn backward_weight_geom<T: NnFloat>(g: &Geom, input: &[T], dout: &[T], gw: &mut 
     let accumulate = |acc: &mut [T], ws: &mut Workspace<T>, n0: usize, n1: usize, grp: usize, c0: usize, c1: usize| -> NnResult<()> {
         match path {
             Path::Pointwise => pointwise::accumulate_weight(g, input, dout, (n0, n1), grp, (c0, c1), acc),
-            Path::Shifted => shifted::accumulate_weight(g, input, dout, (n0, n1), grp, (c0, c1), acc, ws),
+            Path::Shifted => stride_one_weight(g, input, dout, (n0, n1), grp, (c0, c1), acc, ws),
             Path::Im2col => im2col::accumulate_weight(g, input, dout, (n0, n1), grp, (c0, c1), acc, ws),
         }
     };

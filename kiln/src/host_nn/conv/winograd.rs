@@ -2,8 +2,8 @@
 //! each 2×2 block of outputs is `Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A` of its 4×4
 //! input tile, so the channel sums become 16 products (one per element of
 //! the transformed tile) of 4 multiply-adds per output instead of 9: 2.25×
-//! fewer. The products run on the position-lane tiles of [`super::direct`]
-//! with tiles of outputs along the lanes; the input gradient is the forward
+//! fewer. The products run on the position-lane register tiles
+//! ([`super::tiles`], those of [`super::direct`]) with tiles of outputs along the lanes; the input gradient is the forward
 //! of the flipped geometry, and the weight gradient is
 //! `Gᵀ [Σ_tiles (A dY Aᵀ) ⊙ (Bᵀ d B)] G`.
 //!
@@ -12,8 +12,9 @@
 //! or output gradient makes the call report it, and the caller computes
 //! that convolution directly instead (rare, and exact).
 
-use super::direct::{forward_block, forward_vectors, Kernels};
+use super::band::fill_band;
 use super::geom::Geom;
+use super::tiles::{channel_shape, forward_block, forward_vectors, Kernels};
 use super::{TapWeights, Workspace};
 use crate::host_nn::work::{for_each_unit, zeroed, SharedMut};
 use crate::host_nn::{NnError, NnFloat, NnResult};
@@ -26,121 +27,6 @@ const BUDGET: usize = 1 << 20;
 /// channels for the transforms to pay, outputs of at least 4×4.
 pub(crate) fn applies(g: &Geom) -> bool {
     g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 && g.icg >= 16 && g.ocg >= 16 && g.oh >= 4 && g.ow >= 4
-}
-
-/// The transform bodies, compiled inside each instruction set's
-/// `#[target_feature]` entry points ([`Kernels`]).
-// The transforms index the 4×4 tiles as their formulas do.
-#[allow(clippy::needless_range_loop)]
-pub(crate) mod body {
-    use crate::host_nn::vector::Isa;
-
-    /// `Bᵀ d B` of a row of tiles: `rows[r]` is row r of the tiles' 4-row
-    /// strip of the band (tile j's columns at `2j .. 2j + 4`); tile j's
-    /// element ξ goes to `v[ξ·xi_stride + j]`. Writes up to `LANES − 1`
-    /// tiles past `tw` (the caller leaves room).
-    ///
-    /// # Safety
-    /// The CPU has `I`; each row holds `2·tw + 2·LANES + 2` values; `v` has
-    /// room for the writes.
-    #[inline(always)]
-    pub unsafe fn input_row<I: Isa>(rows: [*const f32; 4], tw: usize, v: *mut f32, xi_stride: usize) {
-        unsafe {
-            let mut j = 0;
-            while j < tw {
-                let mut e = [[I::zero(); 4]; 4];
-                for (er, row) in e.iter_mut().zip(rows) {
-                    let (d0, d1) = I::load_even_odd(row.add(2 * j));
-                    let (d2, d3) = I::load_even_odd(row.add(2 * j + 2));
-                    *er = [I::sub(d0, d2), I::add(d1, d2), I::sub(d2, d1), I::sub(d1, d3)];
-                }
-                for k in 0..4 {
-                    let at = v.add(k * xi_stride + j);
-                    I::store(at, I::sub(e[0][k], e[2][k]));
-                    I::store(at.add(4 * xi_stride), I::add(e[1][k], e[2][k]));
-                    I::store(at.add(8 * xi_stride), I::sub(e[2][k], e[1][k]));
-                    I::store(at.add(12 * xi_stride), I::sub(e[1][k], e[3][k]));
-                }
-                j += I::LANES;
-            }
-        }
-    }
-
-    /// `Aᵀ m A + bias` of a row of tiles (tile j's element ξ at
-    /// `m[ξ·xi_stride + j]`): output rows `out[0]` and, when `rows` is 2,
-    /// `out[1]`, columns `2j, 2j + 1` below `ow`.
-    ///
-    /// # Safety
-    /// The CPU has `I`; `m` is readable at every element of `tw` tiles
-    /// rounded up to whole vectors; the output rows hold `ow` values,
-    /// `ow ≤ 2·tw`.
-    #[inline(always)]
-    pub unsafe fn output_row<I: Isa>(m: *const f32, xi_stride: usize, tw: usize, bias: f32, out: [*mut f32; 2], rows: usize, ow: usize) {
-        unsafe {
-            let b = I::splat(bias);
-            let mut j = 0;
-            while j < tw {
-                let mut s = [[I::zero(); 4]; 2];
-                for k in 0..4 {
-                    let at = m.add(k * xi_stride + j);
-                    let (m0, m1, m2, m3) =
-                        (I::load(at), I::load(at.add(4 * xi_stride)), I::load(at.add(8 * xi_stride)), I::load(at.add(12 * xi_stride)));
-                    s[0][k] = I::add(I::add(m0, m1), m2);
-                    s[1][k] = I::sub(I::sub(m1, m2), m3);
-                }
-                for (a, sa) in s.iter().enumerate().take(rows) {
-                    let y0 = I::add(I::add(I::add(sa[0], sa[1]), sa[2]), b);
-                    let y1 = I::add(I::sub(I::sub(sa[1], sa[2]), sa[3]), b);
-                    let (lo, hi) = I::interleave(y0, y1);
-                    let dst = out[a].add(2 * j);
-                    let left = ow - 2 * j;
-                    if left >= 2 * I::LANES {
-                        I::store(dst, lo);
-                        I::store(dst.add(I::LANES), hi);
-                    } else {
-                        let mut tail = [0f32; 32];
-                        I::store(tail.as_mut_ptr(), lo);
-                        I::store(tail.as_mut_ptr().add(I::LANES), hi);
-                        std::ptr::copy_nonoverlapping(tail.as_ptr(), dst, left);
-                    }
-                }
-                j += I::LANES;
-            }
-        }
-    }
-
-    /// `A dY Aᵀ` of a row of output-gradient tiles: `rows[a]` is gradient
-    /// row a of the tiles (tile j's columns at `2j, 2j + 1`, zero past the
-    /// output); tile j's element ξ goes to `z[ξ·xi_stride + j]`. Writes up
-    /// to `LANES − 1` tiles past `tw`.
-    ///
-    /// # Safety
-    /// The CPU has `I`; each row holds `2·tw + 2·LANES` values; `z` has room.
-    #[inline(always)]
-    pub unsafe fn gradient_row<I: Isa>(rows: [*const f32; 2], tw: usize, z: *mut f32, xi_stride: usize) {
-        unsafe {
-            let zero = I::zero();
-            let mut j = 0;
-            while j < tw {
-                let (y00, y01) = I::load_even_odd(rows[0].add(2 * j));
-                let (y10, y11) = I::load_even_odd(rows[1].add(2 * j));
-                let q = [
-                    [y00, y01],
-                    [I::add(y00, y10), I::add(y01, y11)],
-                    [I::sub(y00, y10), I::sub(y01, y11)],
-                    [I::sub(zero, y10), I::sub(zero, y11)],
-                ];
-                for (r, [a, b]) in q.iter().enumerate() {
-                    let at = z.add(4 * r * xi_stride + j);
-                    I::store(at, *a);
-                    I::store(at.add(xi_stride), I::add(*a, *b));
-                    I::store(at.add(2 * xi_stride), I::sub(*a, *b));
-                    I::store(at.add(3 * xi_stride), I::sub(zero, *b));
-                }
-                j += I::LANES;
-            }
-        }
-    }
 }
 
 /// `G g Gᵀ` of a 3×3 kernel (row-major), in f64.
@@ -255,8 +141,7 @@ pub(crate) fn forward<I: Kernels, T: NnFloat>(
             let (v, m) = vm.split_at_mut(16 * g.icg * tpad);
             for k in 0..m_count {
                 let img = &input[((n0 + k) * g.c_in() + grp * g.icg) * ip..];
-                if !super::shifted::fill_band(g, img, g.icg, 2 * i0, rr, wb, rr * wb, &mut band[k * band_image..(k + 1) * band_image], true)
-                {
+                if !fill_band(g, img, g.icg, 2 * i0, rr, wb, rr * wb, &mut band[k * band_image..(k + 1) * band_image], true) {
                     finite.store(false, Ordering::Relaxed);
                     return Ok(());
                 }
@@ -365,7 +250,7 @@ pub(crate) fn accumulate_weight<I: Kernels, T: NnFloat>(
     // channels along the lanes (the transformed input transposed,
     // [ξ][channel block][tile][channel]) and output channels broadcast, so no
     // sum across lanes at all.
-    let (vb, pb) = super::direct::channel_shape::<I>(cb);
+    let (vb, pb) = channel_shape::<I>(cb);
     let width = vb * lanes;
     let cblocks = cb.div_ceil(width);
     let (wb_o, wb_k) = I::WEIGHT_TILE;
@@ -402,7 +287,7 @@ pub(crate) fn accumulate_weight<I: Kernels, T: NnFloat>(
             grads.fill(0.0);
             for k in 0..m_count {
                 let img = &input[((n + k) * g.c_in() + grp * g.icg + c0) * ip..];
-                if !super::shifted::fill_band(g, img, cb, 2 * i0, rr, wb, rr * wb, &mut bands[k * band_image..(k + 1) * band_image], true) {
+                if !fill_band(g, img, cb, 2 * i0, rr, wb, rr * wb, &mut bands[k * band_image..(k + 1) * band_image], true) {
                     return Ok(false);
                 }
                 // The gradient rows 2·i0 .., zero past the output.

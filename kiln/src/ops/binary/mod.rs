@@ -61,7 +61,7 @@ binary_family! {
             cuda "Ar<T>::mul(x, Ar<T>::mul(y, Ar<T>::sub(Cv<T>::from(1.0), y)))",
             grad |g, a, b| Ok((
                 need(a, || g.binary(b, BinaryOp::SigmoidBackward))?,
-                need(b, || g.mul(a)?.mul(&b.unary(super::unary::UnaryOp::Affine(-2.0, 1.0))?))?,
+                need(b, || g.mul(a)?.mul(&b.affine(-2.0, 1.0)?))?,
             ));
         /// g · (1 − y²): the gradient of tanh from its output `y`, in one
         /// pass (PyTorch's `tanh_backward`; as `g * (1 - y * y)`, the same

@@ -2,9 +2,11 @@
 //! channel, tap) pairs, or channels along the lanes, accumulated over groups
 //! of whole images.
 
+use super::super::band::{accumulate_band_exact_strided, band_rows, fill_band};
 use super::super::geom::Geom;
+use super::super::tiles::{channel_shape, Kernels};
 use super::super::Workspace;
-use super::{by_channel, channel_shape, internal, Kernels};
+use super::{by_channel, internal};
 use crate::host_nn::{NnFloat, NnResult};
 
 /// Workspace the weight gradient aims for: bands of several whole images
@@ -37,7 +39,7 @@ pub(crate) fn accumulate_weight<I: Kernels, T: NnFloat>(
     let (wb_o, wb_k) = I::WEIGHT_TILE;
     let o_rows = g.ocg.div_ceil(wb_o) * wb_o;
     let k_blocks = kb.div_ceil(wb_k);
-    let rows = super::super::shifted::band_rows::<f32>(g, cb, o_rows, wp, usize::MAX, 1);
+    let rows = band_rows::<f32>(g, cb, o_rows, wp, usize::MAX, 1);
     // Whole images per band: group as many as the workspace holds.
     let per_image = |r: usize| {
         let plane = (r + (g.kh - 1) * g.dh) * wp;
@@ -63,17 +65,7 @@ pub(crate) fn accumulate_weight<I: Kernels, T: NnFloat>(
             for m in 0..m_count {
                 let img = n + m;
                 let bm = &mut band[m * band_image..(m + 1) * band_image];
-                finite &= super::super::shifted::fill_band(
-                    g,
-                    &input[(img * g.c_in() + grp * g.icg + c0) * ip..],
-                    cb,
-                    y0,
-                    rr,
-                    wp,
-                    plane,
-                    bm,
-                    true,
-                );
+                finite &= fill_band(g, &input[(img * g.c_in() + grp * g.icg + c0) * ip..], cb, y0, rr, wp, plane, bm, true);
                 bm[cb * plane..].fill(0.0);
                 let dm = &mut dbuf[m * d_image..(m + 1) * d_image];
                 for o in 0..o_rows {
@@ -97,7 +89,7 @@ pub(crate) fn accumulate_weight<I: Kernels, T: NnFloat>(
             if !finite {
                 // A non-finite input: sum over the real positions only, image by image.
                 for m in 0..m_count {
-                    super::super::shifted::accumulate_band_exact_strided(
+                    accumulate_band_exact_strided(
                         g,
                         (r, wp, plane, dstride),
                         &dbuf[m * d_image..(m + 1) * d_image],
@@ -180,7 +172,7 @@ fn accumulate_weight_channels<I: Kernels, T: NnFloat>(
     let width = vb * I::LANES;
     let o_pad = g.ocg.div_ceil(width) * width;
     let k_blocks = kb.div_ceil(kbw);
-    let rows = super::super::shifted::band_rows::<f32>(g, cb, o_pad, wp, usize::MAX, 1);
+    let rows = band_rows::<f32>(g, cb, o_pad, wp, usize::MAX, 1);
     let per_image = |r: usize| (cb * (r + (g.kh - 1) * g.dh) * wp + r * g.ow * o_pad) * 4;
     let images = if rows >= g.oh { (WEIGHT_WORKSPACE / per_image(g.oh)).clamp(1, n1 - n0) } else { 1 };
     // The gradient, transposed: [k][o_pad].
@@ -201,7 +193,7 @@ fn accumulate_weight_channels<I: Kernels, T: NnFloat>(
             };
             for m in 0..m_count {
                 let img = n + m;
-                let _ = super::super::shifted::fill_band(
+                let _ = fill_band(
                     g,
                     &input[(img * g.c_in() + grp * g.icg + c0) * ip..],
                     cb,
