@@ -1,6 +1,7 @@
-//! Matrix products over strided host slices, through the `gemm` crate.
+//! Matrix products over strided host slices, through the `gemm` crates.
 
 use super::NnFloat;
+pub(crate) use gemm_common::Parallelism;
 
 /// A strided matrix view: element (i, j) is `data[i * rs + j * cs]`.
 #[derive(Clone, Copy)]
@@ -52,30 +53,89 @@ pub(crate) fn gemm<T: NnFloat>(
         return;
     }
     let work = m.saturating_mul(n).saturating_mul(k);
-    let par = if threads > 1 && work >= PARALLEL_MIN { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    let par = if threads > 1 && work >= PARALLEL_MIN { Parallelism::Rayon(threads) } else { Parallelism::None };
     // SAFETY: the three views lie inside their slices (checked above), and
     // `dst` is borrowed mutably, so it overlaps neither operand.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
+    let ran = unsafe {
+        strided_gemm(
+            (m, n, k),
             dst.as_mut_ptr(),
-            d_cs as isize,
-            d_rs as isize,
+            (d_cs as isize, d_rs as isize),
             accumulate,
             a.data.as_ptr(),
-            a.cs as isize,
-            a.rs as isize,
+            (a.cs as isize, a.rs as isize),
             b.data.as_ptr(),
-            b.cs as isize,
-            b.rs as isize,
-            T::ONE,
-            T::ONE,
-            false,
-            false,
-            false,
+            (b.cs as isize, b.rs as isize),
+            (T::ONE, T::ONE),
             par,
-        );
+        )
+    };
+    assert!(ran, "host_nn::matmul::gemm: no gemm kernel for {}", std::any::type_name::<T>());
+}
+
+/// The `gemm` crates' product over raw strided views:
+/// `dst = alpha·dst + beta·(lhs · rhs)` (`alpha` only read when `read_dst`),
+/// for f32, f64 and f16 through gemm-f32, gemm-f64 and gemm-f16 directly.
+/// (The `gemm` umbrella crate dispatches the same way, but also compiles
+/// its two complex-number kernels, a sixth of kiln's first build, which
+/// kiln never calls.) Any other element type is refused with `false` and
+/// nothing written.
+///
+/// # Safety
+/// As `gemm::gemm`: every element the strides reach lies inside its
+/// allocation, and `dst` overlaps neither operand.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn strided_gemm<T: 'static + Copy>(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut T,
+    (dst_cs, dst_rs): (isize, isize),
+    read_dst: bool,
+    lhs: *const T,
+    (lhs_cs, lhs_rs): (isize, isize),
+    rhs: *const T,
+    (rhs_cs, rhs_rs): (isize, isize),
+    (alpha, beta): (T, T),
+    parallelism: Parallelism,
+) -> bool {
+    use std::any::TypeId;
+    macro_rules! run {
+        ($t:ty, $f:expr) => {{
+            // SAFETY: T is $t (checked by the caller of the macro), so the
+            // casts are identities; the views are the caller's promise.
+            unsafe {
+                $f(
+                    m,
+                    n,
+                    k,
+                    dst.cast::<$t>(),
+                    dst_cs,
+                    dst_rs,
+                    read_dst,
+                    lhs.cast::<$t>(),
+                    lhs_cs,
+                    lhs_rs,
+                    rhs.cast::<$t>(),
+                    rhs_cs,
+                    rhs_rs,
+                    *(&alpha as *const T).cast::<$t>(),
+                    *(&beta as *const T).cast::<$t>(),
+                    false,
+                    false,
+                    false,
+                    parallelism,
+                )
+            };
+            true
+        }};
+    }
+    let t = TypeId::of::<T>();
+    if t == TypeId::of::<f32>() {
+        run!(f32, gemm_f32::gemm::f32::get_gemm_fn())
+    } else if t == TypeId::of::<f64>() {
+        run!(f64, gemm_f64::gemm::f64::get_gemm_fn())
+    } else if t == TypeId::of::<half::f16>() {
+        run!(gemm_f16::f16, gemm_f16::gemm::f16::get_gemm_fn())
+    } else {
+        false
     }
 }

@@ -41,7 +41,7 @@ mod conv;
 mod error;
 mod float;
 mod interp;
-mod matmul;
+pub(crate) mod matmul;
 mod norm;
 mod pool;
 mod sums;

@@ -12,6 +12,7 @@ use crate::base::buffer::WithDType;
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::{broadcast_dims, Dims, Layout, Shape};
+use crate::host_nn::matmul::{strided_gemm, Parallelism};
 use crate::kernel::cuda::{c_type, dtype_tag, make_lay, merge_dims, CudaDevice, CudaModule, GemmCall, BLOCK};
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
@@ -56,44 +57,40 @@ fn matmul_gemm<T: WithDType + 'static>(
     out: &mut [T],
     (m, n, k): (usize, usize, usize),
     threads: usize,
-) {
+) -> Result<()> {
     let r = la.dims().len();
     let (a_rs, a_cs) = (la.strides[r - 2] as isize, la.strides[r - 1] as isize);
     let (b_rs, b_cs) = (lb.strides[r - 2] as isize, lb.strides[r - 1] as isize);
-    let par = if threads > 1 && m * n * k >= MATMUL_PAR_MIN { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    let par = if threads > 1 && m * n * k >= MATMUL_PAR_MIN { Parallelism::Rayon(threads) } else { Parallelism::None };
     let (zero, one) = (T::from_f64(0.0), T::from_f64(1.0));
     let mut products = || {
         for (bi, (oa, ob)) in batch_offsets(la).into_iter().zip(batch_offsets(lb)).enumerate() {
             let dst = &mut out[bi * m * n..(bi + 1) * m * n];
             // SAFETY: the front end checked that every index the strides reach
             // lies inside the operands' storages, and `dst` holds m·n elements.
-            unsafe {
-                gemm::gemm(
-                    m,
-                    n,
-                    k,
+            let ran = unsafe {
+                strided_gemm(
+                    (m, n, k),
                     dst.as_mut_ptr(),
-                    1,
-                    n as isize,
+                    (1, n as isize),
                     false,
                     a.as_ptr().add(oa),
-                    a_cs,
-                    a_rs,
+                    (a_cs, a_rs),
                     b.as_ptr().add(ob),
-                    b_cs,
-                    b_rs,
-                    zero,
-                    one,
-                    false,
-                    false,
-                    false,
+                    (b_cs, b_rs),
+                    (zero, one),
                     par,
-                );
+                )
+            };
+            // f32, f64 and f16 run; the host kernel calls this for no other.
+            if !ran {
+                return Err(crate::backends::host::unsupported_op("matmul"));
             }
         }
+        Ok(())
     };
     // gemm's threads are those of the pool it is called in: kiln's own.
-    if matches!(par, gemm::Parallelism::None) {
+    if matches!(par, Parallelism::None) {
         products()
     } else {
         on_pool(products)
@@ -102,7 +99,15 @@ fn matmul_gemm<T: WithDType + 'static>(
 
 /// f32 products: kiln's small-product kernel (`backends/host/small_sgemm.rs`)
 /// where it applies, else gemm.
-fn matmul_f32(a: &[f32], la: &Layout, b: &[f32], lb: &Layout, out: &mut [f32], (m, n, k): (usize, usize, usize), threads: usize) {
+fn matmul_f32(
+    a: &[f32],
+    la: &Layout,
+    b: &[f32],
+    lb: &Layout,
+    out: &mut [f32],
+    (m, n, k): (usize, usize, usize),
+    threads: usize,
+) -> Result<()> {
     use crate::backends::host::small_sgemm::{self, View};
     if m.saturating_mul(n).saturating_mul(k) <= small_sgemm::SMALL_MAX {
         let r = la.dims().len();
@@ -118,7 +123,7 @@ fn matmul_f32(a: &[f32], la: &Layout, b: &[f32], lb: &Layout, out: &mut [f32], (
             }
         }
         if all {
-            return;
+            return Ok(());
         }
     }
     matmul_gemm(a, la, b, lb, out, (m, n, k), threads)
@@ -278,9 +283,9 @@ impl CustomKernel for Matmul {
         match (lhs.buf, rhs.buf, out) {
             (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) if tiny => matmul_naive(a, la, b, lb, o, (m, n, k)),
             (CpuBuffer::F64(a), CpuBuffer::F64(b), CpuBuffer::F64(o)) if tiny => matmul_naive(a, la, b, lb, o, (m, n, k)),
-            (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) => matmul_f32(a, la, b, lb, o, (m, n, k), threads),
-            (CpuBuffer::F64(a), CpuBuffer::F64(b), CpuBuffer::F64(o)) => matmul_gemm(a, la, b, lb, o, (m, n, k), threads),
-            (CpuBuffer::F16(a), CpuBuffer::F16(b), CpuBuffer::F16(o)) => matmul_gemm(a, la, b, lb, o, (m, n, k), threads),
+            (CpuBuffer::F32(a), CpuBuffer::F32(b), CpuBuffer::F32(o)) => matmul_f32(a, la, b, lb, o, (m, n, k), threads)?,
+            (CpuBuffer::F64(a), CpuBuffer::F64(b), CpuBuffer::F64(o)) => matmul_gemm(a, la, b, lb, o, (m, n, k), threads)?,
+            (CpuBuffer::F16(a), CpuBuffer::F16(b), CpuBuffer::F16(o)) => matmul_gemm(a, la, b, lb, o, (m, n, k), threads)?,
             (CpuBuffer::I64(a), CpuBuffer::I64(b), CpuBuffer::I64(o)) => matmul_naive(a, la, b, lb, o, (m, n, k)),
             (CpuBuffer::I32(a), CpuBuffer::I32(b), CpuBuffer::I32(o)) => matmul_naive(a, la, b, lb, o, (m, n, k)),
             (CpuBuffer::U8(a), CpuBuffer::U8(b), CpuBuffer::U8(o)) => matmul_naive(a, la, b, lb, o, (m, n, k)),
