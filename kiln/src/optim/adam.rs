@@ -136,11 +136,6 @@ impl Optimizer for Adam {
         self.t = t;
         Ok(())
     }
-    fn zero_grad(&mut self) {
-        for p in &self.params {
-            p.zero_grad();
-        }
-    }
     fn learning_rate(&self) -> f64 {
         self.lr
     }

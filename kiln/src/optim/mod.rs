@@ -56,7 +56,11 @@ pub trait Optimizer {
     #[track_caller]
     fn step(&mut self) -> Result<()>;
     /// Clears the gradients of the parameters.
-    fn zero_grad(&mut self);
+    fn zero_grad(&mut self) {
+        for p in self.parameters() {
+            p.zero_grad();
+        }
+    }
     /// The learning rate.
     fn learning_rate(&self) -> f64;
     /// Changes the learning rate (for schedules).

@@ -104,11 +104,6 @@ impl Optimizer for Sgd {
         self.velocity = velocity;
         Ok(())
     }
-    fn zero_grad(&mut self) {
-        for p in &self.params {
-            p.zero_grad();
-        }
-    }
     fn learning_rate(&self) -> f64 {
         self.lr
     }
