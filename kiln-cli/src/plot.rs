@@ -19,8 +19,9 @@ type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
 
 /// Draws GFLOP/s against matrix size (log2 axis), one line per device.
 pub fn gflops_vs_size(path: &Path, series: &[(String, Vec<(usize, f64)>)], threads: usize) -> Result<()> {
-    let draw = |labels: bool| -> DrawResult {
-        let root = BitMapBackend::new(path, (900, 600)).into_drawing_area();
+    const SIZE: (u32, u32) = (900, 600);
+    let draw = |labels: bool, rgb: &mut [u8]| -> DrawResult {
+        let root = BitMapBackend::with_buffer(rgb, SIZE).into_drawing_area();
         root.fill(&WHITE)?;
         let max_size = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0)).max().unwrap_or(16).max(32);
         let min_size = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0)).min().unwrap_or(16).min(max_size / 2).max(1);
@@ -66,13 +67,14 @@ pub fn gflops_vs_size(path: &Path, series: &[(String, Vec<(usize, f64)>)], threa
         root.present()?;
         Ok(())
     };
-    save(path, draw)
+    save(path, SIZE, draw)
 }
 
 /// Draws training curves: each named series against the epoch, on one chart per metric group.
 pub fn curves(path: &Path, title: &str, left: &[(String, Vec<f64>)], right: &[(String, Vec<f64>)]) -> Result<()> {
-    let draw = |labels: bool| -> DrawResult {
-        let root = BitMapBackend::new(path, (1000, 450)).into_drawing_area();
+    const SIZE: (u32, u32) = (1000, 450);
+    let draw = |labels: bool, rgb: &mut [u8]| -> DrawResult {
+        let root = BitMapBackend::with_buffer(rgb, SIZE).into_drawing_area();
         root.fill(&WHITE)?;
         let areas = root.split_evenly((1, 2));
         for (area, (group, desc)) in areas.iter().zip([(left, "loss"), (right, "accuracy")]) {
@@ -109,21 +111,24 @@ pub fn curves(path: &Path, title: &str, left: &[(String, Vec<f64>)], right: &[(S
         root.present()?;
         Ok(())
     };
-    save(path, draw)
+    save(path, SIZE, draw)
 }
 
-/// Draws with text in kiln's bundled font, or without text should that
-/// font fail to load, so that a plot is always written.
-fn save(path: &Path, draw: impl Fn(bool) -> DrawResult) -> Result<()> {
+/// Draws into memory with text in kiln's bundled font, or without text
+/// should that font fail to load, so that a plot is always written; then
+/// writes the PNG (`kiln::io::write_png_rgb`).
+fn save(path: &Path, (width, height): (u32, u32), draw: impl Fn(bool, &mut [u8]) -> DrawResult) -> Result<()> {
     kiln::trainer::register_plot_font();
-    match draw(true) {
-        Ok(()) => Ok(()),
-        Err(first) => match draw(false) {
-            Ok(()) => {
-                eprintln!("kiln: drew {} without text ({first})", path.display());
-                Ok(())
+    let mut rgb = vec![0u8; width as usize * height as usize * 3];
+    match draw(true, &mut rgb) {
+        Ok(()) => {}
+        Err(first) => {
+            rgb.fill(0);
+            match draw(false, &mut rgb) {
+                Ok(()) => eprintln!("kiln: drew {} without text ({first})", path.display()),
+                Err(e) => return Err(fail!("cannot draw the plot {}: {e}", path.display())),
             }
-            Err(e) => Err(fail!("cannot write the plot {}: {e}", path.display())),
-        },
+        }
     }
+    kiln::io::write_png_rgb(path, width, height, &rgb).map_err(|e| fail!("cannot write the plot: {e}"))
 }

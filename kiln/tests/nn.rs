@@ -529,6 +529,20 @@ fn history_plots_to_png() -> Result<()> {
     Trainer::builder().max_epochs(2).progress(Progress::Off).plot_to(&path).build()?.fit(&mut model, &data)?;
     let bytes = std::fs::read(&path).map_err(|e| Error::Io { path: path.display().to_string(), msg: e.to_string() })?;
     assert!(bytes.starts_with(&[0x89, b'P', b'N', b'G']));
+    // A whole image that decodes, with the train-loss curve drawn in blue
+    // on white, and nothing else left in the folder (the temporary file
+    // the plot is written through is renamed over the path).
+    let mut reader = png::Decoder::new(std::io::Cursor::new(&bytes)).read_info().expect("the plot decodes as a PNG");
+    let mut rgb = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut rgb).expect("the plot's pixels decode");
+    assert_eq!((info.width, info.height, info.color_type, info.bit_depth), (640, 420, png::ColorType::Rgb, png::BitDepth::Eight));
+    let pixels: Vec<&[u8]> = rgb[..info.buffer_size()].chunks(3).collect();
+    let white = pixels.iter().filter(|p| **p == [255, 255, 255]).count();
+    let blue = pixels.iter().filter(|p| p[2] > 200 && p[0] < 60 && p[1] < 60).count();
+    assert!(white > pixels.len() / 2, "a white background: {white} of {} pixels", pixels.len());
+    assert!(blue > 100, "the train-loss curve is drawn: {blue} blue pixels");
+    let files: Vec<_> = std::fs::read_dir(&dir).expect("read the plot's folder").map(|e| e.expect("entry").file_name()).collect();
+    assert_eq!(files, [std::ffi::OsString::from("loss.png")]);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

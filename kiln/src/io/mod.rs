@@ -45,6 +45,8 @@
 
 mod npy;
 mod npz;
+#[cfg(feature = "plot")]
+mod png_image;
 pub(crate) mod safetensors;
 
 #[cfg(feature = "ndarray")]
@@ -52,6 +54,8 @@ mod ndarray;
 
 pub use npy::{npy_from_bytes, npy_to_bytes, read_npy, write_npy};
 pub use npz::{npz_from_bytes, npz_from_bytes_ordered, npz_to_bytes, read_npz, read_npz_ordered, write_npz};
+#[cfg(feature = "plot")]
+pub use png_image::write_png_rgb;
 pub use safetensors::{load_safetensors, save_safetensors};
 
 use crate::runtime::memory::try_vec;

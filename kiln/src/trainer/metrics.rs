@@ -150,7 +150,11 @@ impl History {
         use plotters::prelude::*;
         let err =
             |e: &dyn std::fmt::Display| Error::Io { path: path.display().to_string(), msg: format!("cannot draw the loss plot: {e}") };
-        let root = BitMapBackend::new(path, (640, 420)).into_drawing_area();
+        // Drawn into memory, then encoded by `io::write_png_rgb` (plotters'
+        // own encoder would build the whole `image` crate for this one file).
+        const SIZE: (u32, u32) = (640, 420);
+        let mut rgb = vec![0u8; SIZE.0 as usize * SIZE.1 as usize * 3];
+        let root = BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(|e| err(&e))?;
         let series: Vec<(&str, Vec<f64>, RGBColor)> = {
             let mut s = vec![("train loss", self.train_losses(), BLUE)];
@@ -186,7 +190,9 @@ impl History {
             chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| err(&e))?;
         }
         root.present().map_err(|e| err(&e))?;
-        Ok(())
+        drop(chart);
+        drop(root);
+        crate::io::write_png_rgb(path, SIZE.0, SIZE.1, &rgb)
     }
 }
 
