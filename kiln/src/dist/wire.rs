@@ -461,8 +461,7 @@ mod tests {
     /// What an in-place call that failed part-way leaves: a poisoned CPU
     /// storage, which every view refuses to read, compute from or write
     /// into, with the original error (and without waiting for its lock,
-    /// which a call stuck inside MPI still holds), until the call has let
-    /// go and a kernel overwrites all of it.
+    /// which a call stuck inside MPI still holds).
     #[test]
     fn a_poisoned_cpu_tensor_is_refused_read_computed_and_written() -> Result<()> {
         let t = Tensor::new(&[1f32, 2., 3.], &cpu())?;
@@ -480,20 +479,6 @@ mod tests {
         assert_eq!(alias.assign(&Tensor::new(&[0f32, 0.], &cpu())?).unwrap_err().to_string(), err.to_string());
         // Not used in place again: a staged read, which returns the error.
         assert!(HostView::of(&t, false).is_none());
-        // While the stuck call holds the lock, even a whole overwrite is
-        // refused at once (it would wait forever for the lock).
-        let fresh = Tensor::new(&[7f32, 8., 9.], &cpu())?;
-        assert_eq!(t.assign(&fresh).unwrap_err().to_string(), err.to_string());
-        drop(locks);
-        // The call let go: a partial write still leaves the rest untrusted
-        // (refused), and a whole overwrite clears the mark, as on the other
-        // devices.
-        assert_eq!(alias.assign(&Tensor::new(&[0f32, 0.], &cpu())?).unwrap_err().to_string(), err.to_string());
-        assert_eq!(t.to_vec::<f32>().unwrap_err().to_string(), err.to_string());
-        t.assign(&fresh)?;
-        assert_eq!(t.to_vec::<f32>()?, [7., 8., 9.]);
-        assert_eq!((&alias + 1.0)?.to_vec::<f32>()?, [9., 10.]);
-        assert!(HostView::of(&t, false).is_some(), "used in place again");
         Ok(())
     }
 

@@ -47,10 +47,8 @@ pub(crate) struct Storage {
     /// fault (a *poisoned* result): `fault` then holds the original error,
     /// which every read of the storage, and every kernel reading it,
     /// returns or passes on until a kernel that succeeds overwrites all of
-    /// it. One relaxed-cost load per operand when clear. The CPU reports
-    /// its own kernels' failures at the call; only an in-place collective
-    /// across processes (`dist`) that failed part-way or never returned
-    /// marks a CPU storage.
+    /// it. One relaxed-cost load per operand when clear; the CPU (which
+    /// reports a failure at its call) never sets it.
     poisoned: std::sync::atomic::AtomicBool,
     fault: parking_lot::Mutex<Option<Box<crate::Error>>>,
 }
@@ -117,14 +115,6 @@ impl Storage {
             self.poisoned.store(false, std::sync::atomic::Ordering::Release);
             *fault = None;
         }
-    }
-    /// Whether nobody holds the buffer's lock at this moment (a collective
-    /// stuck inside MPI holds it for as long as it is stuck).
-    pub(crate) fn lock_is_free(&self) -> bool {
-        // Marked busy while the probe holds the lock, as every holder is
-        // (fork.rs).
-        let _busy = Busy::enter();
-        self.buffer.try_write().is_some()
     }
     /// Read access to the buffer, under its read lock. Only kernels and
     /// transfers call this, in queue order, so a writer never holds it for long.

@@ -34,23 +34,15 @@ impl CpuBackend {
     pub(crate) fn run(&self, kernel: &Kernel<'_>, out: Out<'_>) -> Result<()> {
         // A poisoned CPU storage (an in-place collective across processes
         // that failed part-way, or never returned and still holds its
-        // lock: `dist`) is refused as an input, and as an output unless the
-        // kernel overwrites all of it while nobody holds its lock: that
-        // clears the mark, as on the other devices. Either way the fault
-        // is returned without waiting for the lock. One load per operand;
-        // the CPU's own kernels never poison.
+        // lock: `dist`) is refused, read or written, before its lock is
+        // asked for. One load per operand; the CPU itself never poisons.
         if let Some(fault) = kernel.input_fault() {
             return Err(fault);
         }
-        if let Out::Storage(o) = out
+        if let Out::Storage(o) = &out
             && let Some(fault) = o.fault()
         {
-            if !kernel.overwrites(o.len) || !o.lock_is_free() {
-                return Err(fault);
-            }
-            host::run_caught(kernel, Out::Storage(o), threads(), Device::Cpu)?;
-            o.recomputed();
-            return Ok(());
+            return Err(fault);
         }
         host::run_caught(kernel, out, threads(), Device::Cpu)
     }
