@@ -78,8 +78,13 @@ pub(crate) fn gemm<T: NnFloat>(
 /// for f32, f64 and f16 through gemm-f32, gemm-f64 and gemm-f16 directly.
 /// (The `gemm` umbrella crate dispatches the same way, but also compiles
 /// its two complex-number kernels, a sixth of kiln's first build, which
-/// kiln never calls.) Any other element type is refused with `false` and
-/// nothing written.
+/// kiln never calls.) Any other element type, or a negative stride, is
+/// refused with `false` and nothing written.
+///
+/// The kernels are fastest on a column-major destination: a row-major one
+/// (kiln's usual) is computed as the transposed product, `dstᵀ = rhsᵀ ·
+/// lhsᵀ`, which is the same sums in the same order with the roles of rows
+/// and columns exchanged.
 ///
 /// # Safety
 /// As `gemm::gemm`: every element the strides reach lies inside its
@@ -98,6 +103,14 @@ pub(crate) unsafe fn strided_gemm<T: 'static + Copy>(
     parallelism: Parallelism,
 ) -> bool {
     use std::any::TypeId;
+    if [dst_cs, dst_rs, lhs_cs, lhs_rs, rhs_cs, rhs_rs].iter().any(|&s| s < 0) {
+        return false;
+    }
+    let ((m, n), (dst_cs, dst_rs), (lhs, (lhs_cs, lhs_rs)), (rhs, (rhs_cs, rhs_rs))) = if dst_cs < dst_rs {
+        ((n, m), (dst_rs, dst_cs), (rhs, (rhs_rs, rhs_cs)), (lhs, (lhs_rs, lhs_cs)))
+    } else {
+        ((m, n), (dst_cs, dst_rs), (lhs, (lhs_cs, lhs_rs)), (rhs, (rhs_cs, rhs_rs)))
+    };
     macro_rules! run {
         ($t:ty, $f:expr) => {{
             // SAFETY: T is $t (checked by the caller of the macro), so the
