@@ -155,7 +155,8 @@ pub(crate) fn in_child() -> bool {
 }
 
 /// Registers the fork handlers once per process (called by
-/// [`Busy::enter`], so before any thread can be busy).
+/// [`Busy::enter`], so before any thread can be busy, by the host pool's
+/// first booking, and before a simulated GPU's worker thread starts).
 #[inline]
 pub(crate) fn install_handlers() {
     static DONE: OnceLock<()> = OnceLock::new();

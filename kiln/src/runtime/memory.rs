@@ -414,6 +414,11 @@ impl CpuSlots {
     /// slot is taken.
     #[inline]
     fn mine() -> Option<&'static Slot> {
+        // The first booking of the process (its first host allocation,
+        // before any worker thread exists) installs the fork handlers, as
+        // the first storage lock does (fork.rs): a child forked after that
+        // knows it is one.
+        crate::runtime::fork::install_handlers();
         thread_slot::mine().map(|i| &CPU_SLOTS[i])
     }
     /// The wrapping sum of `field` over every slot ever claimed.

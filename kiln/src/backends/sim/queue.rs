@@ -252,6 +252,9 @@ impl Queue {
         // The device clock counts from `now_ns`'s epoch: fix it before any
         // job runs, so that a clock never reads ahead of the wall.
         now_ns();
+        // A child forked after this thread starts must know it is one (its
+        // queue has no worker there): the handlers go in before the spawn.
+        crate::runtime::fork::install_handlers();
         let (sender, receiver) = crossbeam_channel::bounded::<Job>(depth);
         let progress = Arc::new(Progress::new());
         let worker_progress = progress.clone();
