@@ -34,8 +34,14 @@ pub fn write_png_rgb(path: impl AsRef<Path>, width: u32, height: u32, rgb: &[u8]
         .write_header()
         .and_then(|mut w| w.write_image_data(rgb).and_then(|()| w.finish()))
         .map_err(|e| fail(format!("cannot encode the image: {e}")))?;
+    // A name of its own per call: two writers of one path (two threads, or
+    // two ranks with the same process id on a shared file system) never
+    // write into each other's file; the last rename wins whole.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.kiln-tmp-{}", std::process::id()));
+    let tmp = path.with_file_name(format!(".{name}.kiln-tmp-{}-{call}-{nanos}", std::process::id()));
     std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, path)).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         fail(format!("cannot write the image: {e}"))

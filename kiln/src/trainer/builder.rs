@@ -156,8 +156,8 @@ impl TrainerBuilder {
         self
     }
 
-    /// Writes the loss curves to a PNG at the end of each fit. Needs kiln's
-    /// `plot` feature.
+    /// Writes the loss curves to a PNG at the end of each fit (across
+    /// processes, rank 0 writes it). Needs kiln's `plot` feature.
     #[cfg(feature = "plot")]
     pub fn plot_to(mut self, path: impl Into<PathBuf>) -> TrainerBuilder {
         self.plot = Some(path.into());

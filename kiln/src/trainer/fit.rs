@@ -170,8 +170,11 @@ impl Trainer {
             }
         }
         drop(bar);
+        // One plot per run: across processes, rank 0 draws it.
         #[cfg(feature = "plot")]
-        if let Some(path) = &self.plot {
+        if let Some(path) = &self.plot
+            && self.process_group().is_none_or(|g| g.is_main())
+        {
             history.save_plot(path)?;
         }
         Ok(history)

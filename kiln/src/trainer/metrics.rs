@@ -141,20 +141,22 @@ impl History {
     pub fn save_plot(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         register_plot_font();
-        // Should the font not load, a chart without text still gets drawn.
-        self.draw(path, true).or_else(|_| self.draw(path, false))
+        // Should the font not load, a chart without text still gets drawn;
+        // a failure to write the file is reported as it is.
+        let rgb = self.draw(path, true).or_else(|_| self.draw(path, false))?;
+        crate::io::write_png_rgb(path, PLOT_SIZE.0, PLOT_SIZE.1, &rgb)
     }
 
+    /// The chart's pixels (8-bit RGB rows).
     #[cfg(feature = "plot")]
-    fn draw(&self, path: &Path, text: bool) -> Result<()> {
+    fn draw(&self, path: &Path, text: bool) -> Result<Vec<u8>> {
         use plotters::prelude::*;
         let err =
             |e: &dyn std::fmt::Display| Error::Io { path: path.display().to_string(), msg: format!("cannot draw the loss plot: {e}") };
         // Drawn into memory, then encoded by `io::write_png_rgb` (plotters'
         // own encoder would build the whole `image` crate for this one file).
-        const SIZE: (u32, u32) = (640, 420);
-        let mut rgb = vec![0u8; SIZE.0 as usize * SIZE.1 as usize * 3];
-        let root = BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area();
+        let mut rgb = vec![0u8; PLOT_SIZE.0 as usize * PLOT_SIZE.1 as usize * 3];
+        let root = BitMapBackend::with_buffer(&mut rgb, PLOT_SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(|e| err(&e))?;
         let series: Vec<(&str, Vec<f64>, RGBColor)> = {
             let mut s = vec![("train loss", self.train_losses(), BLUE)];
@@ -192,9 +194,13 @@ impl History {
         root.present().map_err(|e| err(&e))?;
         drop(chart);
         drop(root);
-        crate::io::write_png_rgb(path, SIZE.0, SIZE.1, &rgb)
+        Ok(rgb)
     }
 }
+
+/// The loss plot's width and height in pixels.
+#[cfg(feature = "plot")]
+const PLOT_SIZE: (u32, u32) = (640, 420);
 
 /// The result of [`Trainer::evaluate`]: means over every example.
 #[derive(Clone, Debug, PartialEq)]
@@ -325,8 +331,13 @@ mod plot_font_tests {
         let dir = std::env::temp_dir().join(format!("kiln-plot-font-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("loss.png");
-        // With text, not the fallback: draw(…, true) itself succeeds.
-        history.draw(&path, true).expect("a plot with text");
+        // With text, not the fallback: draw(…, true) itself succeeds, and
+        // draws more than the chart without text (its letters).
+        let with = history.draw(&path, true).expect("a plot with text");
+        let without = history.draw(&path, false).expect("a plot without text");
+        let dark = |rgb: &[u8]| rgb.chunks(3).filter(|p| p.iter().all(|&c| c < 100)).count();
+        assert!(dark(&with) > dark(&without) + 200, "letters drawn: {} dark pixels against {}", dark(&with), dark(&without));
+        crate::io::write_png_rgb(&path, super::PLOT_SIZE.0, super::PLOT_SIZE.1, &with).expect("written");
         assert!(std::fs::metadata(&path).unwrap().len() > 1000);
         std::fs::remove_dir_all(&dir).unwrap();
     }
