@@ -103,6 +103,9 @@ struct Module {
     children: BTreeSet<String>,
     /// Items it defines (functions, types, traits, consts, statics, macros).
     items: BTreeSet<String>,
+    /// Names that item-level macro calls in it may define (looked up after
+    /// its `use` names, so that a re-export is never shadowed by a guess).
+    macro_made: BTreeSet<String>,
     /// `use` names: the name in this module → the path as written here.
     aliases: BTreeMap<String, Vec<String>>,
     /// `use path::*;` sources, as written here.
@@ -116,6 +119,9 @@ struct Written {
     file: String,
     line: usize,
     path: Vec<String>,
+    /// Read from the tokens of an item (a function body, a macro), not
+    /// from a module-level `use`.
+    in_item: bool,
 }
 
 /// The crate as the checker sees it.
@@ -126,6 +132,8 @@ struct Crate {
     exported_macros: BTreeMap<String, ModPath>,
     written: Vec<Written>,
     errors: Vec<String>,
+    /// (module, name) glob searches under way, to end cycles of globs.
+    globbing: std::cell::RefCell<BTreeSet<(ModPath, String)>>,
     /// Item-level macro calls: (module, macro name, the names the call's
     /// own text declares: an identifier before a `{ … }` body).
     macro_calls: Vec<(ModPath, String, Vec<String>)>,
@@ -136,34 +144,45 @@ struct Crate {
 
 const ITEM_KEYWORDS: &[&str] = &["struct", "enum", "fn", "trait", "type", "const", "static", "union"];
 
-/// Names after an item keyword in `ts`, at any depth.
+/// Names after an item keyword in the top-level groups of a
+/// `macro_rules!` body (each rule's expansion), not deeper: an `impl`
+/// block's methods are not items of the module.
 fn keyword_names(ts: TokenStream, out: &mut Vec<String>) {
-    let tts: Vec<TokenTree> = ts.into_iter().collect();
-    for (i, t) in tts.iter().enumerate() {
-        match t {
-            TokenTree::Group(g) => keyword_names(g.stream(), out),
-            TokenTree::Ident(k) if ITEM_KEYWORDS.contains(&k.to_string().as_str()) => {
-                if let Some(TokenTree::Ident(n)) = tts.get(i + 1) {
+    for t in ts {
+        if let TokenTree::Group(g) = t {
+            let tts: Vec<TokenTree> = g.stream().into_iter().collect();
+            for (i, t) in tts.iter().enumerate() {
+                if let TokenTree::Ident(k) = t
+                    && ITEM_KEYWORDS.contains(&k.to_string().as_str())
+                    && let Some(TokenTree::Ident(n)) = tts.get(i + 1)
+                {
                     out.push(n.to_string());
                 }
             }
-            _ => {}
         }
     }
 }
 
-// --------------------------------------------------------------- reading --
-
-/// `#[cfg(...)]` that holds only under `test` or `doctest`.
+/// `#[cfg(...)]` that holds only under `test` or `doctest`: the item is
+/// compiled for tests alone. `cfg(any(test, feature = "x"))` ships.
 fn test_only(attrs: &[syn::Attribute]) -> bool {
-    attrs.iter().any(|a| {
-        if !a.path().is_ident("cfg") {
-            return false;
+    fn requires_test(meta: &syn::Meta) -> bool {
+        let nested = |l: &syn::MetaList| -> Vec<syn::Meta> {
+            l.parse_args_with(syn::punctuated::Punctuated::<syn::Meta, syn::Token![,]>::parse_terminated)
+                .map(|p| p.into_iter().collect())
+                .unwrap_or_default()
+        };
+        match meta {
+            syn::Meta::Path(p) => p.is_ident("test") || p.is_ident("doctest"),
+            syn::Meta::List(l) if l.path.is_ident("all") => nested(l).iter().any(requires_test),
+            syn::Meta::List(l) if l.path.is_ident("any") => {
+                let parts = nested(l);
+                !parts.is_empty() && parts.iter().all(requires_test)
+            }
+            syn::Meta::List(_) | syn::Meta::NameValue(_) => false,
         }
-        let Ok(list) = a.meta.require_list() else { return false };
-        let words: Vec<String> = idents(list.tokens.clone());
-        !words.iter().any(|w| w == "not") && words.iter().any(|w| w == "test" || w == "doctest")
-    })
+    }
+    attrs.iter().any(|a| a.path().is_ident("cfg") && a.parse_args::<syn::Meta>().is_ok_and(|m| requires_test(&m)))
 }
 
 fn idents(ts: TokenStream) -> Vec<String> {
@@ -281,7 +300,10 @@ fn token_paths(ts: TokenStream, out: &mut Vec<(usize, Vec<String>)>) {
             }
             TokenTree::Ident(id) => {
                 let after_sep = i >= 2 && is_path_sep(&tts, i - 2);
-                let after_dot = i >= 1 && matches!(&tts[i - 1], TokenTree::Punct(p) if p.as_char() == '.');
+                // `x.field` and `x.method()`, but not `..crate::X` (a range
+                // or a struct update).
+                let is_dot = |j: usize| matches!(&tts[j], TokenTree::Punct(p) if p.as_char() == '.');
+                let after_dot = i >= 1 && is_dot(i - 1) && !(i >= 2 && is_dot(i - 2));
                 if after_sep || after_dot {
                     i += 1;
                     continue;
@@ -307,7 +329,7 @@ impl Crate {
         for (module, mac, declared) in std::mem::take(&mut c.macro_calls) {
             let defined = c.macro_items.get(&mac).cloned().unwrap_or_default();
             if let Some(m) = c.modules.get_mut(&module) {
-                m.items.extend(defined.into_iter().chain(declared));
+                m.macro_made.extend(defined.into_iter().chain(declared));
             }
         }
         c
@@ -367,6 +389,12 @@ impl Crate {
             match item {
                 syn::Item::Mod(m) => {
                     let name = m.ident.to_string();
+                    if m.attrs.iter().any(|a| a.path().is_ident("path")) {
+                        self.errors.push(format!(
+                            "{file}: `mod {name}` has a #[path]: the layer check reads modules where rustc finds them by default"
+                        ));
+                        continue;
+                    }
                     self.modules.get_mut(&module).expect("module entered above").children.insert(name.clone());
                     let mut child = module.clone();
                     child.push(name.clone());
@@ -395,7 +423,7 @@ impl Crate {
                         } else if let Some(name) = name {
                             m.aliases.insert(name, path.clone());
                         }
-                        self.written.push(Written { module: module.clone(), file: file.clone(), line, path });
+                        self.written.push(Written { module: module.clone(), file: file.clone(), line, path, in_item: false });
                     }
                 }
                 other => {
@@ -448,7 +476,7 @@ impl Crate {
                     let mut found = Vec::new();
                     token_paths(other.to_token_stream(), &mut found);
                     for (line, path) in found {
-                        self.written.push(Written { module: module.clone(), file: file.clone(), line, path });
+                        self.written.push(Written { module: module.clone(), file: file.clone(), line, path, in_item: true });
                     }
                 }
             }
@@ -480,9 +508,7 @@ impl Crate {
     /// `use` names, then its globs.
     fn lookup(&self, m: &ModPath, name: &str, depth: usize) -> Option<Reached> {
         let module = self.modules.get(m)?;
-        if depth > DEPTH {
-            return None;
-        }
+        assert!(depth <= DEPTH, "resolving `{name}` in crate::{} went {DEPTH} re-exports deep: a cycle of `use`s?", m.join("::"));
         if m.is_empty()
             && let Some(def) = self.exported_macros.get(name)
         {
@@ -497,12 +523,30 @@ impl Crate {
             return Some(Reached::Item(m.clone()));
         }
         if let Some(path) = module.aliases.get(name) {
-            return self.resolve(m, path, depth + 1).ok().flatten();
+            // A name imported from another crate (or a broken path, which
+            // its `use` reports) ends here: no edge inside this crate.
+            return Some(self.resolve(m, path, depth + 1).ok().flatten().unwrap_or_else(|| Reached::Item(m.clone())));
+        }
+        if module.macro_made.contains(name) {
+            return Some(Reached::Item(m.clone()));
         }
         self.through_globs(m, name, depth)
     }
 
     fn through_globs(&self, m: &ModPath, name: &str, depth: usize) -> Option<Reached> {
+        // Two modules may glob each other (`use super::*` beside the
+        // parent's `use child::*`): a search already under way for this
+        // name here finds nothing more by coming back.
+        let key = (m.clone(), name.to_string());
+        if !self.globbing.borrow_mut().insert(key.clone()) {
+            return None;
+        }
+        let found = self.through_globs_once(m, name, depth);
+        self.globbing.borrow_mut().remove(&key);
+        found
+    }
+
+    fn through_globs_once(&self, m: &ModPath, name: &str, depth: usize) -> Option<Reached> {
         for g in &self.modules.get(m)?.globs {
             if let Ok(Some(Reached::Module(source))) = self.resolve(m, g, depth + 1)
                 && let Some(r) = self.lookup(&source, name, depth + 1)
@@ -560,6 +604,14 @@ impl Crate {
         let mut out = Vec::new();
         let mut errors = self.errors.clone();
         for w in &self.written {
+            if w.in_item && w.path.last().is_some_and(|s| s == "*") {
+                // What a module's glob brings into a function is invisible
+                // here (an enum's variants are harmless).
+                if let Ok(Some(Reached::Module(_))) = self.resolve(&w.module, &w.path[..w.path.len() - 1], 0) {
+                    errors.push(format!("{}:{}: `use {}` inside an item: import the names it needs", w.file, w.line, w.path.join("::")));
+                }
+                continue;
+            }
             let anchored = matches!(w.path[0].as_str(), "crate" | "super" | "self");
             if w.path.len() == 1 && anchored {
                 // `pub(crate)`, `pub(super)`, a `self` receiver.
@@ -911,6 +963,26 @@ fn checker_finds_planted_violations() {
     assert_eq!(cycles.len(), 1, "{cycles:?}");
     assert!(cycles[0].contains("in crate::ops: conv, pool"), "{cycles:?}");
     assert!(cycles[0].contains("ops/pool.rs:1 `super::Conv`"), "{cycles:?}");
+
+    // Code that ships under `cfg(any(test, feature))` is read; a path after
+    // `..` is seen; a module glob inside a function and a #[path] module are
+    // refused, since what they bring in cannot be followed.
+    let (_, edges, errors) = planted(&[
+        ("lib.rs", "mod a; mod b; mod c;\n#[path = \"elsewhere.rs\"]\nmod d;"),
+        (
+            "a.rs",
+            "#[cfg(any(test, feature = \"x\"))]\nfn f() { crate::b::g(); }\nfn h(s: crate::c::S) -> crate::c::S { crate::c::S { ..s } }\n",
+        ),
+        ("b.rs", "pub fn g() {}\nfn k() { let _ = 0..crate::c::N; use super::c::*; }\n"),
+        ("c.rs", "pub struct S; pub const N: usize = 1;\n#[cfg(all(test, unix))]\nfn t() { crate::a::h(S); }\n"),
+        ("d.rs", ""),
+    ]);
+    let at = |from: &str, to: &str| edges.iter().any(|e| e.parent.is_empty() && e.from == from && e.to == to);
+    assert!(at("a", "b") && at("a", "c") && at("b", "c"), "{edges:?}");
+    assert!(!at("c", "a"), "cfg(all(test, ..)) is test-only: {edges:?}");
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(errors.iter().any(|e| e.contains("`mod d` has a #[path]")), "{errors:?}");
+    assert!(errors.iter().any(|e| e.contains("b.rs:2: `use super::c::*` inside an item")), "{errors:?}");
 
     // A crate path that names nothing is an error, not a silent miss.
     let (_, _, errors) = planted(&[("lib.rs", "mod a; mod b;"), ("a.rs", "fn f() { crate::b::missing(); }"), ("b.rs", "")]);
