@@ -886,6 +886,26 @@ fn apply_walks_every_layer_and_init_cnn_is_pytorchs_xavier_uniform() -> Result<(
     Ok(())
 }
 
+/// A 10×100 parameter of `dtype` on `d` (spread values of both signs), and
+/// a copy of it that a test updates with tensor ops.
+fn parameter_and_reference(d: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
+    let init: Vec<f64> = (0..1000).map(|i| ((i * 37 % 101) as f64 - 50.0) / 17.0).collect();
+    let p = Tensor::from_vec(init.clone(), (10, 100), d)?.to_dtype(dtype)?.requires_grad_();
+    Ok((p, Tensor::from_vec(init, (10, 100), d)?.to_dtype(dtype)?))
+}
+
+/// Backward of loss = Σ p³/3 + Σ step·p (grad = p² + step), and the
+/// gradient an optimizer with weight decay `wd` steps by: g + λ·reference.
+fn decayed_gradient(p: &Tensor, reference: &Tensor, step: i32, wd: f64, d: &Device) -> Result<Tensor> {
+    p.powi(3)?.div_scalar(3.0)?.add(&p.mul_scalar(step as f64)?)?.sum_all()?.backward()?;
+    let g = p.grad().expect("a gradient").copy_to(d)?;
+    if wd != 0.0 {
+        g.add(&reference.mul_scalar(wd)?)
+    } else {
+        Ok(g)
+    }
+}
+
 /// Adam's step (three kernels per parameter) gives the bits of its formula
 /// written with tensor ops (g' = g + λ·p, m = β₁·m + (1−β₁)·g',
 /// v = β₂·v + (1−β₂)·g'², p − m / (√(v / c₂) + ε) · lr / c₁), over three
@@ -898,18 +918,12 @@ fn adam_steps_give_the_bits_of_the_same_update_written_with_tensor_ops() -> Resu
         common::report_ran(d);
         for dtype in [DType::F32, DType::F64] {
             for (lr, (b1, b2), eps, wd) in [(0.1, (0.9, 0.999), 1e-8, 0.0), (0.03, (0.8, 0.99), 1e-3, 1e-2)] {
-                let init: Vec<f64> = (0..1000).map(|i| ((i * 37 % 101) as f64 - 50.0) / 17.0).collect();
-                let p = Tensor::from_vec(init.clone(), (10, 100), &d)?.to_dtype(dtype)?.requires_grad_();
+                let (p, mut want) = parameter_and_reference(&d, dtype)?;
                 let mut opt = Adam::new(vec![p.clone()], lr).betas(b1, b2).eps(eps).weight_decay(wd);
-                let mut want = Tensor::from_vec(init, (10, 100), &d)?.to_dtype(dtype)?;
                 let (mut m, mut v): (Option<Tensor>, Option<Tensor>) = (None, None);
                 for step in 0..3 {
                     opt.zero_grad();
-                    p.powi(3)?.div_scalar(3.0)?.add(&p.mul_scalar(step as f64)?)?.sum_all()?.backward()?;
-                    let mut g = p.grad().expect("a gradient").copy_to(&d)?;
-                    if wd != 0.0 {
-                        g = g.add(&want.mul_scalar(wd)?)?;
-                    }
+                    let g = decayed_gradient(&p, &want, step, wd, &d)?;
                     let m1 = match &m {
                         Some(m) => m.mul_scalar(b1)?.add(&g.mul_scalar(1.0 - b1)?)?,
                         None => g.mul_scalar(1.0 - b1)?,
@@ -1016,19 +1030,12 @@ fn sgd_steps_give_the_bits_of_the_same_update_written_with_tensor_ops() -> Resul
         common::report_ran(d);
         for dtype in [DType::F32, DType::F64] {
             for (lr, momentum, wd) in [(0.1, 0.0, 0.0), (0.05, 0.9, 0.0), (0.03, 0.0, 1e-2), (0.3, 0.7, 5e-3)] {
-                let init: Vec<f64> = (0..1000).map(|i| ((i * 37 % 101) as f64 - 50.0) / 17.0).collect();
-                let p = Tensor::from_vec(init.clone(), (10, 100), &d)?.to_dtype(dtype)?.requires_grad_();
+                let (p, mut want) = parameter_and_reference(&d, dtype)?;
                 let mut opt = Sgd::new(vec![p.clone()], lr).momentum(momentum).weight_decay(wd);
-                let mut want = Tensor::from_vec(init, (10, 100), &d)?.to_dtype(dtype)?;
                 let mut v: Option<Tensor> = None;
                 for step in 0..3 {
                     opt.zero_grad();
-                    // loss = Σ p³/3 + Σ step·p: grad = p² + step.
-                    p.powi(3)?.div_scalar(3.0)?.add(&p.mul_scalar(step as f64)?)?.sum_all()?.backward()?;
-                    let mut g = p.grad().expect("a gradient").copy_to(&d)?;
-                    if wd != 0.0 {
-                        g = g.add(&want.mul_scalar(wd)?)?;
-                    }
+                    let mut g = decayed_gradient(&p, &want, step, wd, &d)?;
                     if momentum != 0.0 {
                         let next = match &v {
                             Some(v) => v.mul_scalar(momentum)?.add(&g)?,
