@@ -286,13 +286,20 @@ pub(crate) fn cuda_empty_cache_reports_a_failed_cumemfree() -> Ran {
 pub(crate) fn cuda_a_kernel_writing_past_its_allocation_is_an_error_naming_it() -> Ran {
     in_simulator_child(&[("KILN_CUDASIM_SHORT_ALLOC", "3584")], |d| {
         let x = Tensor::ones(3584 / 4, DType::F32, &d)?;
-        let msg = match x.to_vec::<f32>() {
+        // Synchronise before reading: a read enqueued while the fill still
+        // runs is refused at enqueue time for its range (the driver gave 3580
+        // bytes), which on a slow machine comes before the kernel's fault.
+        let msg = match kiln::synchronize(&d) {
             Err(e) => e.to_string(),
-            Ok(v) => panic!("the write past the end went unnoticed ({} values read back)", v.len()),
+            Ok(()) => panic!("the write past the end went unnoticed at synchronize"),
         };
         println!("reported: {msg}");
         for part in ["CUDA_ERROR_ILLEGAL_ADDRESS", "kernel fill_constant_f32 wrote outside its memory", "of 3580 bytes", "after its end"] {
             assert!(msg.contains(part), "`{part}` is not in: {msg}");
+        }
+        match x.to_vec::<f32>() {
+            Err(e) => assert!(e.to_string().contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "reading the faulted result: {e}"),
+            Ok(v) => panic!("a result the faulted device never computed was read ({} values)", v.len()),
         }
         assert!(kiln::synchronize(&d).is_err(), "the device stays faulted");
         if let Some(&other) = cuda_devices().iter().find(|&&o| o != d) {
