@@ -20,6 +20,12 @@ use smallvec::SmallVec;
 pub(crate) const MAX_DIMS: usize = 8;
 
 /// A strided view as kernels read it (`struct Lay` in the prelude).
+///
+/// `magic[d]` divides an element index by `dims[d]` with a multiply and a
+/// shift (`lay_off` in the prelude) instead of a 64-bit divide and modulo
+/// per dimension: the multiplier in the low 32 bits, the shift above. All
+/// zero when a dimension does not fit 32 bits; the kernels then divide in
+/// 64 bits, as they do for an index past `u32::MAX`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Lay {
@@ -27,13 +33,40 @@ pub(crate) struct Lay {
     pub off: i64,
     pub dims: [i64; MAX_DIMS],
     pub strides: [i64; MAX_DIMS],
+    pub magic: [u64; MAX_DIMS],
 }
 
 impl Lay {
     /// The C declaration of `Lay` and of `KILN_MAXD`, for the prelude.
     pub(crate) fn c_decl() -> String {
-        format!("#define KILN_MAXD {MAX_DIMS}\nstruct Lay {{ i64 rank; i64 off; i64 dims[KILN_MAXD]; i64 strides[KILN_MAXD]; }};\n")
+        format!(
+            "#define KILN_MAXD {MAX_DIMS}\nstruct Lay {{ i64 rank; i64 off; i64 dims[KILN_MAXD]; i64 strides[KILN_MAXD]; u64 magic[KILN_MAXD]; }};\n"
+        )
     }
+}
+
+/// The multiply-shift pair that divides any 32-bit `n` by `d` (Granlund and
+/// Montgomery, "Division by invariant integers using multiplication", 1994,
+/// figure 4.1): with `s = ceil(log2 d)` and `m = floor(2^32 (2^s - d) / d) + 1`,
+/// `n / d = (mulhi32(n, m) + n) >> s`, the sum taken in 64 bits. Packed as
+/// `m | s << 32`; `None` when `d` is 0 or does not fit 32 bits.
+pub(crate) fn magic_divisor(d: u64) -> Option<u64> {
+    if d == 0 || d > u64::from(u32::MAX) {
+        return None;
+    }
+    let s = 64 - (d - 1).leading_zeros() as u64; // ceil(log2 d); 0 for d = 1
+    let m = ((1u128 << 32) * ((1u128 << s) - u128::from(d)) / u128::from(d) + 1) as u64;
+    debug_assert!(m <= u64::from(u32::MAX));
+    Some(m | s << 32)
+}
+
+/// `n / d` as the kernels compute it from `magic_divisor(d)` (the prelude's
+/// `div_magic`); the unit tests check it against `/`.
+#[cfg(test)]
+fn div_magic(n: u32, magic: u64) -> u32 {
+    let (m, s) = (magic & 0xFFFF_FFFF, magic >> 32);
+    let hi = (u64::from(n) * m) >> 32;
+    ((hi + u64::from(n)) >> s) as u32
 }
 
 /// The argument struct of a kernel, passed by value as its one parameter.
@@ -360,10 +393,14 @@ pub(crate) fn make_lay(dims: &[usize], strides: &[usize], offset: usize) -> std:
             dims.len()
         ));
     }
-    let mut l = Lay { rank: dims.len() as i64, off: offset as i64, dims: [1; MAX_DIMS], strides: [0; MAX_DIMS] };
+    let mut l = Lay { rank: dims.len() as i64, off: offset as i64, dims: [1; MAX_DIMS], strides: [0; MAX_DIMS], magic: [0; MAX_DIMS] };
     for (i, (&d, &s)) in dims.iter().zip(strides).enumerate() {
         l.dims[i] = d as i64;
         l.strides[i] = s as i64;
+    }
+    let magic: Option<Vec<u64>> = dims.iter().map(|&d| magic_divisor(d as u64)).collect();
+    if let Some(magic) = magic {
+        l.magic[..magic.len()].copy_from_slice(&magic);
     }
     Ok(l)
 }
@@ -397,6 +434,43 @@ mod tests {
         assert_eq!(p.bytes().len(), 8 + std::mem::size_of::<Lay>() + 16);
         assert_eq!(&p.bytes()[..8], &7u64.to_le_bytes());
         assert!(Lay::c_decl().contains("#define KILN_MAXD 8"));
+    }
+
+    #[test]
+    fn multiply_shift_division_is_exact_for_every_32_bit_index() {
+        // Divisors: all small ones, each power of two and its neighbours,
+        // and a seeded spread; numerators: the edges of each quotient and of
+        // the 32-bit range, and a seeded spread.
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut divisors: Vec<u64> = (1..=2048).collect();
+        for p in 1..=32u32 {
+            let v = 1u64 << p;
+            divisors.extend([v - 1, v, v + 1].into_iter().filter(|&d| d <= u64::from(u32::MAX)));
+        }
+        divisors.extend((0..2000).map(|_| next() % u64::from(u32::MAX) + 1));
+        for d in divisors {
+            let magic = magic_divisor(d).expect("a 32-bit divisor has a multiplier");
+            let d32 = d as u32;
+            let mut ns = vec![0u32, 1, u32::MAX, u32::MAX - 1, 1 << 31, (1 << 31) - 1, d32, d32 - 1, d32.wrapping_add(1)];
+            ns.extend((0..64).map(|_| next() as u32));
+            let q = u32::MAX / d32;
+            ns.extend([q * d32, (q * d32).wrapping_sub(1), (q / 2) * d32, ((q / 2) * d32).wrapping_sub(1)]);
+            for n in ns {
+                assert_eq!(div_magic(n, magic), n / d32, "{n} / {d} with multiplier {magic:#x}");
+            }
+        }
+        assert_eq!(magic_divisor(0), None);
+        assert_eq!(magic_divisor(1 << 32), None);
+        let lay = make_lay(&[3, 1 << 33], &[1, 1], 0).unwrap();
+        assert_eq!(lay.magic, [0; MAX_DIMS], "a dimension past 32 bits turns the fast path off for the whole view");
+        let lay = make_lay(&[3, 5], &[5, 1], 0).unwrap();
+        assert_eq!(&lay.magic[..2], &[magic_divisor(3).unwrap(), magic_divisor(5).unwrap()]);
     }
 
     #[test]

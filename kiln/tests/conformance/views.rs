@@ -35,6 +35,43 @@ fn views_reshape_transpose_permute() {
     });
 }
 
+/// Strided operands of rank 2 to 4 with odd extents and one past 2^16: the
+/// element-to-offset walk of every device (on CUDA, 32-bit multiply-shift
+/// division per dimension) against offsets computed here.
+#[test]
+fn strided_operands_with_odd_extents_read_every_element_where_it_is() {
+    on_every_device(|d| {
+        // z[a][b][c][e] = 1000·a + 100·b + 10·c + e over (5, 7, 3, 11), then
+        // permuted to (e, a, c, b).
+        let (n0, n1, n2, n3) = (5usize, 7, 3, 11);
+        let values: Vec<f32> = (0..n0)
+            .flat_map(|a| {
+                (0..n1).flat_map(move |b| (0..n2).flat_map(move |c| (0..n3).map(move |e| (1000 * a + 100 * b + 10 * c + e) as f32)))
+            })
+            .collect();
+        let z = Tensor::from_vec(values, (n0, n1, n2, n3), &d)?;
+        let p = z.permute(&[3, 0, 2, 1])?;
+        let expected: Vec<f32> = (0..n3)
+            .flat_map(|e| {
+                (0..n0).flat_map(move |a| (0..n2).flat_map(move |c| (0..n1).map(move |b| (1000 * a + 100 * b + 10 * c + e) as f32)))
+            })
+            .collect();
+        assert_f32(&p.contiguous()?, d, &[n3, n0, n2, n1], &expected);
+        // Two differently strided operands of one elementwise op.
+        let q = z.permute(&[3, 0, 2, 1])?.contiguous()?;
+        let doubled: Vec<f32> = expected.iter().map(|v| 2.0 * v).collect();
+        assert_f32(&p.add(&q)?, d, &[n3, n0, n2, n1], &doubled);
+        assert_f32(&p.neg()?.neg()?, d, &[n3, n0, n2, n1], &expected);
+        // A (3, 65537) matrix transposed: a divisor past 16 bits.
+        let (r, c) = (3usize, 65537usize);
+        let m = Tensor::arange(0.0, (r * c) as f64, 1.0, &d)?.reshape((r, c))?;
+        let t = m.t()?.affine(1.0, 0.0)?;
+        let want: Vec<f32> = (0..c).flat_map(|j| (0..r).map(move |i| (i * c + j) as f32)).collect();
+        assert_f32(&t, d, &[c, r], &want);
+        Ok(())
+    });
+}
+
 #[test]
 fn views_narrow_slice_squeeze_broadcast() {
     on_every_device(|d| {

@@ -25,9 +25,29 @@ struct bf16_t { unsigned short bits; };
 // (kernel/cuda.rs, `Lay::c_decl`) and replace the next line.
 // @LAY@
 
-// Storage offset of the i-th element (row-major) of a strided view.
+// n / d from d's multiplier and shift (kernel/cuda.rs, `magic_divisor`):
+// a multiply-high, an add and a shift where a 32-bit divide is a dozen
+// instructions and a 64-bit one a call.
+__device__ __forceinline__ u32 div_magic(u32 n, u64 magic) {
+    u64 hi = (u64)__umulhi(n, (u32)magic);
+    return (u32)((hi + (u64)n) >> (u32)(magic >> 32));
+}
+
+// Storage offset of the i-th element (row-major) of a strided view: in
+// 32 bits with multiply-shift division while the index fits (magic[0] is
+// 0 when a dimension does not), else with 64-bit divides.
 __device__ __forceinline__ i64 lay_off(const Lay& l, u64 i) {
     if (l.rank == 1) return l.off + (i64)i * l.strides[0];
+    if (l.magic[0] != 0 && i <= 0xFFFFFFFFull) {
+        u32 j = (u32)i;
+        i64 off = l.off;
+        for (int d = (int)l.rank - 1; d >= 0; --d) {
+            u32 q = div_magic(j, l.magic[d]);
+            off += (i64)(j - q * (u32)l.dims[d]) * l.strides[d];
+            j = q;
+        }
+        return off;
+    }
     i64 off = l.off;
     for (int d = (int)l.rank - 1; d >= 0; --d) {
         u64 n = (u64)l.dims[d];
