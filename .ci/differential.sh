@@ -33,5 +33,5 @@ echo "== .npy/.npz against numpy, both ways"
 KILN_REQUIRE_NUMPY=1 KILN_NUMPY_PYTHON="$venv/bin/python" cargo test --workspace --test io_numpy -- --nocapture
 
 echo "== chapter tests with one and two simulated GPUs"
-KILN_SIM_GPUS=1 cargo test --workspace --test chapter --test chapter_fixes --test chapter_cells --test chapter_exercises
-KILN_SIM_GPUS=2 cargo test --workspace --test chapter --test chapter_fixes --test chapter_cells --test chapter_exercises
+KILN_SIM_GPUS=1 cargo test --workspace --test chapter --test chapter_cells --test chapter_exercises
+KILN_SIM_GPUS=2 cargo test --workspace --test chapter --test chapter_cells --test chapter_exercises

@@ -8,9 +8,11 @@
 
 mod common;
 
+use common::within;
 use kiln::{cpu, memory_stats, synchronize, DType, Device, Error, Tensor};
+use std::time::Duration;
 
-const SLOTS: usize = 12;
+const SLOTS: usize = 13;
 const CAPACITY: usize = 128 << 20;
 /// Matrices of this size take tens of milliseconds per product on one core.
 const N: usize = 1024;
@@ -202,4 +204,33 @@ fn out_of_memory_on_a_busy_device_is_raised_at_the_call() {
         other => panic!("expected OutOfMemory, got {other:?}"),
     }
     assert_eq!(pending.sum_all().unwrap().to_scalar::<f32>().unwrap(), (N * N) as f32);
+}
+
+#[test]
+fn many_threads_waiting_on_a_busy_simulated_gpu_all_wake() {
+    let g = own(12);
+    within(60, "waiters on a simulated GPU", move || {
+        for round in 0..20 {
+            let hold = kiln::hold_queue(&g).unwrap().expect("a simulated GPU has a queue");
+            let mut x = Tensor::zeros(16, DType::F32, &g).unwrap();
+            for _ in 0..50 {
+                x = (&x + 1.0).unwrap();
+            }
+            let waiters: Vec<_> = (0..8).map(|_| std::thread::spawn(move || kiln::synchronize(&g))).collect();
+            std::thread::sleep(Duration::from_millis(2));
+            drop(hold);
+            for w in waiters {
+                w.join().unwrap().unwrap();
+            }
+            assert_eq!(x.to_vec::<f32>().unwrap(), vec![50.0; 16], "round {round}");
+        }
+        // Reads racing the worker, with no hold: each must see its own result.
+        let mut x = Tensor::zeros(1, DType::F32, &g).unwrap();
+        for i in 1..=2000 {
+            x = (&x + 1.0).unwrap();
+            if i % 7 == 0 {
+                assert_eq!(x.to_scalar::<f32>().unwrap(), i as f32);
+            }
+        }
+    });
 }

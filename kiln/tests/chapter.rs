@@ -4,6 +4,11 @@
 
 mod common;
 
+use kiln::data::synthetic_regression;
+use kiln::nn::{Linear, Loss, Module, Sequential};
+use kiln::optim::OptimizerConfig;
+use kiln::trainer::{Learner, Progress, Trainer};
+use kiln::Result;
 use kiln::{
     cpu, default_device, default_device_scope, gpu, num_gpus, thread_transfer_stats, transfer_guard, transfer_guard_for, try_all_gpus,
     try_gpu, why_not_gpu, DType, Device, DeviceKind, Direction, Error, FallbackReason, GuardLevel, Tensor, TransferCount, TransferStats,
@@ -320,4 +325,67 @@ fn copies_between_gpus_keep_values_and_dtypes() {
     assert_eq!(j.to_vec::<i64>().unwrap(), vec![1, 3, -2, 4]);
     let m = (&j.to_dtype(DType::F64).unwrap() * 0.5).unwrap().to(&g0).unwrap().to(&cpu()).unwrap();
     assert_eq!(m.to_vec::<f64>().unwrap(), vec![0.5, 1.5, -1.0, 2.0]);
+}
+
+#[test]
+fn printing_a_large_gpu_tensor_reads_only_what_is_shown() {
+    let gpus = kiln::ensure_simulated_gpus(1, 64 << 20);
+    let x = Tensor::arange(0.0, 10_000.0, 1.0, &gpus[0]).unwrap().reshape((100, 100)).unwrap();
+    let before = kiln::thread_transfer_stats();
+    let text = x.to_string();
+    let moved = kiln::thread_transfer_stats().since(&before).total();
+    // The 6 x 6 corner entries, one read.
+    assert_eq!((moved.count, moved.bytes), (1, 6 * 6 * 4), "{text}");
+    assert!(text.starts_with("tensor([[   0.,    1.,    2., ...,   97.,   98.,   99.],"), "{text}");
+    assert!(text.contains("..."), "{text}");
+    // The simulated GPU comes after any real (or simulated CUDA) ones.
+    assert!(text.ends_with(&format!("9997., 9998., 9999.]], device={})", gpus[0])), "{text}");
+}
+
+#[test]
+fn transfers_inside_kiln_are_booked_at_the_users_line() -> Result<()> {
+    let g = common::sims()[0];
+    let before = thread_transfer_stats();
+    let mut net = Sequential::new().add(Linear::new(2, 1, &cpu())?);
+    net.to(&g)?; // line A
+    let line_a = line!() - 1;
+    let x = Tensor::ones((1, 2), DType::F32, &g)?;
+    x.show(); // line B
+    let line_b = line!() - 1;
+    kiln::println!("{x}"); // line C
+    let line_c = line!() - 1;
+    // A gradient through `to` crosses devices inside backward.
+    let w = Tensor::ones((2,), DType::F32, &cpu())?.requires_grad_();
+    let moved = w.to(&g)?; // line D
+    let line_d = line!() - 1;
+    moved.sum_all()?.backward()?; // line E
+    let line_e = line!() - 1;
+    let diff = thread_transfer_stats().since(&before);
+    assert_eq!(lines(&diff), vec![line_a, line_b, line_c, line_d, line_e], "{}", diff.report(10));
+
+    // The Trainer: model, batches and losses, all at the fit line.
+    kiln::manual_seed(0);
+    let data = synthetic_regression(64, 0, 32)?;
+    let mut model = Learner::new(Linear::new(2, 1, &cpu())?, Loss::Mse, OptimizerConfig::sgd(0.03));
+    let mut trainer = Trainer::builder().max_epochs(1).device(g).progress(Progress::Off).build()?;
+    let before = thread_transfer_stats();
+    trainer.fit(&mut model, &data)?; // line F
+    let line_f = line!() - 1;
+    assert_eq!(lines(&thread_transfer_stats().since(&before)), vec![line_f]);
+    Ok(())
+}
+
+/// The lines of this file at which `diff` booked transfers.
+fn lines(diff: &TransferStats) -> Vec<u32> {
+    let mut out: Vec<u32> = diff
+        .by_site
+        .keys()
+        .map(|(s, _)| {
+            let rest = s.strip_prefix(&format!("{}:", file!())).unwrap_or_else(|| panic!("a transfer booked outside this file: {s}"));
+            rest.split(':').next().and_then(|l| l.parse().ok()).unwrap_or_else(|| panic!("no line in {s}"))
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }

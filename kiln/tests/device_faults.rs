@@ -13,14 +13,8 @@
 
 mod common;
 
+use common::serial;
 use kiln::{memory_stats, synchronize, DType, Device, Error, Tensor};
-use std::sync::Mutex;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Pairs of devices (the faulting one, another): two simulated GPUs of this
 /// binary's own, and each CUDA device with a second one (CUDA, or a

@@ -14,7 +14,7 @@ mod common;
 use kiln::{cpu, memory_stats, reset_peak_memory, synchronize, thread_transfer_stats, DType, Device, Error, Result, Tensor};
 use std::sync::Mutex;
 
-const SLOTS: usize = 8;
+const SLOTS: usize = 9;
 const CAPACITY: usize = 64 << 20;
 
 /// The simulated GPU that test number `slot` owns.
@@ -347,4 +347,29 @@ fn a_simulated_gpu_caches_freed_buffers_for_reuse() {
     kiln::empty_cache(&d).unwrap();
     let after = memory_stats(&d).unwrap();
     assert_eq!((after.cached, after.in_use, after.live_tensors), (0, base.in_use, base.live_tensors), "{after}");
+}
+
+#[test]
+fn memory_of_a_dropped_tensor_is_reusable_at_once_by_later_work_on_its_queue() {
+    let g = own(8);
+    kiln::synchronize(&g).unwrap();
+    let base = memory_stats(&g).unwrap();
+    let n = 10 << 20; // 40 MiB of f32
+    let hold = kiln::hold_queue(&g).unwrap().expect("a simulated GPU has a queue");
+    let x = Tensor::full(2.0, n, DType::F32, &g).unwrap(); // queued, not run
+    let total = x.sum_all().unwrap(); // queued, reads x
+    drop(x);
+    // The queue still holds x's storage, but its 40 MiB are free for work
+    // queued from now on, which runs after the sum (stream order).
+    let stats = memory_stats(&g).unwrap();
+    assert_eq!((stats.in_use, stats.live_tensors), (base.in_use + 4, base.live_tensors + 1));
+    let y = Tensor::full(3.0, n, DType::F32, &g).expect("40 MiB on a 64 MiB GPU after the other 40 MiB were dropped");
+    drop(hold);
+    assert_eq!(total.to_scalar::<f32>().unwrap(), 2.0 * n as f32);
+    assert_eq!(y.narrow(0, n - 2, 2).unwrap().to_vec::<f32>().unwrap(), vec![3.0, 3.0]);
+    drop((total, y));
+    kiln::synchronize(&g).unwrap();
+    let after = memory_stats(&g).unwrap();
+    // Unbooked once: back to the baseline exactly.
+    assert_eq!((after.in_use, after.live_tensors), (base.in_use, base.live_tensors));
 }

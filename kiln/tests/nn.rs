@@ -1058,3 +1058,77 @@ fn sgd_steps_give_the_bits_of_the_same_update_written_with_tensor_ops() -> Resul
     }
     Ok(())
 }
+
+#[test]
+fn cross_entropy_refuses_labels_outside_the_classes() {
+    let logits = Tensor::zeros((1, 2), DType::F32, &cpu()).unwrap();
+    let labels = Tensor::new(&[5i64], &cpu()).unwrap();
+    let err = cross_entropy(&logits, &labels).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+    assert!(err.to_string().contains("label 5"), "{err}");
+}
+
+#[test]
+fn a_frozen_parameter_stays_frozen_when_the_model_moves() {
+    let gpus = kiln::ensure_simulated_gpus(1, 64 << 20);
+    let mut lin = Linear::new(2, 1, &cpu()).unwrap();
+    let frozen = lin.weight().detach();
+    lin.visit_parameters_mut(&mut |name, p| {
+        if name == "weight" {
+            *p = frozen.clone();
+        }
+        Ok(())
+    })
+    .unwrap();
+    lin.to(&gpus[0]).unwrap();
+    let params = lin.named_parameters();
+    let weight = &params.iter().find(|(n, _)| n == "weight").unwrap().1;
+    let bias = &params.iter().find(|(n, _)| n == "bias").unwrap().1;
+    assert_eq!(weight.device(), gpus[0]);
+    assert!(!weight.requires_grad(), "a frozen weight became trainable");
+    assert!(bias.requires_grad());
+}
+
+#[test]
+fn a_lazy_layer_remembers_to_and_creates_its_parameters_there() -> Result<()> {
+    let g = sims()[0];
+    // net = nn.Sequential(nn.LazyLinear(1)); net = net.to(device=try_gpu())
+    let mut net = Sequential::new().add(LazyLinear::new(1));
+    net.to(&g)?;
+    assert!(net.has_lazy_parameters());
+    // An input elsewhere is a device mismatch naming the input, as in PyTorch.
+    let err = net.forward(&Tensor::ones((2, 3), DType::F32, &cpu())?).unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { lhs: Device::Cpu, rhs, .. } if rhs == g), "{err}");
+    assert!(net.has_lazy_parameters(), "a failed forward creates nothing");
+    let y = net.forward(&Tensor::ones((2, 3), DType::F32, &g)?)?;
+    assert_eq!(y.device(), g);
+    assert_eq!(net[0].parameter("weight")?.device(), g);
+    assert!(!net.has_lazy_parameters());
+    Ok(())
+}
+
+#[test]
+fn optimizers_built_before_to_follow_the_parameters() -> Result<()> {
+    let g = sims()[0];
+    for adam in [false, true] {
+        let mut net = Linear::new(2, 1, &cpu())?;
+        let mut opt: Box<dyn Optimizer> =
+            if adam { Box::new(Adam::new(net.parameters(), 0.1)) } else { Box::new(Sgd::new(net.parameters(), 0.1).momentum(0.9)) };
+        // One step on the CPU (creates momentum state there), then move.
+        net.forward(&Tensor::ones((1, 2), DType::F32, &cpu())?)?.sum_all()?.backward()?;
+        opt.step()?;
+        let handle = net.weight();
+        net.to(&g)?;
+        // Identity kept: the old handle names the same parameter.
+        assert!(handle.same_parameter(&net.weight()) && handle.latest().device() == g);
+        assert!(net.weight().grad().is_some_and(|gr| gr.device() == g), "the gradient moved along");
+        opt.zero_grad();
+        let before = net.weight().to_vec::<f32>()?;
+        net.forward(&Tensor::ones((1, 2), DType::F32, &g)?)?.sum_all()?.backward()?;
+        opt.step()?;
+        let after = net.weight().to_vec::<f32>()?;
+        assert_ne!(before, after, "adam={adam}: the optimizer built before `to` updated the moved parameter");
+        assert!(opt.parameters().iter().all(|p| p.device() == g));
+    }
+    Ok(())
+}

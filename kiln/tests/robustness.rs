@@ -10,9 +10,8 @@
 #[macro_use]
 mod common;
 
+use common::{serial, within};
 use kiln::{cpu, memory_stats, synchronize, DType, Device, Error, Tensor};
-use std::sync::mpsc;
-use std::sync::Mutex;
 use std::time::Duration;
 
 fn main() -> std::process::ExitCode {
@@ -43,28 +42,9 @@ fn main() -> std::process::ExitCode {
     ])
 }
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Simulated GPUs this binary owns: slot 0 is small, for memory tests.
 fn own(slot: usize) -> Device {
     common::own_sims(4, 64 << 20)[slot]
-}
-
-/// Runs `f` on another thread and fails the test if it does not finish
-/// within `secs` (a hang or a deadlock), instead of hanging the suite.
-fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(v) => v,
-        Err(_) => panic!("{what}: did not finish within {secs} s (hang or deadlock)"),
-    }
 }
 
 fn opposite_assigns_on_two_threads_do_not_deadlock() {

@@ -12,6 +12,9 @@
 //! - the mix of all of these (first writes, reads, parallel kernels and
 //!   optimizer steps) on 8 threads for `KILN_STRESS_SECS` seconds.
 
+mod common;
+
+use common::{serial, within};
 use kiln::nn::Module;
 use kiln::optim::{Optimizer, Sgd};
 use kiln::{cpu, DType, Tensor};
@@ -19,25 +22,6 @@ use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-
-/// Runs `f` on a thread of its own and fails the test if it is not done
-/// after `secs` seconds (a hang or a deadlock).
-fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(v) => v,
-        Err(_) => panic!("{what}: not done after {secs} s (deadlock or hang)"),
-    }
-}
-
-/// The tests share the machine's two cores: one at a time.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn full(v: f64, n: usize) -> Tensor {
     Tensor::full(v, n, DType::F32, &cpu()).unwrap()

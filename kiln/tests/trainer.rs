@@ -10,6 +10,7 @@
 mod common;
 
 use kiln::data::{permutation_from_seed, synthetic_classification, synthetic_regression, DataLoader, DataModule, Placement};
+use kiln::nn::LazyLinear;
 use kiln::nn::{Dropout, Linear, Loss, Module, ParamVisitor, ReLU, Sequential};
 use kiln::optim::{Adam, CosineLr, LinearWarmup, LrSchedule, Optimizer, OptimizerConfig, Sgd, StepLr};
 use kiln::trainer::{
@@ -841,5 +842,27 @@ fn a_resumed_fit_shuffles_as_the_uninterrupted_one_whatever_is_drawn_in_between(
         assert_eq!(params(&resumed.net)?, params(&whole.net)?);
     }
     std::fs::remove_file(&path).ok();
+    Ok(())
+}
+
+#[test]
+fn trainer_trains_the_chapters_lazy_linear_regression() -> Result<()> {
+    // The chapter's model is nn.LazyLinear(1): no parameter before the first
+    // forward. fit creates them (one forward of the first batch) before it
+    // builds the optimizer, so SGD updates them.
+    let mut devices = vec![cpu()];
+    devices.extend(common::sims());
+    for device in devices {
+        kiln::manual_seed(0);
+        let data = synthetic_regression(1000, 1000, 32)?;
+        let mut model = Learner::new(LazyLinear::new(1), Loss::Mse, OptimizerConfig::sgd(0.03));
+        let mut trainer = Trainer::builder().max_epochs(3).device(device).progress(Progress::Off).build()?;
+        let history = trainer.fit(&mut model, &data)?;
+        let w = model.net.parameter("weight")?;
+        assert_eq!(w.device(), device);
+        assert!(history.last().unwrap().train_loss < 0.01, "on {device}: {:?}", history.train_losses());
+        let w = w.to_vec::<f32>()?;
+        assert!((w[0] - 2.0).abs() < 0.05 && (w[1] + 3.4).abs() < 0.05, "on {device}: w = {w:?}");
+    }
     Ok(())
 }

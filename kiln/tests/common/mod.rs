@@ -54,6 +54,28 @@ pub fn own_sims(n: usize, capacity: usize) -> &'static [Device] {
     list
 }
 
+/// Runs `f` on a thread of its own and fails the test if it is not done
+/// after `secs` seconds, so that a hang or a deadlock fails the test with
+/// `what` instead of hanging the suite.
+pub fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(v) => v,
+        Err(_) => panic!("{what}: not done after {secs} s (a hang or a deadlock)"),
+    }
+}
+
+/// One test at a time among the tests of a binary that take it (each test
+/// binary compiles this module, so each has a lock of its own): for tests
+/// that measure something the whole process shares, such as CPU memory.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Runs `f` on every device, failing with the device's name and the error.
 pub fn on_every_device(f: impl Fn(Device) -> kiln::Result<()>) {
     for d in devices() {

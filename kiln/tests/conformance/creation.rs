@@ -138,3 +138,27 @@ fn arange_with_a_step_of_the_wrong_sign_is_an_error() {
         Ok(())
     });
 }
+
+/// A refused `rand` leaves the thread's random stream as it was (found by
+/// the memory suite on CUDA: the counters were reserved before the
+/// allocation, and a third huge request overflowed them, a panic in debug).
+#[test]
+fn a_refused_rand_leaves_the_random_stream_as_it_was() {
+    kiln::manual_seed(7);
+    let expected = Tensor::rand(5, &kiln::cpu()).unwrap().to_vec::<f32>().unwrap();
+    kiln::manual_seed(7);
+    for _ in 0..4 {
+        let refused = Tensor::rand(usize::MAX / 2, &kiln::cpu());
+        assert!(matches!(refused, Err(Error::OutOfMemory { .. }) | Err(Error::InvalidArgument { .. })), "{refused:?}");
+    }
+    assert_eq!(Tensor::rand(5, &kiln::cpu()).unwrap().to_vec::<f32>().unwrap(), expected);
+}
+
+#[test]
+fn rust_integer_literals_make_i32_tensors() -> Result<()> {
+    let x = Tensor::new(&[1, 2, 3], &cpu())?;
+    assert_eq!(x.dtype(), DType::I32);
+    assert_eq!(x.to_vec::<i32>()?, vec![1, 2, 3]);
+    assert_eq!((&x * 2.0)?.to_vec::<i32>()?, vec![2, 4, 6]);
+    Ok(())
+}

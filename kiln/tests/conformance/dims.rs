@@ -11,6 +11,7 @@
 //! `-(r+1) ..= r`; `narrow`, `cat` and `size(dim)` need a dimension to exist.
 
 use crate::common::on_every_device;
+use crate::same_f32_bits;
 use kiln::{DType, Device, Error, Result, Tensor};
 
 /// How an op resolves a dimension.
@@ -241,6 +242,67 @@ fn flatten_from_resolves_negative_dimensions_against_the_rank() {
         let e = s.flatten_from(1).unwrap_err().to_string();
         assert!(e.contains("rank 1"), "{e}");
         assert!(s.flatten_from(-2).is_err());
+        Ok(())
+    });
+}
+
+#[test]
+fn negative_dimensions_count_from_the_end() {
+    on_every_device(|d| {
+        let x = Tensor::new(&[[1f32, 2., 3.], [4., 5., 6.]], &d)?;
+        assert_eq!(x.sum(-1)?.to_vec::<f32>()?, vec![6., 15.]);
+        assert_eq!(x.sum(-2)?.to_vec::<f32>()?, vec![5., 7., 9.]);
+        assert_eq!(x.max_keepdim(-1)?.dims(), &[2, 1]);
+        assert_eq!(x.argmin(-1)?.to_vec::<i64>()?, vec![0, 0]);
+        assert_eq!(x.transpose(-1, -2)?.dims(), &[3, 2]);
+        assert_eq!(x.narrow(-1, 1, 2)?.to_vec::<f32>()?, vec![2., 3., 5., 6.]);
+        assert_eq!(x.unsqueeze(-1)?.dims(), &[2, 3, 1]);
+        assert_eq!(x.unsqueeze(-1)?.squeeze(-1)?.dims(), &[2, 3]);
+        assert_eq!(Tensor::stack(&[&x, &x], -1)?.dims(), &[2, 3, 2]);
+        assert_eq!(x.dim(-1)?, 3);
+        assert!(matches!(x.sum(-3), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(x.sum(2), Err(Error::InvalidArgument { .. })));
+        Ok(())
+    });
+}
+
+#[test]
+fn negative_dimensions_in_lists_of_dimensions() {
+    on_every_device(|d| {
+        let x = Tensor::new(&[[[1f32, 2.], [3., 4.], [5., 6.]]], &d)?; // (1, 3, 2)
+        assert_eq!(x.sum_dims(&[-1], false)?.dims(), &[1, 3]);
+        same_f32_bits(&x.sum_dims(&[-1], false)?, &[3., 7., 11.]);
+        same_f32_bits(&x.sum_dims(&[0, -2], true)?, &[9., 12.]);
+        assert_eq!(x.sum_dims(&[0, -2], true)?.dims(), &[1, 1, 2]);
+        same_f32_bits(&x.mean_dims(&[-1, -2], false)?, &[3.5]);
+        same_f32_bits(&x.reduce(kiln::Reduction::Max, &[-2], false)?, &[5., 6.]);
+        assert_eq!(x.reduce(kiln::Reduction::ArgMax, &[-1i64], false)?.to_vec::<i64>()?, vec![1, 1, 1]);
+        // usize lists (and Vec<usize>) still work.
+        let dims: Vec<usize> = vec![1, 2];
+        same_f32_bits(&x.sum_dims(&dims, false)?, &[21.]);
+        // permute: -1 is the last dimension.
+        let p = x.permute(&[-1, 0, 1])?;
+        assert_eq!(p.dims(), &[2, 1, 3]);
+        same_f32_bits(&p.contiguous()?, &[1., 3., 5., 2., 4., 6.]);
+        let m = Tensor::new(&[[1f32, 2., 3.], [4., 5., 6.]], &d)?;
+        same_f32_bits(&m.permute(&[-1, 0])?.contiguous()?, &[1., 4., 2., 5., 3., 6.]);
+        // Gradients flow through a negative-dimension reduction and permute.
+        let w = Tensor::new(&[[1f32, 2.], [3., 4.]], &d)?.requires_grad_();
+        w.permute(&[-1, -2])?.sqr()?.sum_dims(&[-1], false)?.sum_all()?.backward()?;
+        same_f32_bits(&w.grad().expect("a gradient"), &[2., 4., 6., 8.]);
+
+        // Out of range names the rank; a dimension named twice (once negative) is refused.
+        for res in
+            [x.sum_dims(&[-4], false), x.mean_dims(&[3], false), x.reduce(kiln::Reduction::Min, &[0, -4], false), x.permute(&[0, 1, 3])]
+        {
+            match res {
+                Err(e @ Error::InvalidArgument { .. }) => assert!(e.to_string().contains("rank 3"), "{e}"),
+                other => panic!("expected InvalidArgument naming the rank, got {other:?}"),
+            }
+        }
+        assert!(matches!(x.sum_dims(&[2, -1], false), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(x.permute(&[0, 2, -1]), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(x.permute(&[0, -1]), Err(Error::InvalidArgument { .. })));
         Ok(())
     });
 }

@@ -3,6 +3,7 @@
 //! (`torch.result_type`, `torch.promote_types`), written as literals.
 
 use crate::common::{assert_f32, assert_values, on_every_device};
+use kiln::cpu;
 use kiln::{DType, Error, Tensor};
 
 const ALL: [DType; 7] = [DType::U8, DType::I32, DType::I64, DType::F16, DType::BF16, DType::F32, DType::F64];
@@ -177,6 +178,68 @@ fn ops_pytorch_refuses_mixed_or_integer_dtypes_are_refused_with_a_widening_hint(
         assert!(matches!(i.mean_all(), Err(Error::UnsupportedDType { .. })));
         assert!(matches!(i.var_all(), Err(Error::UnsupportedDType { .. })));
         assert!(matches!(i.std_all(), Err(Error::UnsupportedDType { .. })));
+        Ok(())
+    });
+}
+
+#[test]
+fn casts_round_once_and_wrap_like_numpy() {
+    on_every_device(|d| {
+        let big = (1i64 << 60) + (1i64 << 36) + 1;
+        let x = Tensor::new(&[big, -big], &d)?;
+        assert_eq!(x.to_dtype(DType::F32)?.to_vec::<f32>()?, vec![big as f32, -big as f32]);
+        assert_eq!(big as f32, 2f32.powi(60) + 2f32.powi(37));
+        let w = Tensor::new(&[300i64, -1, 256, 255], &d)?;
+        assert_eq!(w.to_dtype(DType::U8)?.to_vec::<u8>()?, vec![44, 255, 0, 255]);
+        assert_eq!(Tensor::new(&[1i64 << 40, -3], &d)?.to_dtype(DType::I32)?.to_vec::<i32>()?, vec![0, -3]);
+        assert_eq!(Tensor::new(&[-1i32, 2], &d)?.to_dtype(DType::U8)?.to_vec::<u8>()?, vec![255, 2]);
+        Ok(())
+    });
+}
+
+#[test]
+fn integer_tensors_promote_with_fractional_or_out_of_range_scalars() {
+    on_every_device(|d| {
+        let x = Tensor::new(&[1i64, 2, 3], &d)?;
+        let h = x.div_scalar(0.5)?;
+        assert_eq!((h.dtype(), h.to_vec::<f32>()?), (DType::F32, vec![2., 4., 6.]));
+        assert_eq!(x.div_scalar(2.0)?.to_vec::<f32>()?, vec![0.5, 1., 1.5], "true division, as PyTorch");
+        assert_eq!(x.mul_scalar(0.5)?.to_vec::<f32>()?, vec![0.5, 1., 1.5]);
+        assert_eq!(x.add_scalar(2.0)?.to_vec::<i64>()?, vec![3, 4, 5], "an integral scalar keeps the dtype");
+        let b = Tensor::new(&[0u8, 5], &d)?;
+        assert_eq!((&b + -1.0)?.to_vec::<f32>()?, vec![-1., 4.]);
+        assert_eq!((&b + 300.0)?.to_vec::<f32>()?, vec![300., 305.]);
+        assert_eq!(x.sqrt()?.dtype(), DType::F32);
+        assert_eq!(x.div(&x)?.to_vec::<f32>()?, vec![1., 1., 1.]);
+        let i = Tensor::new(&[7i32, -7], &d)?;
+        assert_eq!((&i * 2.0)?.to_vec::<i32>()?, vec![14, -14]);
+        assert_eq!(i.mul_scalar(1.5)?.to_vec::<f32>()?, vec![10.5, -10.5]);
+        // Tensor-tensor ops of different dtypes promote, as PyTorch's.
+        assert_eq!(x.add(&Tensor::new(&[1f32, 2., 3.], &d)?)?.to_vec::<f32>()?, vec![2., 4., 6.]);
+        Ok(())
+    });
+}
+
+#[test]
+fn i32_works_across_ops() {
+    on_every_device(|d| {
+        let a = Tensor::new(&[[1, 2], [3, 4]], &d)?;
+        assert_eq!(a.dtype(), DType::I32);
+        assert_eq!(a.matmul(&a)?.to_vec::<i32>()?, vec![7, 10, 15, 22]);
+        assert_eq!(a.sum(-1)?.to_vec::<i32>()?, vec![3, 7]);
+        assert_eq!(a.max_all()?.to_vec::<i32>()?, vec![4]);
+        assert_eq!(a.argmax(0)?.to_vec::<i64>()?, vec![1, 1]);
+        assert_eq!(a.add(&a)?.to_vec::<i32>()?, vec![2, 4, 6, 8]);
+        assert_eq!(a.lt(&a.t()?)?.to_vec::<u8>()?, vec![0, 1, 0, 0]);
+        assert_eq!(a.to_dtype(DType::F64)?.to_vec::<f64>()?, vec![1., 2., 3., 4.]);
+        let ids = Tensor::new(&[1, 0], &d)?;
+        assert_eq!(a.index_select(&ids, 0)?.to_vec::<i32>()?, vec![3, 4, 1, 2]);
+        assert_eq!(Tensor::cat(&[&a, &a], -1)?.dims(), &[2, 4]);
+        assert_eq!(Tensor::full(3.0, 2, DType::I32, &d)?.to_vec::<i32>()?, vec![3, 3]);
+        assert_eq!(Tensor::arange_dtype(0.0, 3.0, 1.0, DType::I32, &d)?.to_vec::<i32>()?, vec![0, 1, 2]);
+        assert_eq!(a.neg()?.abs()?.to_vec::<i32>()?, vec![1, 2, 3, 4]);
+        assert_eq!(a.to(&cpu())?.to_vec::<i32>()?, vec![1, 2, 3, 4]);
+        assert_eq!(format!("{}", Tensor::new(&[1, 2], &cpu())?), "tensor([1, 2], dtype=i32)");
         Ok(())
     });
 }

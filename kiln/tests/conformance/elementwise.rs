@@ -1,6 +1,7 @@
 //! Conformance: elementwise.
 
 use crate::common::{assert_close, assert_f32, assert_values, f32s, on_every_device};
+use crate::same_f32_bits;
 use crate::t2;
 use kiln::{BinaryOp, DType, Error, Result, Tensor};
 
@@ -256,4 +257,30 @@ fn near(got: &[f64], want: &[f64], tol: f64, what: &str) {
         let err = if g == w { 0.0 } else { (g - w).abs() / w.abs().max(1.0) };
         assert!(err <= tol, "{what}: element {i} is {g}, expected {w} (relative error {err:e} > {tol:e})");
     }
+}
+
+#[test]
+fn nan_propagates_through_relu_maximum_minimum_clamp_and_reductions() {
+    on_every_device(|d| {
+        let x = Tensor::new(&[f32::NAN, 1., -2., 3.], &d)?;
+        same_f32_bits(&x.relu()?, &[f32::NAN, 1., 0., 3.]);
+        let y = Tensor::new(&[0f32, f32::NAN, 5., -1.], &d)?;
+        same_f32_bits(&x.maximum(&y)?, &[f32::NAN, f32::NAN, 5., 3.]);
+        same_f32_bits(&x.minimum(&y)?, &[f32::NAN, f32::NAN, -2., -1.]);
+        same_f32_bits(&x.maximum_scalar(0.0)?, &[f32::NAN, 1., 0., 3.]);
+        same_f32_bits(&x.minimum_scalar(0.0)?, &[f32::NAN, 0., -2., 0.]);
+        same_f32_bits(&x.clamp(-1.0, 2.0)?, &[f32::NAN, 1., -1., 2.]);
+        let m = Tensor::new(&[1f32, f32::NAN, 3.], &d)?;
+        same_f32_bits(&m.max_all()?, &[f32::NAN]);
+        same_f32_bits(&m.min_all()?, &[f32::NAN]);
+        assert_eq!(m.argmax(0)?.to_vec::<i64>()?, vec![1]);
+        assert_eq!(m.argmin(0)?.to_vec::<i64>()?, vec![1]);
+        // The first NaN wins, along any dimension.
+        let two = Tensor::new(&[[1f32, f32::NAN, f32::NAN], [f32::NAN, 2., 3.]], &d)?;
+        assert_eq!(two.argmax(-1)?.to_vec::<i64>()?, vec![1, 0]);
+        assert_eq!(two.argmin(0)?.to_vec::<i64>()?, vec![1, 0, 0]);
+        same_f32_bits(&two.max(0)?, &[f32::NAN, f32::NAN, f32::NAN]);
+        same_f32_bits(&two.max(1)?, &[f32::NAN, f32::NAN]);
+        Ok(())
+    });
 }

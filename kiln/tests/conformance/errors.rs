@@ -1,6 +1,9 @@
 //! Conformance: errors.
 
+use crate::common::sims;
 use crate::common::{assert_f32, devices, on_every_device};
+use kiln::nn::{one_hot, Linear, Module, Sequential};
+use kiln::Device;
 use kiln::{cpu, gpu, DType, Error, Result, Tensor};
 
 #[test]
@@ -241,4 +244,67 @@ fn read_and_softmax_errors_name_the_call_and_the_fix() {
         assert_eq!(kiln::nn::log_softmax(&x, 1)?.to_vec::<f32>()?, x.log_softmax(-1)?.to_vec::<f32>()?);
         Ok(())
     });
+}
+
+#[test]
+fn one_hot_refuses_bad_labels() {
+    let err = one_hot(&Tensor::new(&[0i64, 5, -1], &cpu()).unwrap(), 3, DType::F32).unwrap_err();
+    assert!(matches!(&err, Error::InvalidArgument { .. }), "{err:?}");
+    assert!(err.to_string().contains("label 5 is out of range for 3 classes"), "{err}");
+    assert_eq!(one_hot(&Tensor::new(&[2, 0], &cpu()).unwrap(), 3, DType::U8).unwrap().to_vec::<u8>().unwrap(), vec![0, 0, 1, 1, 0, 0]);
+}
+
+#[test]
+fn absurd_sizes_are_errors_not_panics() {
+    // Zero elements, but strides that would overflow.
+    assert!(Tensor::zeros((0, 1 << 40, 1 << 40), DType::F32, &cpu()).is_ok());
+    let huge = Tensor::ones((1,), DType::F32, &cpu()).unwrap().broadcast_to((1usize << 60, 4)).unwrap();
+    assert!(matches!(huge.copy_to(&cpu()), Err(Error::OutOfMemory { .. })));
+}
+
+/// Error hints are Rust that compiles: `kiln::empty_cache` takes the device,
+/// and a creation of random integers has nothing to convert.
+#[test]
+fn out_of_memory_and_dtype_hints_compile() {
+    let dev = kiln::ensure_simulated_gpus(1, 256 << 20)[0];
+    let err = Tensor::zeros(1usize << 40, DType::U8, &dev).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+    assert!(err.to_string().contains(&format!("`kiln::empty_cache(&kiln::{dev})?`")), "{err}");
+    // What the hint says compiles and runs.
+    let hint = || -> kiln::Result<()> {
+        kiln::empty_cache(&kiln::gpu(0))?;
+        Ok(())
+    };
+    hint().unwrap();
+
+    let err = Tensor::rand_uniform(0.0, 1.0, 3, DType::I32, &cpu()).unwrap_err();
+    assert!(err.to_string().contains("random values are floats: ask for `kiln::DType::F32`"), "{err}");
+    let two = Tensor::new(&[2i64], &cpu()).unwrap();
+    let err = two.pow(&two).unwrap_err();
+    // The hint widens: f64 holds the i64 values f32 would round (issue 18).
+    assert!(matches!(err, Error::UnsupportedDType { .. }) && err.to_string().contains("`.to_dtype(kiln::DType::F64)?`"), "{err}");
+    let hint = || -> kiln::Result<Tensor> { two.to_dtype(kiln::DType::F64)?.pow(&two.to_dtype(kiln::DType::F64)?) };
+    assert_eq!(hint().unwrap().to_vec::<f64>().unwrap(), vec![4.0]);
+}
+
+#[test]
+fn device_hints_are_rust_that_compiles() -> Result<()> {
+    let g = sims()[0];
+    let a = Tensor::ones((2,), DType::F32, &cpu())?;
+    let b = Tensor::ones((2,), DType::F32, &g)?;
+    let msg = a.add(&b).unwrap_err().to_string();
+    assert!(msg.ends_with("move one operand first, e.g. `rhs.to(&kiln::cpu())?`"), "{msg}");
+    let msg = b.add(&a).unwrap_err().to_string();
+    assert!(msg.ends_with(&format!("e.g. `rhs.to(&kiln::{g:?})?`").replace("Gpu(", "gpu(")), "{msg}");
+    // A forward whose input is elsewhere: the input moves.
+    let net = Sequential::new().add(Linear::new(2, 1, &g)?);
+    let msg = net.forward(&a).unwrap_err().to_string();
+    let Device::Gpu(i) = g else { unreachable!() };
+    assert_eq!(
+        msg,
+        format!(
+            "input is on cpu while layer 0 weight is on {g}; kiln never copies silently: move the input first, e.g. `x.to(&kiln::gpu({i}))?`"
+        )
+    );
+    Ok(())
 }

@@ -576,3 +576,50 @@ fn bad_indices_and_labels_on_a_gpu_are_reported_by_the_next_synchronising_call()
     });
     println!("CHILD-OK");
 }
+
+/// Out-of-range and negative indices: an error on the CPU (as in PyTorch);
+/// on a GPU they are not read back (no hidden transfer or sync), so
+/// `index_select` gives zeros and `index_add` ignores the row (PyTorch
+/// device-asserts). Documented in the README's table and the ops' rustdoc.
+#[test]
+fn out_of_range_indices_are_an_error_on_the_cpu_and_reported_by_a_gpus_next_sync() {
+    let x = |d: &Device| Tensor::new(&[[1f32, 2.], [3., 4.], [5., 6.]], d);
+    for ids in [Tensor::new(&[-1i64, 1, i64::MIN, 3], &cpu()), Tensor::new(&[-1, 1, i32::MIN, 3], &cpu())] {
+        let ids = ids.unwrap();
+        // The CPU refuses them, naming the index and the size.
+        match x(&cpu()).unwrap().index_select(&ids, 0) {
+            Err(e @ Error::InvalidArgument { .. }) => {
+                assert!(e.to_string().contains("index -1 is out of range for dimension 0 of size 3"), "{e}")
+            }
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        let src = Tensor::ones((4, 2), DType::F32, &cpu()).unwrap();
+        match Tensor::zeros((3, 2), DType::F32, &cpu()).unwrap().index_add(&ids, &src, 0) {
+            Err(e @ Error::InvalidArgument { .. }) => assert!(e.to_string().contains("out of range"), "{e}"),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        // A simulated GPU of this test's own: a reported fault poisons the
+        // device's queue for every thread until it is reported, and the
+        // other tests of this binary run beside this one on gpu(0) and gpu(1).
+        {
+            let d = kiln::ensure_simulated_gpus(3, 512 << 20)[2];
+            let (ids, x) = (ids.to(&d).unwrap(), x(&d).unwrap());
+            let (dst, ones) = (Tensor::zeros((3, 2), DType::F32, &d).unwrap(), Tensor::ones((4, 2), DType::F32, &d).unwrap());
+            // Nothing is read back to check the indices (no transfer at all):
+            // the kernel checks them and the next sync reports the first bad
+            // one, as PyTorch's device-side assert (issue 18).
+            let _none = kiln::transfer_guard(kiln::GuardLevel::Disallow);
+            let _picked = x.index_select(&ids, 0).unwrap();
+            match kiln::synchronize(&d) {
+                Err(Error::KernelFailed { op, msg, .. }) => {
+                    assert_eq!(op, "index_select");
+                    assert!(msg.contains("index -1 is out of range for dimension 0 of size 3"), "{msg}");
+                }
+                other => panic!("expected KernelFailed, got {other:?}"),
+            }
+            let _added = dst.index_add(&ids, &ones, 0).unwrap();
+            assert!(matches!(kiln::synchronize(&d), Err(Error::KernelFailed { op, .. }) if op == "index_add"));
+            kiln::synchronize(&d).unwrap();
+        }
+    }
+}

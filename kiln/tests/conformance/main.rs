@@ -27,3 +27,13 @@ fn t2(rows: &[&[f32]], d: Device) -> Result<Tensor> {
     let cols = rows.first().map_or(0, |r| r.len());
     Tensor::from_vec(rows.concat(), (rows.len(), cols), &d)
 }
+
+/// f32 values compared bit for bit (so NaN equals NaN).
+#[track_caller]
+pub(crate) fn same_f32_bits(t: &Tensor, expected: &[f32]) {
+    // NaN's sign is not specified (0/0 is −NaN on x86): compare NaN as NaN.
+    let bits = |x: &f32| if x.is_nan() { u32::MAX } else { x.to_bits() };
+    let got: Vec<u32> = t.to_vec::<f32>().unwrap().iter().map(bits).collect();
+    let want: Vec<u32> = expected.iter().map(bits).collect();
+    assert_eq!(got, want, "got {:?}, expected {expected:?} on {}", t.to_vec::<f32>().unwrap(), t.device());
+}

@@ -1,7 +1,9 @@
 //! Conformance: reductions.
 
 use crate::common::{assert_close, assert_f32, assert_values, devices, f32s, on_every_device};
+use crate::same_f32_bits;
 use crate::t2;
+use kiln::nn::{cross_entropy, mse_loss};
 use kiln::{cpu, DType, Reduction, Tensor};
 
 #[test]
@@ -244,4 +246,46 @@ fn running_sums_values_and_gradients() {
         assert_values(&x.grad().expect("gradient"), d, &[3], &[3., 2., 1.]);
         Ok(())
     });
+}
+
+#[test]
+fn empty_means_and_losses_are_nan_and_empty_softmax_is_empty() {
+    on_every_device(|d| {
+        same_f32_bits(&Tensor::zeros((0, 3), DType::F32, &d)?.mean(0)?, &[f32::NAN, f32::NAN, f32::NAN]);
+        same_f32_bits(&Tensor::zeros((0,), DType::F32, &d)?.mean_all()?, &[f32::NAN]);
+        let e = Tensor::zeros((0, 1), DType::F32, &d)?;
+        same_f32_bits(&mse_loss(&e, &e)?, &[f32::NAN]);
+        let logits = Tensor::zeros((0, 3), DType::F32, &d)?;
+        let labels = Tensor::zeros((0,), DType::I64, &d)?;
+        same_f32_bits(&cross_entropy(&logits, &labels)?, &[f32::NAN]);
+        let z = Tensor::zeros((2, 0), DType::F32, &d)?;
+        assert_eq!(z.softmax(-1)?.dims(), &[2, 0]);
+        assert_eq!(z.log_softmax(1)?.dims(), &[2, 0]);
+        assert_eq!(kiln::nn::softmax(&z, -1)?.dims(), &[2, 0]);
+        // softmax over any dimension, as a method.
+        let x = Tensor::new(&[[0f32, 0.], [0., 0.]], &d)?;
+        same_f32_bits(&x.softmax(0)?, &[0.5; 4]);
+        Ok(())
+    });
+}
+
+#[test]
+fn f32_sums_over_a_leading_dimension_are_accurate() {
+    on_every_device(|d| {
+        let x = Tensor::full(0.1, (1 << 20, 1), DType::F32, &d)?;
+        assert_eq!(x.sum(0)?.to_vec::<f32>()?, vec![104857.6]);
+        let x = Tensor::full(0.1, (1 << 20, 2), DType::F32, &d)?;
+        assert_eq!(x.sum(0)?.to_vec::<f32>()?, vec![104857.6, 104857.6]);
+        Ok(())
+    });
+}
+
+#[test]
+fn integer_sums_wrap_the_same_way_whatever_the_layout() {
+    let x = Tensor::new(&[200u8, 100], &cpu()).unwrap();
+    assert_eq!(x.sum_all().unwrap().to_scalar::<u8>().unwrap(), 44); // 300 mod 256
+    let rows = Tensor::new(&[[200u8, 100], [1, 1]], &cpu()).unwrap();
+    assert_eq!(rows.sum(1).unwrap().to_vec::<u8>().unwrap(), vec![44, 2]);
+    let big = Tensor::new(&[(1i64 << 53) + 1, 0], &cpu()).unwrap();
+    assert_eq!(big.sum_all().unwrap().to_scalar::<i64>().unwrap(), (1i64 << 53) + 1);
 }

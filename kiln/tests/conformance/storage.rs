@@ -1,7 +1,9 @@
 //! Conformance: storage and transfers.
 
 use crate::common::{devices, f32s, on_every_device};
-use kiln::{DType, Tensor};
+use kiln::{cpu, DType, Tensor};
+use std::sync::mpsc;
+use std::time::Duration;
 
 #[test]
 fn to_shares_storage_on_the_same_device_and_copy_to_never_does() {
@@ -77,4 +79,33 @@ fn a_host_allocation_refused_by_the_address_space_limit_names_the_limit() {
         assert!(msg.contains("RLIMIT_AS") && msg.contains("4.0 GiB") && msg.contains("8.0 GiB"), "{msg}");
     }
     println!("CHILD-OK");
+}
+
+#[test]
+fn an_op_on_one_storage_twice_does_not_deadlock_with_a_concurrent_assign() {
+    // `&w * &w` reads w's storage twice; a writer waiting in between used to
+    // block the second read forever.
+    let w = Tensor::ones((256, 256), DType::F32, &cpu()).unwrap();
+    let src = Tensor::full(2.0, (256, 256), DType::F32, &cpu()).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let (w1, w2) = (w.clone(), w.clone());
+    let tx2 = tx.clone();
+    std::thread::spawn(move || {
+        for _ in 0..300 {
+            let _ = (&w1 * &w1).unwrap();
+            let _ = w1.matmul(&w1).unwrap();
+            let c = w1.ge(&w1).unwrap();
+            let _ = c.where_cond(&w1, &w1).unwrap();
+        }
+        tx.send(()).unwrap();
+    });
+    std::thread::spawn(move || {
+        for _ in 0..300 {
+            w2.assign(&src).unwrap();
+        }
+        tx2.send(()).unwrap();
+    });
+    for _ in 0..2 {
+        rx.recv_timeout(Duration::from_secs(120)).expect("readers and a writer of one storage deadlocked");
+    }
 }

@@ -1,31 +1,18 @@
-//! The hot path of small operations: the CPU's per-thread memory
-//! booking, storage allocations kept per thread, the dense path of small
-//! elementwise kernels, and the simulated GPU's wake-ups. Each is checked
-//! for exactness against the general path or against hand-computed values.
+//! The CPU device, which the whole process shares: memory booked per
+//! thread and exact across threads, storages kept per thread and never
+//! reused while referenced, in-place writes seen through every view,
+//! readers racing a first write, temporaries overwritten only when nothing
+//! else sees them, and the dense path of small elementwise kernels against
+//! the general one. Each is checked for exactness.
 //!
-//! The tests of this binary book memory on the CPU, which is shared by the
-//! whole process: they run one at a time (`serial`).
+//! The tests of this binary book memory on the CPU: they run one at a time
+//! (`serial`).
 
 mod common;
 
+use common::{serial, within};
 use kiln::{cpu, memory_stats, reset_peak_memory, BinaryOp, DType, Error, Tensor, UnaryOp};
-use std::sync::{Arc, Barrier, Mutex, MutexGuard};
-use std::time::Duration;
-
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Runs `f` on another thread and fails if it has not finished in `secs`
-/// (a lost wake-up or a deadlock would otherwise hang the test).
-fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(secs)).unwrap_or_else(|_| panic!("{what}: not done after {secs} s (hang)"))
-}
+use std::sync::{Arc, Barrier};
 
 #[test]
 fn cpu_memory_booked_on_one_thread_and_freed_on_another_is_exact() {
@@ -225,62 +212,6 @@ fn the_dense_path_reads_offsets_and_one_storage_twice() {
     assert_eq!((&tail * &tail).unwrap().to_vec::<f32>().unwrap(), vec![16., 25., 36.]);
     assert_eq!((&x - &x).unwrap().to_vec::<f32>().unwrap(), vec![0.; 6]);
     assert_eq!(tail.lt(&head).unwrap().to_vec::<u8>().unwrap(), vec![0, 0, 0]);
-}
-
-#[test]
-fn many_threads_waiting_on_a_busy_simulated_gpu_all_wake() {
-    let _s = serial();
-    let g = kiln::ensure_simulated_gpus(1, kiln::DEFAULT_SIM_GPU_MEMORY)[0];
-    within(60, "waiters on a simulated GPU", move || {
-        for round in 0..20 {
-            let hold = kiln::hold_queue(&g).unwrap().expect("a simulated GPU has a queue");
-            let mut x = Tensor::zeros(16, DType::F32, &g).unwrap();
-            for _ in 0..50 {
-                x = (&x + 1.0).unwrap();
-            }
-            let waiters: Vec<_> = (0..8).map(|_| std::thread::spawn(move || kiln::synchronize(&g))).collect();
-            std::thread::sleep(Duration::from_millis(2));
-            drop(hold);
-            for w in waiters {
-                w.join().unwrap().unwrap();
-            }
-            assert_eq!(x.to_vec::<f32>().unwrap(), vec![50.0; 16], "round {round}");
-        }
-        // Reads racing the worker, with no hold: each must see its own result.
-        let mut x = Tensor::zeros(1, DType::F32, &g).unwrap();
-        for i in 1..=2000 {
-            x = (&x + 1.0).unwrap();
-            if i % 7 == 0 {
-                assert_eq!(x.to_scalar::<f32>().unwrap(), i as f32);
-            }
-        }
-    });
-}
-
-#[test]
-fn memory_of_a_dropped_tensor_is_reusable_at_once_by_later_work_on_its_queue() {
-    let _s = serial();
-    let g = common::own_sims(1, 64 << 20)[0];
-    kiln::synchronize(&g).unwrap();
-    let base = memory_stats(&g).unwrap();
-    let n = 10 << 20; // 40 MiB of f32
-    let hold = kiln::hold_queue(&g).unwrap().expect("a simulated GPU has a queue");
-    let x = Tensor::full(2.0, n, DType::F32, &g).unwrap(); // queued, not run
-    let total = x.sum_all().unwrap(); // queued, reads x
-    drop(x);
-    // The queue still holds x's storage, but its 40 MiB are free for work
-    // queued from now on, which runs after the sum (stream order).
-    let stats = memory_stats(&g).unwrap();
-    assert_eq!((stats.in_use, stats.live_tensors), (base.in_use + 4, base.live_tensors + 1));
-    let y = Tensor::full(3.0, n, DType::F32, &g).expect("40 MiB on a 64 MiB GPU after the other 40 MiB were dropped");
-    drop(hold);
-    assert_eq!(total.to_scalar::<f32>().unwrap(), 2.0 * n as f32);
-    assert_eq!(y.narrow(0, n - 2, 2).unwrap().to_vec::<f32>().unwrap(), vec![3.0, 3.0]);
-    drop((total, y));
-    kiln::synchronize(&g).unwrap();
-    let after = memory_stats(&g).unwrap();
-    // Unbooked once: back to the baseline exactly.
-    assert_eq!((after.in_use, after.live_tensors), (base.in_use, base.live_tensors));
 }
 
 #[test]
