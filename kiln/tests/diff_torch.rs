@@ -33,7 +33,8 @@ use kiln::{cpu, DType, Device, Result, Tensor};
 use std::fmt::Write as _;
 use std::process::Command;
 
-/// xorshift64*: the cases are the same on every machine for a seed.
+/// A number as the JSON that the PyTorch side reads: NaN and the infinities
+/// spelled as Python's `json` module writes and parses them.
 fn num(v: f64) -> String {
     if v.is_nan() {
         "NaN".into()

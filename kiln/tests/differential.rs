@@ -33,7 +33,7 @@ fn main() -> std::process::ExitCode {
     common::run_suite(trials![kiln_agrees_with_numpy])
 }
 
-/// xorshift64*: the cases are the same on every machine for a seed.
+/// A Python that imports numpy (`KILN_NUMPY_PYTHON`, else `python3`), if there is one.
 fn python() -> Option<String> {
     let candidates: Vec<String> = match std::env::var("KILN_NUMPY_PYTHON") {
         Ok(p) => vec![p],

@@ -62,7 +62,7 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// xorshift64*: the same files on every machine for a seed.
+/// The file formats the fuzzer writes and reads back.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {
     Npy,
