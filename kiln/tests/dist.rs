@@ -47,6 +47,7 @@ fn main() -> ExitCode {
         ranks_calling_different_collectives_get_an_error_naming_both,
         a_hung_rank_is_named_by_the_others_within_the_timeout,
         a_killed_rank_ends_the_job,
+        started_calls_in_a_world_of_one,
     ])
 }
 
@@ -135,6 +136,18 @@ fn collectives(np: usize) -> Ran {
     assert!(run.ok, "{}", run.output);
     for r in 0..np {
         assert!(run.output.contains(&format!("rank {r} of {np}: collectives ok")), "{}", run.output);
+    }
+    Ok(())
+}
+
+/// The `*_async` calls in a world of one (no launcher needed): the same
+/// checks as on several ranks, on the CPU and on a simulated GPU.
+fn started_calls_in_a_world_of_one() -> Ran {
+    for device in [cpu(), kiln::ensure_simulated_gpus(1, 64 << 20)[0]] {
+        let g = dist::Group::single(device);
+        started(&g, &device).unwrap_or_else(|e| panic!("on {device}: {e}"));
+        let stats = g.stats();
+        assert_eq!(stats.calls, 8, "{stats:?}");
     }
     Ok(())
 }
@@ -437,6 +450,7 @@ fn worker_collectives() -> Result<()> {
         };
         check("recv", got.to_vec_f64()?, vec![prev as f64; 3])?;
         in_place(&g, &device)?;
+        started(&g, &device)?;
         g.barrier()?;
     }
     // Refusals name the problem before anything is sent.
@@ -449,6 +463,59 @@ fn worker_collectives() -> Result<()> {
     assert!(stats.calls > 20 && stats.bytes > 0, "{stats:?}");
     g.barrier()?;
     println!("rank {r} of {n}: collectives ok");
+    Ok(())
+}
+
+/// The `*_async` calls: several started before any is waited for, waited
+/// in reverse order, on inputs written after the call (the result is that
+/// of the input at the call); one dropped unwaited, after which the group
+/// still agrees.
+fn started(g: &dist::Group, device: &kiln::Device) -> Result<()> {
+    let (r, n) = (g.rank(), g.size());
+    let (rf, nf) = (r as f64, n as f64);
+    let tri = nf * (nf - 1.0) / 2.0;
+    let x = Tensor::new(&[rf as f32 + 1.0, 10.0 * rf as f32], device)?;
+    let ramp = Tensor::from_vec((0..2 * n).map(|i| (i as f32) * (rf as f32 + 1.0)).collect::<Vec<f32>>(), (n, 2), device)?;
+    let sum = g.all_reduce_async(&x, ReduceOp::Sum)?;
+    let mean = g.all_reduce_async(&x.to_dtype(DType::F64)?, ReduceOp::Mean)?;
+    let root = g.broadcast_async(&x, n - 1)?;
+    let gathered = g.all_gather_async(&x)?;
+    let piece = g.reduce_scatter_async(&ramp, ReduceOp::Sum)?;
+    let reduced = g.reduce_async(&x, 0, ReduceOp::Max)?;
+    let dropped = g.all_reduce_async(&x, ReduceOp::Min)?;
+    // Written after the calls: the results are those of the old values.
+    x.assign(&Tensor::full(-7.0, 2, DType::F32, device)?)?;
+    ramp.assign(&Tensor::zeros((n, 2), DType::F32, device)?)?;
+    drop(dropped);
+    let reduced = reduced.wait()?;
+    if !(sum.is_completed() && root.is_completed()) {
+        return Err(fail("dist test", "calls made before a finished one are not completed"));
+    }
+    check("reduce_async", reduced.to_vec_f64()?, if r == 0 { vec![nf, 10.0 * (nf - 1.0)] } else { vec![rf + 1.0, 10.0 * rf] })?;
+    let s = tri + nf;
+    let piece = piece.wait()?;
+    if piece.dims() != [1, 2] || piece.device() != *device {
+        return Err(fail("dist test", format!("reduce_scatter_async gave shape {:?} on {}", piece.dims(), piece.device())));
+    }
+    check("reduce_scatter_async", piece.to_vec_f64()?, vec![2.0 * rf * s, (2.0 * rf + 1.0) * s])?;
+    let want: Vec<f64> = (0..n).flat_map(|k| [k as f64 + 1.0, 10.0 * k as f64]).collect();
+    check("all_gather_async", gathered.wait()?.to_vec_f64()?, want)?;
+    check("broadcast_async", root.wait()?.to_vec_f64()?, vec![nf, 10.0 * (nf - 1.0)])?;
+    let mean = mean.wait()?;
+    if mean.dtype() != DType::F64 {
+        return Err(fail("dist test", format!("an f64 mean came back as {}", mean.dtype())));
+    }
+    check("all_reduce_async mean", mean.to_vec_f64()?, vec![s / nf, 10.0 * tri / nf])?;
+    check("all_reduce_async", sum.wait()?.to_vec_f64()?, vec![s, 10.0 * tri])?;
+    // After the dropped call, the next ones still line up on every rank.
+    let after = g.all_reduce(&Tensor::new(&[rf as f32], device)?, ReduceOp::Sum)?;
+    check("all_reduce after a dropped Work", after.to_vec_f64()?, vec![tri])?;
+    // Refusals come at the call, before anything is started.
+    let ints = Tensor::new(&[1i32, 2], device)?;
+    assert!(matches!(g.all_reduce_async(&ints, ReduceOp::Mean), Err(kiln::Error::UnsupportedDType { .. })));
+    assert!(g.broadcast_async(&ints, n).unwrap_err().to_string().contains(&format!("root {n} is not a rank")));
+    let scalar = Tensor::zeros((), DType::F32, device)?;
+    assert!(g.reduce_scatter_async(&scalar, ReduceOp::Sum).unwrap_err().to_string().contains("must be a multiple"));
     Ok(())
 }
 

@@ -16,14 +16,41 @@ pub(crate) trait Engine: Send + Sync {
     fn rank(&self) -> usize;
     /// The number of processes.
     fn size(&self) -> usize;
+    /// Hands `call` over and returns at once; the result comes from the
+    /// [`Pending`]. Calls run in the order they were handed over. An error
+    /// here means nothing was handed over (the group is broken).
+    fn submit(&self, call: Call) -> Result<Box<dyn Pending>>;
     /// Runs `call` and returns this rank's result: an error names the
     /// ranks and the call when another rank is silent past the timeout or
     /// called something else.
-    fn run(&self, call: Call) -> Result<HostBuf>;
+    fn run(&self, call: Call) -> Result<HostBuf> {
+        self.submit(call)?.wait()
+    }
     /// How long a call waits for the other ranks before it is an error.
     fn timeout(&self) -> Duration;
     /// Sets that wait.
     fn set_timeout(&self, timeout: Duration);
+}
+
+/// A call handed to an engine and not waited for yet.
+pub(crate) trait Pending: Send {
+    /// Whether the result is in (a wait would not block).
+    fn is_done(&self) -> bool;
+    /// This rank's result, once the call is done.
+    fn wait(self: Box<Self>) -> Result<HostBuf>;
+}
+
+/// A call whose result was known when it was handed over.
+pub(crate) struct Done(pub(crate) Result<HostBuf>);
+
+impl Pending for Done {
+    fn is_done(&self) -> bool {
+        true
+    }
+
+    fn wait(self: Box<Self>) -> Result<HostBuf> {
+        self.0
+    }
 }
 
 /// An engine's constructor: `None` when it does not serve this launch.
@@ -50,7 +77,19 @@ impl Engine for Single {
         1
     }
 
-    fn run(&self, call: Call) -> Result<HostBuf> {
+    fn submit(&self, call: Call) -> Result<Box<dyn Pending>> {
+        Ok(Box::new(Done(self.run_now(call))))
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::MAX
+    }
+
+    fn set_timeout(&self, _: Duration) {}
+}
+
+impl Single {
+    fn run_now(&self, call: Call) -> Result<HostBuf> {
         match call.kind {
             CallKind::AllReduce(_)
             | CallKind::Broadcast { .. }
@@ -71,10 +110,4 @@ impl Engine for Single {
             )),
         }
     }
-
-    fn timeout(&self) -> Duration {
-        Duration::MAX
-    }
-
-    fn set_timeout(&self, _: Duration) {}
 }

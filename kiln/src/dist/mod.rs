@@ -28,7 +28,9 @@
 //!
 //! Tensors on the CPU and on simulated GPUs are staged through host memory;
 //! the transfers are counted as every host read is. Calls block until this
-//! rank's part is done and are not differentiable.
+//! rank's part is done and are not differentiable; the `*_async` calls
+//! ([`Group::all_reduce_async`] and its siblings, PyTorch's
+//! `async_op=True`) return a [`Work`] at once instead, to wait for later.
 //!
 //! ```
 //! use kiln::comm::ReduceOp;
@@ -57,7 +59,7 @@ pub use sampler::DistributedSampler;
 
 use crate::comm::ReduceOp;
 use crate::{no_grad, DType, Device, Error, Result, Tensor};
-use engine::{Engine, Open};
+use engine::{Engine, Open, Pending};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use wire::{dist_error, Call, CallKind, HostBuf, HostView, Payload};
@@ -103,6 +105,67 @@ impl std::fmt::Debug for Group {
             .field("size", &self.size())
             .field("device", &self.device)
             .finish()
+    }
+}
+
+/// A collective started by one of the `*_async` calls of a [`Group`]
+/// (PyTorch's `async_op=True` handle): the call runs on the engine in the
+/// order the calls were made, while this thread goes on; [`Work::wait`]
+/// gives the result. The input was copied when the call was made, so
+/// writing it afterwards does not change the result. Dropping a `Work`
+/// unwaited is allowed: the call still runs (the other ranks take part in
+/// it), and its result is dropped.
+///
+/// ```
+/// use kiln::{comm::ReduceOp, dist::Group, Tensor, cpu};
+/// let g = Group::single(cpu());
+/// let grads = [Tensor::new(&[1f32, 2.], &cpu())?, Tensor::new(&[3f32], &cpu())?];
+/// // Start every bucket's all-reduce, then wait for them in order.
+/// let works = grads.iter().map(|t| g.all_reduce_async(t, ReduceOp::Mean)).collect::<kiln::Result<Vec<_>>>()?;
+/// let means = works.into_iter().map(|w| w.wait()).collect::<kiln::Result<Vec<_>>>()?;
+/// assert_eq!(means[1].to_vec::<f32>()?, vec![3.]);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+#[must_use = "a collective's result is in its Work: call `wait()`"]
+pub struct Work {
+    pending: Box<dyn Pending>,
+    op: &'static str,
+    dtype: DType,
+    dims: Vec<usize>,
+    device: Device,
+    divisor: Option<usize>,
+    stats: Arc<Mutex<CommStats>>,
+}
+
+impl std::fmt::Debug for Work {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Work")
+            .field("op", &self.op)
+            .field("dtype", &self.dtype)
+            .field("dims", &self.dims)
+            .field("device", &self.device)
+            .field("completed", &self.is_completed())
+            .finish()
+    }
+}
+
+impl Work {
+    /// Whether the collective is done on this rank ([`wait`](Self::wait)
+    /// would return at once).
+    pub fn is_completed(&self) -> bool {
+        self.pending.is_done()
+    }
+
+    /// Waits for the collective and returns this rank's result, on the
+    /// input's device with its dtype: the errors of the blocking call (a
+    /// silent rank named within the timeout, a mismatched call naming both
+    /// ranks' calls).
+    pub fn wait(self) -> Result<Tensor> {
+        let start = Instant::now();
+        let out = self.pending.wait();
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).seconds += start.elapsed().as_secs_f64();
+        let _g = no_grad();
+        out?.into_tensor(self.dtype, &self.dims, &self.device, self.divisor)
     }
 }
 
@@ -316,6 +379,29 @@ impl Group {
         out.into_tensor(t.dtype(), dims, &t.device(), self.mean_divisor(kind))
     }
 
+    /// Starts `kind` on a copy of `t`'s elements and returns at once; the
+    /// [`Work`] makes a tensor of `dims` on `t`'s device from the result.
+    fn collective_async(&self, kind: CallKind, t: &Tensor, dims: &[usize]) -> Result<Work> {
+        let _g = no_grad();
+        let start = Instant::now();
+        let data = Payload::Staged(HostBuf::of(t)?);
+        let bytes = data.bytes() as u64;
+        let pending = self.engine.submit(Call { kind, data })?;
+        let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        s.calls += 1;
+        s.bytes += bytes;
+        s.seconds += start.elapsed().as_secs_f64();
+        Ok(Work {
+            pending,
+            op: kind.name(),
+            dtype: t.dtype(),
+            dims: dims.to_vec(),
+            device: t.device(),
+            divisor: self.mean_divisor(kind),
+            stats: self.stats.clone(),
+        })
+    }
+
     /// Runs `kind` and writes its result into `t`: in `t`'s own memory when
     /// it is a contiguous CPU tensor of a type that travels as itself (the
     /// engine works there under the storage's write lock), else through a
@@ -445,30 +531,73 @@ impl Group {
     /// (PyTorch's `all_gather_into_tensor`); a scalar gives a vector of
     /// `size()` elements.
     pub fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
+        self.collective(CallKind::AllGather, t, &self.gathered_dims(t))
+    }
+
+    fn gathered_dims(&self, t: &Tensor) -> Vec<usize> {
         let mut dims = t.dims().to_vec();
         match dims.first_mut() {
             Some(d0) => *d0 *= self.size(),
             None => dims.push(self.size()),
         }
-        self.collective(CallKind::AllGather, t, &dims)
+        dims
     }
 
     /// `t` cut along dimension 0 into `size()` equal pieces; rank r gets
     /// piece r combined by `op` across ranks (PyTorch's
     /// `reduce_scatter_tensor`). Dimension 0 must divide by `size()`.
     pub fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        self.check_mean("reduce_scatter", t, op)?;
+        let dims = self.scattered_dims("reduce_scatter", t, op)?;
+        self.collective(CallKind::ReduceScatter(op), t, &dims)
+    }
+
+    fn scattered_dims(&self, call: &str, t: &Tensor, op: ReduceOp) -> Result<Vec<usize>> {
+        self.check_mean(call, t, op)?;
         let mut dims = t.dims().to_vec();
         let n = self.size();
         match dims.first_mut() {
             Some(d0) if *d0 % n == 0 => *d0 /= n,
             _ => {
-                return Err(
-                    self.error("reduce_scatter", format!("dimension 0 of shape {:?} must be a multiple of the group's size {n}", t.dims()))
-                );
+                return Err(self.error(call, format!("dimension 0 of shape {:?} must be a multiple of the group's size {n}", t.dims())));
             }
         }
-        self.collective(CallKind::ReduceScatter(op), t, &dims)
+        Ok(dims)
+    }
+
+    /// [`all_reduce`](Self::all_reduce), started: returns at once with a
+    /// [`Work`] whose [`wait`](Work::wait) gives the result. `t` is copied
+    /// at the call (a CPU tensor too), so it may be written meanwhile.
+    pub fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        self.check_mean("all_reduce_async", t, op)?;
+        self.collective_async(CallKind::AllReduce(op), t, t.dims())
+    }
+
+    /// [`broadcast`](Self::broadcast), started (see
+    /// [`all_reduce_async`](Self::all_reduce_async)).
+    pub fn broadcast_async(&self, t: &Tensor, root: usize) -> Result<Work> {
+        self.check_rank("broadcast_async", "root", root)?;
+        self.collective_async(CallKind::Broadcast { root }, t, t.dims())
+    }
+
+    /// [`reduce`](Self::reduce), started (see
+    /// [`all_reduce_async`](Self::all_reduce_async)).
+    pub fn reduce_async(&self, t: &Tensor, root: usize, op: ReduceOp) -> Result<Work> {
+        self.check_rank("reduce_async", "root", root)?;
+        self.check_mean("reduce_async", t, op)?;
+        self.collective_async(CallKind::Reduce { root, op }, t, t.dims())
+    }
+
+    /// [`all_gather`](Self::all_gather), started (see
+    /// [`all_reduce_async`](Self::all_reduce_async)).
+    pub fn all_gather_async(&self, t: &Tensor) -> Result<Work> {
+        self.collective_async(CallKind::AllGather, t, &self.gathered_dims(t))
+    }
+
+    /// [`reduce_scatter`](Self::reduce_scatter), started (see
+    /// [`all_reduce_async`](Self::all_reduce_async)).
+    pub fn reduce_scatter_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        let dims = self.scattered_dims("reduce_scatter_async", t, op)?;
+        self.collective_async(CallKind::ReduceScatter(op), t, &dims)
     }
 
     /// Returns when every rank has called it.

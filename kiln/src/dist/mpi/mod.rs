@@ -15,12 +15,12 @@
 //! Float max and min are operations of kiln's own, so that a NaN wins as
 //! everywhere else in kiln (MPI's built-in ones may let it lose).
 
-use super::engine::Engine;
+use super::engine::{Engine, Pending};
 use super::launch::Launch;
 use super::wire::{dist_error, Call, CallKind, Fingerprint, HostBuf, Payload, Wire};
 use crate::comm::ReduceOp;
 use crate::Result;
-use crossbeam_channel::{bounded, unbounded, RecvTimeoutError, Sender};
+use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender};
 use mpi::ffi;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
@@ -50,6 +50,10 @@ static EXIT: OnceLock<Sender<Msg>> = OnceLock::new();
 /// that never returned), when it is: later calls fail at once, and the exit
 /// handler ends the process instead of waiting for the thread.
 static STUCK: Mutex<Option<String>> = Mutex::new(None);
+
+/// Calls the MPI thread has finished: a wait behind a queue of calls is
+/// stuck only when none of them finishes within the limit.
+static FINISHED: AtomicU64 = AtomicU64::new(0);
 
 fn stuck() -> Option<String> {
     STUCK.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -84,6 +88,8 @@ impl MpiEngine {
                     match rx.recv_timeout(Duration::from_millis(10)) {
                         Ok(Msg::Run(call, reply)) => {
                             let out = comm.run(call);
+                            FINISHED.fetch_add(1, Ordering::Release);
+                            // The caller may have dropped its handle unwaited.
                             let _ = reply.send(out);
                         }
                         Ok(Msg::Exit(done)) => {
@@ -152,13 +158,13 @@ impl Engine for MpiEngine {
         self.size
     }
 
-    fn run(&self, call: Call) -> Result<HostBuf> {
+    fn submit(&self, call: Call) -> Result<Box<dyn Pending>> {
         let op = call.kind.name();
         if let Some(why) = stuck() {
             return Err(dist_error(self.rank, self.size, op, format!("the group is broken: {why}")));
         }
         // A call that writes the tensor in place and never returns leaves
-        // it half-written: poisoned below.
+        // it half-written: poisoned when the wait gives up.
         let written = match &call.data {
             Payload::InPlace(view) if view.write => Some(view.clone()),
             Payload::InPlace(_) | Payload::Staged(_) => None,
@@ -168,27 +174,9 @@ impl Engine for MpiEngine {
             .send(Msg::Run(call, tx))
             .map_err(|_| dist_error(self.rank, self.size, op, "the MPI thread has ended (the process is exiting)"))?;
         // The MPI thread names a silent rank within the timeout; past twice
-        // that, it is stuck inside MPI itself.
+        // that with no call of the queue finished, it is stuck inside MPI.
         let limit = self.timeout().saturating_mul(2).saturating_add(Duration::from_secs(1));
-        match rx.recv_timeout(limit) {
-            Ok(result) => result,
-            Err(RecvTimeoutError::Timeout) => {
-                let why = format!(
-                    "{op} did not return from MPI within {:.1} s although every rank had entered it (a network or MPI failure); \
-                     the process ends at exit without MPI_Finalize, and the launcher ends the job",
-                    limit.as_secs_f64()
-                );
-                *STUCK.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
-                let err = dist_error(self.rank, self.size, op, why);
-                if let Some(view) = written {
-                    view.poison(&err);
-                }
-                Err(err)
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                Err(dist_error(self.rank, self.size, op, "the MPI thread has ended (the process is exiting)"))
-            }
-        }
+        Ok(Box::new(MpiPending { rx, op, limit, written, rank: self.rank, size: self.size }))
     }
 
     fn timeout(&self) -> Duration {
@@ -197,6 +185,54 @@ impl Engine for MpiEngine {
 
     fn set_timeout(&self, timeout: Duration) {
         self.timeout_ms.store(millis(timeout), Ordering::Relaxed);
+    }
+}
+
+/// A call on the MPI thread's queue.
+struct MpiPending {
+    rx: Receiver<Result<HostBuf>>,
+    op: &'static str,
+    limit: Duration,
+    written: Option<super::wire::HostView>,
+    rank: usize,
+    size: usize,
+}
+
+impl Pending for MpiPending {
+    fn is_done(&self) -> bool {
+        !self.rx.is_empty()
+    }
+
+    fn wait(self: Box<Self>) -> Result<HostBuf> {
+        let op = self.op;
+        let mut seen = FINISHED.load(Ordering::Acquire);
+        loop {
+            match self.rx.recv_timeout(self.limit) {
+                Ok(result) => return result,
+                Err(RecvTimeoutError::Timeout) => {
+                    // Calls queued before this one are still finishing.
+                    let now = FINISHED.load(Ordering::Acquire);
+                    if now != seen {
+                        seen = now;
+                        continue;
+                    }
+                    let why = format!(
+                        "{op} did not return from MPI within {:.1} s although every rank had entered it (a network or MPI failure); \
+                         the process ends at exit without MPI_Finalize, and the launcher ends the job",
+                        self.limit.as_secs_f64()
+                    );
+                    *STUCK.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+                    let err = dist_error(self.rank, self.size, op, why);
+                    if let Some(view) = &self.written {
+                        view.poison(&err);
+                    }
+                    return Err(err);
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(dist_error(self.rank, self.size, op, "the MPI thread has ended (the process is exiting)"));
+                }
+            }
+        }
     }
 }
 
