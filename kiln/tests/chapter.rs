@@ -329,7 +329,7 @@ fn copies_between_gpus_keep_values_and_dtypes() {
 
 #[test]
 fn printing_a_large_gpu_tensor_reads_only_what_is_shown() {
-    let gpus = kiln::ensure_simulated_gpus(1, 64 << 20);
+    let gpus = common::sims();
     let x = Tensor::arange(0.0, 10_000.0, 1.0, &gpus[0]).unwrap().reshape((100, 100)).unwrap();
     let before = kiln::thread_transfer_stats();
     let text = x.to_string();

@@ -1070,7 +1070,7 @@ fn cross_entropy_refuses_labels_outside_the_classes() {
 
 #[test]
 fn a_frozen_parameter_stays_frozen_when_the_model_moves() {
-    let gpus = kiln::ensure_simulated_gpus(1, 64 << 20);
+    let gpus = common::sims();
     let mut lin = Linear::new(2, 1, &cpu()).unwrap();
     let frozen = lin.weight().detach();
     lin.visit_parameters_mut(&mut |name, p| {

@@ -383,14 +383,19 @@ impl Group {
     /// [`Work`] makes a tensor of `dims` on `t`'s device from the result.
     fn collective_async(&self, kind: CallKind, t: &Tensor, dims: &[usize]) -> Result<Work> {
         let _g = no_grad();
-        let start = Instant::now();
         let data = Payload::Staged(HostBuf::of(t)?);
+        // Booked as `run` books a call: a refused one counts too, and the
+        // staging copy is not the call's time.
+        let start = Instant::now();
         let bytes = data.bytes() as u64;
-        let pending = self.engine.submit(Call { kind, data })?;
-        let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        s.calls += 1;
-        s.bytes += bytes;
-        s.seconds += start.elapsed().as_secs_f64();
+        let submitted = self.engine.submit(Call { kind, data });
+        {
+            let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            s.calls += 1;
+            s.bytes += bytes;
+            s.seconds += start.elapsed().as_secs_f64();
+        }
+        let pending = submitted?;
         Ok(Work {
             pending,
             op: kind.name(),

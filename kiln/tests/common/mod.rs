@@ -64,7 +64,9 @@ pub fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + 
     });
     match rx.recv_timeout(std::time::Duration::from_secs(secs)) {
         Ok(v) => v,
-        Err(_) => panic!("{what}: not done after {secs} s (a hang or a deadlock)"),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what}: not done after {secs} s (a hang or a deadlock)"),
+        // Its thread panicked (the panic message is printed above).
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: panicked"),
     }
 }
 

@@ -266,7 +266,7 @@ fn absurd_sizes_are_errors_not_panics() {
 /// and a creation of random integers has nothing to convert.
 #[test]
 fn out_of_memory_and_dtype_hints_compile() {
-    let dev = kiln::ensure_simulated_gpus(1, 256 << 20)[0];
+    let dev = sims()[0];
     let err = Tensor::zeros(1usize << 40, DType::U8, &dev).unwrap_err();
     assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
     assert!(err.to_string().contains(&format!("`kiln::empty_cache(&kiln::{dev})?`")), "{err}");

@@ -578,9 +578,9 @@ fn bad_indices_and_labels_on_a_gpu_are_reported_by_the_next_synchronising_call()
 }
 
 /// Out-of-range and negative indices: an error on the CPU (as in PyTorch);
-/// on a GPU they are not read back (no hidden transfer or sync), so
-/// `index_select` gives zeros and `index_add` ignores the row (PyTorch
-/// device-asserts). Documented in the README's table and the ops' rustdoc.
+/// on a GPU they are not read back (no hidden transfer or sync): the kernel
+/// checks them and the next synchronising call reports the first bad one
+/// as `KernelFailed` naming the op, as PyTorch's device-side assert.
 #[test]
 fn out_of_range_indices_are_an_error_on_the_cpu_and_reported_by_a_gpus_next_sync() {
     let x = |d: &Device| Tensor::new(&[[1f32, 2.], [3., 4.], [5., 6.]], d);

@@ -2,7 +2,9 @@
 //! every CUDA device present. Each test runs the same operations on each
 //! device and compares the results with hand-computed values, exactly
 //! (float tolerance only for transcendental functions). One file per
-//! concern; each test runs on every device through `on_every_device`.
+//! concern; a test runs on every device through `on_every_device`, except
+//! the few about what only one device kind does (the CPU's refusals of bad
+//! indices, a host thread racing another, a simulated GPU's fault).
 
 #[path = "../common/mod.rs"]
 mod common;

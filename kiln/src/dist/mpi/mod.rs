@@ -19,8 +19,8 @@ use super::engine::{Engine, Pending};
 use super::launch::Launch;
 use super::wire::{dist_error, Call, CallKind, Fingerprint, HostBuf, Payload, Wire};
 use crate::comm::ReduceOp;
-use crate::Result;
-use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender};
+use crate::{Error, Result};
+use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use mpi::ffi;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
@@ -173,10 +173,15 @@ impl Engine for MpiEngine {
         self.jobs
             .send(Msg::Run(call, tx))
             .map_err(|_| dist_error(self.rank, self.size, op, "the MPI thread has ended (the process is exiting)"))?;
-        // The MPI thread names a silent rank within the timeout; past twice
-        // that with no call of the queue finished, it is stuck inside MPI.
-        let limit = self.timeout().saturating_mul(2).saturating_add(Duration::from_secs(1));
-        Ok(Box::new(MpiPending { rx, op, limit, written, rank: self.rank, size: self.size }))
+        Ok(Box::new(MpiPending {
+            rx,
+            result: Mutex::new(None),
+            op,
+            timeout_ms: self.timeout_ms.clone(),
+            written,
+            rank: self.rank,
+            size: self.size,
+        }))
     }
 
     fn timeout(&self) -> Duration {
@@ -191,23 +196,56 @@ impl Engine for MpiEngine {
 /// A call on the MPI thread's queue.
 struct MpiPending {
     rx: Receiver<Result<HostBuf>>,
+    /// The reply, once `is_done` has taken it off the channel.
+    result: Mutex<Option<Result<HostBuf>>>,
     op: &'static str,
-    limit: Duration,
+    /// The group's timeout, read at each wait (`set_timeout` may change it
+    /// while the call is queued).
+    timeout_ms: Arc<AtomicU64>,
     written: Option<super::wire::HostView>,
     rank: usize,
     size: usize,
 }
 
+impl MpiPending {
+    fn ended(&self) -> Error {
+        dist_error(self.rank, self.size, self.op, "the MPI thread has ended (the process is exiting)")
+    }
+}
+
 impl Pending for MpiPending {
     fn is_done(&self) -> bool {
-        !self.rx.is_empty()
+        let mut result = self.result.lock().unwrap_or_else(|e| e.into_inner());
+        if result.is_some() {
+            return true;
+        }
+        match self.rx.try_recv() {
+            Ok(r) => {
+                *result = Some(r);
+                true
+            }
+            Err(TryRecvError::Empty) => false,
+            // A wait would return at once, with that error.
+            Err(TryRecvError::Disconnected) => {
+                *result = Some(Err(self.ended()));
+                true
+            }
+        }
     }
 
     fn wait(self: Box<Self>) -> Result<HostBuf> {
         let op = self.op;
+        if let Some(r) = self.result.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            return r;
+        }
         let mut seen = FINISHED.load(Ordering::Acquire);
         loop {
-            match self.rx.recv_timeout(self.limit) {
+            // The MPI thread names a silent rank within the timeout; past
+            // twice that with no call of the queue finished, it is stuck
+            // inside MPI.
+            let timeout = Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed));
+            let limit = timeout.saturating_mul(2).saturating_add(Duration::from_secs(1));
+            match self.rx.recv_timeout(limit) {
                 Ok(result) => return result,
                 Err(RecvTimeoutError::Timeout) => {
                     // Calls queued before this one are still finishing.
@@ -219,7 +257,7 @@ impl Pending for MpiPending {
                     let why = format!(
                         "{op} did not return from MPI within {:.1} s although every rank had entered it (a network or MPI failure); \
                          the process ends at exit without MPI_Finalize, and the launcher ends the job",
-                        self.limit.as_secs_f64()
+                        limit.as_secs_f64()
                     );
                     *STUCK.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
                     let err = dist_error(self.rank, self.size, op, why);
@@ -228,9 +266,7 @@ impl Pending for MpiPending {
                     }
                     return Err(err);
                 }
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(dist_error(self.rank, self.size, op, "the MPI thread has ended (the process is exiting)"));
-                }
+                Err(RecvTimeoutError::Disconnected) => return Err(self.ended()),
             }
         }
     }
