@@ -32,20 +32,9 @@ fn only_pair(diff: &TransferStats) -> ((Direction, Device, Device), TransferCoun
 /// of this file (a line may hold several call sites, at different columns).
 #[track_caller]
 fn sites_are(diff: &TransferStats, lines: &[u32]) {
-    let mut booked: Vec<u32> = diff
-        .by_site
-        .keys()
-        .map(|(s, _)| {
-            let rest = s.strip_prefix(&format!("{}:", file!())).unwrap_or_else(|| panic!("a transfer booked outside this file: {s}"));
-            rest.split(':').next().and_then(|l| l.parse().ok()).unwrap_or_else(|| panic!("no line in {s}"))
-        })
-        .collect();
-    booked.dedup();
     let mut expected = lines.to_vec();
     expected.sort();
-    booked.sort();
-    booked.dedup();
-    assert_eq!(booked, expected, "lines of the booked call sites");
+    assert_eq!(common::booked_lines(diff, file!()), expected, "lines of the booked call sites");
 }
 
 #[test]
@@ -377,15 +366,5 @@ fn transfers_inside_kiln_are_booked_at_the_users_line() -> Result<()> {
 
 /// The lines of this file at which `diff` booked transfers.
 fn lines(diff: &TransferStats) -> Vec<u32> {
-    let mut out: Vec<u32> = diff
-        .by_site
-        .keys()
-        .map(|(s, _)| {
-            let rest = s.strip_prefix(&format!("{}:", file!())).unwrap_or_else(|| panic!("a transfer booked outside this file: {s}"));
-            rest.split(':').next().and_then(|l| l.parse().ok()).unwrap_or_else(|| panic!("no line in {s}"))
-        })
-        .collect();
-    out.sort();
-    out.dedup();
-    out
+    common::booked_lines(diff, file!())
 }

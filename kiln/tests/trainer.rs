@@ -716,17 +716,7 @@ fn a_data_set_that_does_not_fit_is_streamed_or_refused() -> Result<()> {
 
 /// The lines of this file at which `diff` booked transfers.
 fn lines(diff: &TransferStats) -> Vec<u32> {
-    let mut out: Vec<u32> = diff
-        .by_site
-        .keys()
-        .map(|(s, _)| {
-            let rest = s.strip_prefix(&format!("{}:", file!())).unwrap_or_else(|| panic!("a transfer booked outside this file: {s}"));
-            rest.split(':').next().and_then(|l| l.parse().ok()).unwrap_or_else(|| panic!("no line in {s}"))
-        })
-        .collect();
-    out.sort();
-    out.dedup();
-    out
+    common::booked_lines(diff, file!())
 }
 
 #[test]

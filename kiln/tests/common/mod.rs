@@ -54,6 +54,22 @@ pub fn own_sims(n: usize, capacity: usize) -> &'static [Device] {
     list
 }
 
+/// The lines of `file` (the caller's `file!()`) at which `diff` booked
+/// transfers, sorted, each once; a transfer booked in another file fails.
+pub fn booked_lines(diff: &kiln::TransferStats, file: &str) -> Vec<u32> {
+    let mut out: Vec<u32> = diff
+        .by_site
+        .keys()
+        .map(|(s, _)| {
+            let rest = s.strip_prefix(&format!("{file}:")).unwrap_or_else(|| panic!("a transfer booked outside {file}: {s}"));
+            rest.split(':').next().and_then(|l| l.parse().ok()).unwrap_or_else(|| panic!("no line in {s}"))
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// Runs `f` on a thread of its own and fails the test if it is not done
 /// after `secs` seconds, so that a hang or a deadlock fails the test with
 /// `what` instead of hanging the suite.
