@@ -5,10 +5,11 @@
 #   scripts/cudasim.sh target/release/kiln devices --json
 #
 # It builds the simulator (cargo build -p kiln-cudasim), installs NVRTC from
-# PyPI into a cached venv when none is there, and makes three folders of
+# PyPI into a cached venv when none is there, and makes four folders of
 # links to the simulator: target/cudasim-lib (libcuda.so, libcublas.so),
 # target/cudasim-nccl (libnccl.so.2, libnccl.so: NCCL's collectives over the
-# simulated devices, one process) and target/cudasim-nvrtc (libnvrtc.so,
+# simulated devices, one process), target/cudasim-cudnn (libcudnn.so.9,
+# libcudnn.so: cuDNN's convolutions) and target/cudasim-nvrtc (libnvrtc.so,
 # libnvrtc.so.12). They go first on LD_LIBRARY_PATH; the NVRTC one
 # forwards every call to the real NVRTC (KILN_CUDASIM_NVRTC, its path in the
 # venv, so a compile error still fails) and remembers each program's source,
@@ -25,7 +26,9 @@
 # KILN_CUDASIM_QUIET=1 silences the simulator's diagnostics,
 # KILN_CUDASIM_NO_NVRTC=1 leaves NVRTC off the library path,
 # KILN_CUDASIM_NO_NCCL=1 leaves NCCL off it (KILN_DISABLE_NCCL=1 instead
-# keeps it there and tells kiln not to use it),
+# keeps it there and tells kiln not to use it), KILN_CUDASIM_NO_CUDNN=1
+# leaves cuDNN off it (KILN_DISABLE_CUDNN=1 instead keeps it there and tells
+# kiln not to use it),
 # KILN_CUDASIM_NCCL_TIMEOUT (120 s a rank waits for the others of a
 # collective before its device faults; on a GPU that hangs),
 # KILN_CUDASIM_CACHE (~/.cache/kiln-cudasim: the host-compiled kernels and
@@ -88,6 +91,15 @@ for name in libnccl.so.2 libnccl.so; do
     ln -sfn "$lib" "$nccldir/$name"
 done
 
+# cuDNN's names in a folder of their own, left off the path for
+# KILN_CUDASIM_NO_CUDNN=1 (kiln then reports cuDNN missing and runs
+# convolutions through im2col + cuBLAS). libcudnn.so.9 is the name kiln tries first.
+dnndir="$target_dir/cudasim-cudnn"
+mkdir -p "$dnndir"
+for name in libcudnn.so.9 libcudnn.so; do
+    ln -sfn "$lib" "$dnndir/$name"
+done
+
 command -v "${KILN_CUDASIM_CXX:-g++}" >/dev/null 2>&1 ||
     echo "cudasim: ${KILN_CUDASIM_CXX:-g++} not found: the simulator compiles kiln's kernels for the host with it when they are loaded (apt-get install g++)" >&2
 
@@ -100,6 +112,9 @@ export KILN_CACHE_DIR="${KILN_CACHE_DIR:-$KILN_CUDASIM_CACHE/kiln-1}"
 libpath="$libdir"
 if [ "${KILN_CUDASIM_NO_NCCL:-0}" != 1 ]; then
     libpath="$libpath:$nccldir"
+fi
+if [ "${KILN_CUDASIM_NO_CUDNN:-0}" != 1 ]; then
+    libpath="$libpath:$dnndir"
 fi
 if [ "${KILN_CUDASIM_NO_NVRTC:-0}" = 1 ]; then
     # For the check that a device without NVRTC is not listed.

@@ -117,10 +117,12 @@ fi
 
 # ---- CUDA libraries ------------------------------------------------------
 # libcuda.so.1 comes with the driver and is on the loader's path already.
-# NVRTC (kernels) and cuBLAS (matmul) may live in a toolkit or in pip wheels.
+# NVRTC (kernels), cuBLAS (matmul), cuDNN (convolutions) and NCCL may live in
+# a toolkit or in pip wheels.
 lib_dirs=()
 has_cuda_libs() {
-    compgen -G "$1/libnvrtc*.so*" >/dev/null || compgen -G "$1/libcublas*.so*" >/dev/null || compgen -G "$1/libnccl.so*" >/dev/null
+    compgen -G "$1/libnvrtc*.so*" >/dev/null || compgen -G "$1/libcublas*.so*" >/dev/null || compgen -G "$1/libnccl.so*" >/dev/null ||
+        compgen -G "$1/libcudnn.so*" >/dev/null
 }
 add_dir() {
     local d="$1"
@@ -155,7 +157,7 @@ fi
 section "CUDA libraries"
 echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 for d in "${lib_dirs[@]:-}"; do
-    [ -n "$d" ] && ls "$d" 2>/dev/null | grep -E '^lib(nvrtc|cublas|cublasLt|nccl)[.-].*so' | sed "s|^|  $d/|"
+    [ -n "$d" ] && ls "$d" 2>/dev/null | grep -E '^lib(nvrtc|cublas|cublasLt|nccl|cudnn)[.-].*so' | sed "s|^|  $d/|"
 done
 [ "${#lib_dirs[@]}" -gt 0 ] || echo "no NVRTC/cuBLAS found outside the default loader path; kernels need libnvrtc (pip install nvidia-cuda-nvrtc-cu12)"
 
@@ -207,6 +209,20 @@ if [ "$mode" != "--bench-only" ]; then
         status=1
     fi
     unset KILN_TEST_REPORT KILN_REQUIRE_CUDA
+    # With cuDNN there the runs above took it for convolutions: the CNN
+    # suites again through im2col + cuBLAS.
+    if [ "$gpus" -ge 1 ] && [[ "${LD_LIBRARY_PATH:-}" == *cudnn* ]]; then
+        for t in $tests; do
+            name="$(basename "$t")"
+            # The CUDA suite's CNN fuzz, every test of the CNN suite.
+            case "$name" in cnn-*) filter=() ;; cuda-*) filter=(cnn) ;; *) continue ;; esac
+            section "test $name ${filter[*]:-} with KILN_CUDA_CONV=gemm"
+            if ! KILN_CUDA_CONV=gemm timeout "${KILN_TEST_TIMEOUT:-600}" "$t" --test-threads=4 "${filter[@]}" 2>&1; then
+                echo "FAILED: $name with KILN_CUDA_CONV=gemm"
+                status=1
+            fi
+        done
+    fi
     # Collectives again through peer copies, when there are two GPUs.
     if [ "$gpus" -ge 2 ]; then
         for t in $tests; do

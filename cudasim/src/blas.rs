@@ -49,7 +49,7 @@ pub(crate) enum Ty {
 }
 
 impl Ty {
-    fn size(self) -> usize {
+    pub(crate) fn size(self) -> usize {
         match self {
             Ty::F16 => 2,
             Ty::F32 => 4,
@@ -81,7 +81,7 @@ pub(crate) struct Gemm {
     tf32: bool,
 }
 
-unsafe fn load(ty: Ty, p: u64, i: usize) -> f64 {
+pub(crate) unsafe fn load(ty: Ty, p: u64, i: usize) -> f64 {
     unsafe {
         match ty {
             Ty::F16 => half::f16::from_bits(*(p as *const u16).add(i)).to_f64(),
@@ -91,7 +91,7 @@ unsafe fn load(ty: Ty, p: u64, i: usize) -> f64 {
     }
 }
 
-unsafe fn store(ty: Ty, p: u64, i: usize, v: f64) {
+pub(crate) unsafe fn store(ty: Ty, p: u64, i: usize, v: f64) {
     unsafe {
         match ty {
             Ty::F16 => *(p as *mut u16).add(i) = half::f16::from_f32(v as f32).to_bits(),
@@ -102,7 +102,7 @@ unsafe fn store(ty: Ty, p: u64, i: usize, v: f64) {
 }
 
 /// f32 rounded to TF32 (10 mantissa bits, nearest even), as tensor cores read it.
-fn tf32(v: f64) -> f64 {
+pub(crate) fn tf32(v: f64) -> f64 {
     let bits = (v as f32).to_bits();
     let r = bits.wrapping_add(0xFFF + ((bits >> 13) & 1)) & !0x1FFF;
     f32::from_bits(r) as f64

@@ -1,5 +1,5 @@
 //! The launch census (`KILN_CUDASIM_CENSUS=1`): a record of every kernel
-//! launch and cuBLAS gemm the simulator completes, so that a test can fail
+//! launch, cuBLAS gemm and cuDNN convolution the simulator completes, so that a test can fail
 //! when a kernel gives one GPU thread serial work that grows with the
 //! problem (one thread per channel summing N·H·W elements), and can count
 //! the multiply-adds run inside cuBLAS.
@@ -62,7 +62,7 @@ pub(crate) struct Work {
 /// One completed launch or gemm.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Record {
-    /// `"kernel"` or `"gemm"`.
+    /// `"kernel"`, `"gemm"` or `"dnn"` (a cuDNN convolution).
     pub kind: &'static str,
     pub device: usize,
     pub name: String,
@@ -158,7 +158,7 @@ fn json(records: &[Record]) -> String {
 }
 
 /// Hands out the census's records as JSON lines (UTF-8, one object per
-/// record, each line ending in `\n`; keys `kind` (`"kernel"` or `"gemm"`),
+/// record, each line ending in `\n`; keys `kind` (`"kernel"`, `"gemm"` or `"dnn"`),
 /// `device`, `name`, `grid`, `block`, `threads`, `work_total`, `work_max`,
 /// `work_max_block`, `work_max_thread`, `arg_bytes`, `m`, `n`, `k`, `batch`,
 /// `macs`; see the module's documentation for their meaning).

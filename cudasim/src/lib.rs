@@ -1,8 +1,8 @@
-//! cudasim: a CUDA driver API, cuBLAS and NVRTC-pass-through simulator for
+//! cudasim: a CUDA driver API, cuBLAS, cuDNN and NVRTC-pass-through simulator for
 //! kiln's tests.
 //!
 //! Built as a shared library that exports the subset of `libcuda.so`,
-//! `libcublas.so`, `libnvrtc.so` and `libnccl.so.2` that kiln resolves at
+//! `libcublas.so`, `libcudnn.so.9`, `libnvrtc.so` and `libnccl.so.2` that kiln resolves at
 //! run time, so that
 //! kiln's unchanged CUDA backend runs on the CPU when `scripts/cudasim.sh`
 //! puts this library first on `LD_LIBRARY_PATH` under those names and sets
@@ -27,6 +27,7 @@
 //! modules, launches), `exec` (running a grid as fibers), `nvrtc` (the NVRTC
 //! pass-through that captures sources), `sources` (which source each image
 //! came from), `hostcc` (the host compiler and its cache), `blas` (cuBLAS),
+//! `dnn` (cuDNN's convolutions over a reference implementation),
 //! `nccl` (NCCL's collectives over the simulated devices, one process),
 //! `census` (the opt-in launch census, `KILN_CUDASIM_CENSUS=1`: each
 //! launch's per-thread work in basic blocks, and each gemm's multiply-adds,
@@ -36,6 +37,7 @@
 mod blas;
 mod census;
 mod context;
+mod dnn;
 mod exec;
 mod hostcc;
 mod memory;

@@ -60,6 +60,8 @@ pub(crate) enum Op {
         flags: u32,
     },
     Gemm(blas::Gemm),
+    /// A cuDNN convolution (`dnn.rs`).
+    Dnn(Box<crate::dnn::Conv>),
     /// This rank's part of an NCCL collective (`nccl.rs`).
     Nccl(Box<crate::nccl::Task>),
 }
@@ -250,6 +252,7 @@ impl Stream {
                 }
             }
             Op::Gemm(g) => g.run(sim, dev).map_err(bad),
+            Op::Dnn(c) => c.run(sim, dev).map_err(bad),
             Op::Nccl(task) => task.run(sim),
         }
     }

@@ -32,8 +32,8 @@ const CENSUS_ENV: &[(&str, &str)] = &[("KILN_CUDASIM_CENSUS", "1"), ("KILN_CUDAS
 
 fn main() -> std::process::ExitCode {
     common::run_suite(trials![
-        a_lenet_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas,
-        a_resnet18_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas,
+        a_lenet_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas_or_cudnn,
+        a_resnet18_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas_or_cudnn,
         contiguous_elementwise_kernels_move_16_bytes_per_access_with_the_cpus_bits,
         the_elementwise_families_have_a_16_byte_packed_path_in_their_source,
     ])
@@ -73,7 +73,8 @@ fn census_of_a_step(mut net: Sequential, batch: usize, size: usize, d: Device) -
 }
 
 /// Checks a step's census: no thread above [`WORK_BOUND`], no direct
-/// convolution kernel, and at least `conv_macs` multiply-adds in cuBLAS.
+/// convolution kernel, and at least `conv_macs` multiply-adds in cuBLAS or
+/// cuDNN (whichever `KILN_CUDA_CONV` names).
 fn check(records: &[LaunchRecord], conv_macs: u64) {
     let table = kiln::census_table(records);
     println!("{table}");
@@ -100,25 +101,47 @@ fn check(records: &[LaunchRecord], conv_macs: u64) {
         (1, 1, 0),
         "the step's cross-entropy should be one fused launch each way:\n{table}"
     );
-    let macs: u64 = records.iter().filter(|r| r.kind == "gemm").map(|r| r.macs).sum();
-    assert!(macs >= conv_macs, "{macs} multiply-adds ran in cuBLAS, fewer than the step's convolutions need ({conv_macs}):\n{table}");
+    let macs: u64 = records.iter().filter(|r| r.kind == "gemm" || r.kind == "dnn").map(|r| r.macs).sum();
+    assert!(
+        macs >= conv_macs,
+        "{macs} multiply-adds ran in cuBLAS and cuDNN, fewer than the step's convolutions need ({conv_macs}):\n{table}"
+    );
+    // The path the child was given is the one that ran the convolutions.
+    let dnn_calls = records.iter().filter(|r| r.kind == "dnn").count();
+    match std::env::var("KILN_CUDA_CONV").as_deref() {
+        Ok("cudnn") => assert!(dnn_calls > 0 && launches("conv_im2col") == 0, "KILN_CUDA_CONV=cudnn, but:\n{table}"),
+        Ok("gemm") => assert!(dnn_calls == 0 && launches("conv_im2col") > 0, "KILN_CUDA_CONV=gemm, but:\n{table}"),
+        _ => {}
+    }
 }
 
 fn in_child(f: impl FnOnce(Device) -> Result<()>) -> Ran {
+    in_children(&[&[]], f)
+}
+
+/// Runs `f` in a child with the census on, once for each of `settings`
+/// (added to [`CENSUS_ENV`]).
+fn in_children(settings: &[&[(&str, &str)]], f: impl FnOnce(Device) -> Result<()>) -> Ran {
     let Some(d) = census_device()? else { return Ok(()) };
     if common::is_child() {
         f(d).unwrap();
         println!("CHILD-OK");
     } else {
-        let out = common::run_child(CENSUS_ENV);
-        print!("{out}");
+        for extra in settings {
+            let env: Vec<(&str, &str)> = CENSUS_ENV.iter().chain(extra.iter()).copied().collect();
+            let out = common::run_child(&env);
+            print!("{out}");
+        }
         common::report_ran(d);
     }
     Ok(())
 }
 
-fn a_lenet_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas() -> Ran {
-    in_child(|d| {
+/// The two library paths of a convolution, each in a child of its own.
+const CONV_PATHS: &[&[(&str, &str)]] = &[&[("KILN_CUDA_CONV", "cudnn")], &[("KILN_CUDA_CONV", "gemm")]];
+
+fn a_lenet_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas_or_cudnn() -> Ran {
+    in_children(CONV_PATHS, |d| {
         let mut busiest = Vec::new();
         for batch in [8u64, 32] {
             let records = census_of_a_step(lenet(10), batch as usize, 28, d)?;
@@ -137,8 +160,8 @@ fn a_lenet_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas(
     })
 }
 
-fn a_resnet18_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas() -> Ran {
-    in_child(|d| {
+fn a_resnet18_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas_or_cudnn() -> Ran {
+    in_children(CONV_PATHS, |d| {
         let records = census_of_a_step(resnet18(10), 2, 96, d)?;
         // The stem alone: 3→64 channels, 7×7, 48×48 out, forward and weight
         // gradient, per image.

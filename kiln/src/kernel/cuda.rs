@@ -273,8 +273,11 @@ pub(crate) struct GemmCall {
 /// How CUDA convolutions run (`KILN_CUDA_CONV`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ConvPath {
-    /// im2col + cuBLAS when cuBLAS loads, else the direct kernels (default).
+    /// cuDNN when it loads and takes the convolution, else im2col + cuBLAS
+    /// when cuBLAS loads, else the direct kernels (default).
     Auto,
+    /// Always cuDNN (an error where it does not load or declines).
+    Dnn,
     /// Always im2col + cuBLAS (an error where cuBLAS does not load).
     Gemm,
     /// Always kiln's direct kernels.
@@ -282,15 +285,76 @@ pub(crate) enum ConvPath {
 }
 
 /// The convolution path `KILN_CUDA_CONV` asks for: `auto` (default),
-/// `gemm` or `direct` (read at every convolution, so a test can switch it).
+/// `cudnn`, `gemm` or `direct` (read at every convolution, so a test can
+/// switch it).
 pub(crate) fn conv_path() -> ConvPath {
-    crate::base::env::env_setting("KILN_CUDA_CONV", "auto, gemm or direct", |v| match v.to_ascii_lowercase().as_str() {
+    crate::base::env::env_setting("KILN_CUDA_CONV", "auto, cudnn, gemm or direct", |v| match v.to_ascii_lowercase().as_str() {
         "auto" => Some(ConvPath::Auto),
+        "cudnn" => Some(ConvPath::Dnn),
         "gemm" | "im2col" => Some(ConvPath::Gemm),
         "direct" => Some(ConvPath::Direct),
         _ => None,
     })
     .unwrap_or(ConvPath::Auto)
+}
+
+/// The most workspace one convolution call holds, on either library path
+/// (im2col + cuBLAS takes fewer images at a time; cuDNN an algorithm that
+/// needs less).
+pub(crate) const CONV_WORKSPACE_BYTES: usize = 256 << 20;
+
+/// Which of a convolution's three products cuDNN is asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum DnnDirection {
+    /// y = conv(x, w).
+    Forward,
+    /// dx from dy and w (also the transposed convolution's forward).
+    BackwardData,
+    /// dw from x and dy.
+    BackwardFilter,
+}
+
+/// A convolution's sizes as a library takes them (NCHW images, OIHW
+/// weights): padding on the top and left only (what the other side gets
+/// follows from the output size).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct ConvDims {
+    pub n: usize,
+    pub c_in: usize,
+    pub h: usize,
+    pub w: usize,
+    pub c_out: usize,
+    pub oh: usize,
+    pub ow: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub stride: (usize, usize),
+    pub dilation: (usize, usize),
+    pub groups: usize,
+    /// Top and left padding (negative where the geometry crops).
+    pub pad: (isize, isize),
+}
+
+/// A convolution as cuDNN takes it, without bias. `x`, `w` and `y` are the
+/// input, weight and output, or their gradients where the direction writes
+/// or reads those.
+pub(crate) struct DnnConvCall {
+    pub direction: DnnDirection,
+    pub dtype: DType,
+    pub dims: ConvDims,
+    pub x: u64,
+    pub w: u64,
+    pub y: u64,
+}
+
+/// What became of work offered to a library that may decline it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Offload {
+    /// Queued on the device's stream.
+    Ran,
+    /// Not run, and why (the library is missing, or does not take this
+    /// call): the caller runs another path, or reports why.
+    Declined(String),
 }
 
 /// Device memory held for the duration of one launch sequence.
@@ -321,6 +385,9 @@ pub(crate) trait CudaDevice {
     fn gemm(&self, call: &GemmCall) -> Result<bool>;
     /// Whether [`CudaDevice::gemm`] runs (cuBLAS loads on this device).
     fn has_gemm(&self) -> Result<bool>;
+    /// A convolution through cuDNN, workspace from the device's allocator:
+    /// [`Offload::Declined`] when cuDNN is missing or does not take it.
+    fn conv_dnn(&self, call: &DnnConvCall) -> Result<Offload>;
     /// An error of this device (`Error::Backend` naming it).
     fn err(&self, msg: String) -> Error;
     /// The device address of this device's fault record (`struct

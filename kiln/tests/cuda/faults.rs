@@ -150,13 +150,13 @@ pub(crate) fn cuda_matmul_uses_cublas_again_after_a_failed_cublas_create() -> Ra
     })
 }
 
-/// Convolutions go through im2col + cuBLAS when cuBLAS loads and through
-/// kiln's direct kernels when it does not, with the same values as the CPU
+/// Without cuDNN (KILN_DISABLE_CUDNN=1), convolutions go through im2col +
+/// cuBLAS when cuBLAS loads and through kiln's direct kernels when it does not, with the same values as the CPU
 /// either way, and `kiln devices` names the path; KILN_CUDA_CONV=gemm where
 /// cuBLAS cannot be had is an error that says what to do, and the
 /// workspace is back in the cache afterwards (nothing in use is left).
 pub(crate) fn cuda_convolutions_fall_back_to_direct_kernels_without_cublas_and_say_why() -> Ran {
-    in_simulator_child(&[("KILN_CUDASIM_FAIL", "cublasCreate_v2:2")], |d| {
+    in_simulator_child(&[("KILN_CUDASIM_FAIL", "cublasCreate_v2:2"), ("KILN_DISABLE_CUDNN", "1")], |d| {
         let conv_status = || {
             let info = kiln::devices().into_iter().find(|i| i.device == d).expect("listed");
             info.details.into_iter().find(|(k, _)| k == "convolution").map(|(_, v)| v).unwrap_or_default()
@@ -189,7 +189,7 @@ pub(crate) fn cuda_convolutions_fall_back_to_direct_kernels_without_cublas_and_s
         let y = xd.conv2d(&wd, None, args)?.to_vec::<f32>()?;
         assert!(close(&y), "im2col + cuBLAS: {y:?} against the CPU's {want:?}");
         assert_eq!((stat("gemms"), stat("launches:conv2d_fwd_f32")), (gemms + 1, direct + 1), "one cuBLAS gemm, no direct kernel");
-        assert_eq!(conv_status(), "im2col + cuBLAS");
+        assert_eq!(conv_status(), "im2col + cuBLAS (cuDNN: cuDNN disabled by KILN_DISABLE_CUDNN=1)");
         kiln::synchronize(&d)?;
         assert_eq!(
             kiln::memory_stats(&d)?.in_use,
@@ -200,12 +200,12 @@ pub(crate) fn cuda_convolutions_fall_back_to_direct_kernels_without_cublas_and_s
     })
 }
 
-/// On a device of 8 MiB, a convolution whose im2col workspace does not fit
+/// Without cuDNN, on a device of 8 MiB, a convolution whose im2col workspace does not fit
 /// for the whole batch takes one image at a time, and one whose single
 /// image does not fit runs the direct kernels: the CPU's values either way,
 /// and nothing held afterwards.
 pub(crate) fn cuda_a_convolution_without_room_for_its_workspace_takes_smaller_chunks_or_the_direct_kernels() -> Ran {
-    in_simulator_child(&[("KILN_CUDASIM_MEMORY", "8MiB")], |d| {
+    in_simulator_child(&[("KILN_CUDASIM_MEMORY", "8MiB"), ("KILN_DISABLE_CUDNN", "1")], |d| {
         let x = Tensor::arange(0.0, (2 * 16 * 64 * 64) as f64, 1.0, &kiln::cpu())?.reshape((2, 16, 64, 64))?.mul_scalar(1e-5)?;
         for (k, gemms_expected, direct_expected) in [(4usize, 2i64, 0i64), (7, 0, 1)] {
             let w = Tensor::ones((16, 16, k, k), DType::F32, &kiln::cpu())?.mul_scalar(0.01)?;

@@ -19,6 +19,7 @@ mod common;
 mod cnn_fuzz;
 mod collectives;
 mod defects;
+mod dnn;
 mod faults;
 mod no_gpu;
 mod ops;
@@ -26,6 +27,7 @@ mod ops;
 use cnn_fuzz::*;
 use collectives::*;
 use defects::*;
+use dnn::*;
 use faults::*;
 use no_gpu::*;
 use ops::*;
@@ -65,6 +67,16 @@ fn main() -> std::process::ExitCode {
         cuda_matmul_uses_cublas_again_after_a_failed_cublas_create,
         cuda_convolutions_fall_back_to_direct_kernels_without_cublas_and_say_why,
         cuda_a_convolution_without_room_for_its_workspace_takes_smaller_chunks_or_the_direct_kernels,
+        cuda_convolutions_run_in_cudnn_when_it_loads,
+        cuda_convolutions_cudnn_cannot_express_go_through_cublas,
+        cuda_a_failing_cudnn_call_is_an_error_naming_it,
+        cuda_an_unloadable_kiln_cudnn_lib_is_named_and_convolutions_use_cublas,
+        cuda_kiln_disable_cudnn_is_named_and_convolutions_use_cublas,
+        cuda_a_failed_cudnn_create_falls_back_and_is_tried_again,
+        cuda_cudnn_benchmark_times_each_shape_once,
+        cuda_an_algorithm_cudnn_refuses_is_passed_over,
+        cuda_a_forced_cudnn_path_reports_a_refusal,
+        cuda_cudnn_without_room_for_a_workspace_takes_another_algorithm_or_path,
         cuda_full_reductions_launch_many_blocks,
         cuda_empty_cache_reports_a_failed_cumemfree,
         cuda_collectives_name_their_path_and_take_it,

@@ -1,4 +1,4 @@
-//! The launch census: every kernel and cuBLAS call the CUDA simulator ran,
+//! The launch census: every kernel, cuBLAS and cuDNN call the CUDA simulator ran,
 //! with the serial work of each launch's busiest thread, read from the
 //! simulator (`cudasim/`, `KILN_CUDASIM_CENSUS=1`) through the two functions
 //! it exports beside the driver's. A real driver has neither, and the census
@@ -7,7 +7,8 @@
 use crate::base::error::{Error, Result};
 use std::ffi::{c_char, c_int};
 
-/// One launch of the census: a kernel kiln launched, or a cuBLAS gemm.
+/// One launch of the census: a kernel kiln launched, a cuBLAS gemm or a
+/// cuDNN convolution.
 ///
 /// The simulator counts a kernel thread's work in basic blocks executed
 /// (its compiled code instrumented with g++'s `-fsanitize-coverage=trace-pc`):
@@ -17,15 +18,16 @@ use std::ffi::{c_char, c_int};
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LaunchRecord {
-    /// `kernel` or `gemm`.
+    /// `kernel`, `gemm` or `dnn` (a cuDNN convolution).
     pub kind: String,
     /// The CUDA ordinal of the device it ran on.
     pub cuda_ordinal: u64,
-    /// The kernel's name (`conv_im2col_f32`), or `cublas:gemm_f32`.
+    /// The kernel's name (`conv_im2col_f32`), `cublas:gemm_f32` or
+    /// `cudnn:conv_fwd_f32` (`bwd_data`, `bwd_filter`).
     pub name: String,
-    /// Blocks (kernels; 0 for gemm).
+    /// Blocks (kernels; 0 for gemm and dnn).
     pub grid: u64,
-    /// Threads per block (kernels; 0 for gemm).
+    /// Threads per block (kernels; 0 for gemm and dnn).
     pub block: u64,
     /// Threads launched (`grid · block`).
     pub threads: u64,
@@ -36,15 +38,15 @@ pub struct LaunchRecord {
     /// Bytes of the device allocations the arguments point into (an upper
     /// bound on the bytes the launch moved).
     pub arg_bytes: u64,
-    /// gemm only: rows of C (cuBLAS's column-major view).
+    /// gemm: rows of C (cuBLAS's column-major view); dnn: output channels.
     pub m: u64,
-    /// gemm only: columns of C.
+    /// gemm: columns of C; dnn: output positions per image.
     pub n: u64,
-    /// gemm only: the reduction length.
+    /// gemm: the reduction length; dnn: input channels of a group × kernel taps.
     pub k: u64,
-    /// gemm only: the batch count.
+    /// gemm: the batch count; dnn: images.
     pub batch: u64,
-    /// gemm only: multiply-adds run inside cuBLAS (`m·n·k·batch`).
+    /// gemm and dnn: multiply-adds run inside the library (`m·n·k·batch`).
     pub macs: u64,
 }
 
@@ -111,7 +113,7 @@ pub(crate) fn take_records() -> Result<Vec<LaunchRecord>> {
 }
 
 /// A census as a table: one row per kernel launch, the busiest thread's
-/// work first, then the cuBLAS calls and their multiply-adds.
+/// work first, then the cuBLAS and cuDNN calls and their multiply-adds.
 ///
 /// ```
 /// assert!(kiln::census_table(&[]).contains("0 kernel launches"));
@@ -125,7 +127,10 @@ pub fn census_table(records: &[LaunchRecord]) -> String {
     }
     let gemms: Vec<&LaunchRecord> = records.iter().filter(|r| r.kind == "gemm").collect();
     let macs: u64 = gemms.iter().map(|r| r.macs).sum();
-    s.push_str(&format!("{} kernel launches, {} cuBLAS gemm calls, {macs} multiply-adds in cuBLAS\n", kernels.len(), gemms.len()));
+    s.push_str(&format!("{} kernel launches, {} cuBLAS gemm calls, {macs} multiply-adds in cuBLAS", kernels.len(), gemms.len()));
+    let convs: Vec<&LaunchRecord> = records.iter().filter(|r| r.kind == "dnn").collect();
+    let dnn_macs: u64 = convs.iter().map(|r| r.macs).sum();
+    s.push_str(&format!(", {} cuDNN convolution calls, {dnn_macs} multiply-adds in cuDNN\n", convs.len()));
     s
 }
 

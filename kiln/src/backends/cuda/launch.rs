@@ -8,8 +8,8 @@
 use super::{ck, dev_ptr, CudaBackend};
 use crate::base::error::{Error, Result};
 use crate::kernel::cuda::{
-    block_for, grid_for_blocks, lay, lays, make_lay, merge_dims, split_parts, BinaryArgs, CudaDevice, CudaModule, GemmCall, KernelArgs,
-    ReduceArgs, ReduceFinalArgs, ReducePartialArgs, TempBuffer, UnaryArgs, BLOCK,
+    block_for, grid_for_blocks, lay, lays, make_lay, merge_dims, split_parts, BinaryArgs, CudaDevice, CudaModule, DnnConvCall, GemmCall,
+    KernelArgs, Offload, ReduceArgs, ReduceFinalArgs, ReducePartialArgs, TempBuffer, UnaryArgs, BLOCK,
 };
 use crate::kernel::storage::Storage;
 use crate::kernel::{Kernel, Src};
@@ -170,6 +170,9 @@ impl CudaDevice for CudaBackend {
     }
     fn has_gemm(&self) -> Result<bool> {
         self.blas_loads()
+    }
+    fn conv_dnn(&self, call: &DnnConvCall) -> Result<Offload> {
+        self.conv_cudnn(call)
     }
     fn err(&self, msg: String) -> Error {
         CudaBackend::err(self, msg)

@@ -16,6 +16,7 @@
 
 mod blas;
 pub(crate) mod census;
+mod dnn;
 mod launch;
 mod memory;
 pub(crate) mod modules;
@@ -123,6 +124,9 @@ pub(crate) struct CudaBackend {
     /// Kernels looked up so far, by (module, kernel name).
     functions: Mutex<HashMap<(&'static str, String), Raw<cu::CUfunction>>>,
     blas: Mutex<Option<std::result::Result<Blas, String>>>,
+    /// cuDNN's handle for this device, made on the first convolution.
+    dnn: Mutex<Option<dnn::Dnn>>,
+    dnn_warned: std::sync::atomic::AtomicBool,
     /// Whether this context may access a peer's memory, by peer ordinal
     /// (enabled on first ask).
     peers: Mutex<HashMap<usize, bool>>,
@@ -239,6 +243,8 @@ impl CudaBackend {
                 modules: Mutex::new(HashMap::new()),
                 functions: Mutex::new(HashMap::new()),
                 blas: Mutex::new(None),
+                dnn: Mutex::new(None),
+                dnn_warned: std::sync::atomic::AtomicBool::new(false),
                 peers: Mutex::new(HashMap::new()),
                 written: written::Written::default(),
             };
@@ -385,13 +391,22 @@ impl Backend for CudaBackend {
         let cached = self.cache.lock().map(|c| c.bytes).unwrap_or(0);
         d.push(("kiln cache".to_string(), human_bytes(cached)));
         d.push(("cublas".to_string(), self.blas_status()));
+        let dnn = self.dnn_status();
+        d.push(("cudnn".to_string(), dnn.clone().unwrap_or_else(|why| format!("no: {why}"))));
+        let gemm_or_direct = || match self.blas_status().as_str() {
+            "yes" => "im2col + cuBLAS".to_string(),
+            "not loaded yet" => "im2col + cuBLAS once cuBLAS loads (direct kernels without it)".to_string(),
+            why => format!("direct kernels (cuBLAS {why})"),
+        };
+        let how =
+            if dnn::benchmark() { "algorithms timed once per shape (KILN_CUDNN_BENCHMARK=1)" } else { "algorithms by its heuristics" };
         let conv = match crate::kernel::cuda::conv_path() {
             crate::kernel::cuda::ConvPath::Direct => "direct kernels (KILN_CUDA_CONV=direct)".to_string(),
             crate::kernel::cuda::ConvPath::Gemm => "im2col + cuBLAS (KILN_CUDA_CONV=gemm)".to_string(),
-            crate::kernel::cuda::ConvPath::Auto => match self.blas_status().as_str() {
-                "yes" => "im2col + cuBLAS".to_string(),
-                "not loaded yet" => "im2col + cuBLAS once cuBLAS loads (direct kernels without it)".to_string(),
-                why => format!("direct kernels (cuBLAS {why})"),
+            crate::kernel::cuda::ConvPath::Dnn => format!("cuDNN, {how} (KILN_CUDA_CONV=cudnn)"),
+            crate::kernel::cuda::ConvPath::Auto => match &dnn {
+                Ok(_) => format!("cuDNN, {how}; {} for what cuDNN declines", gemm_or_direct()),
+                Err(why) => format!("{} (cuDNN: {why})", gemm_or_direct()),
             },
         };
         d.push(("convolution".to_string(), conv));

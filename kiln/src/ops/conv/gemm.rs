@@ -35,7 +35,7 @@ use crate::kernel::Src;
 
 /// The most workspace one convolution call holds (one image's worth when a
 /// single image needs more).
-pub(crate) const WORKSPACE_BYTES: usize = 256 << 20;
+pub(crate) const WORKSPACE_BYTES: usize = crate::kernel::cuda::CONV_WORKSPACE_BYTES;
 
 crate::kernel_args! {
     /// im2col / col2im over a chunk of `n` images: `img` is NCHW, `col`
@@ -179,6 +179,14 @@ fn chunk(n: usize, per_image: usize) -> usize {
     (WORKSPACE_BYTES / per_image).clamp(1, n.max(1))
 }
 
+/// y[i, c, q] += bias[c] over a convolution's output (after a library
+/// computed it without the bias).
+pub(super) fn add_bias(g: &ConvGeom, dev: &dyn CudaDevice, dt: crate::base::dtype::DType, y: u64, bias: u64) -> Result<()> {
+    let (c, p) = (g.c_out(), g.out_plane());
+    let args = PlaneArgs { src: 0, dst: y, bias, has_bias: 1, n: g.n as u64, c: c as u64, p: p as u64 };
+    dev.launch(&MODULE, &format!("conv_add_bias_{}", dtype_tag(dt)), dev.grid_for(g.n * c * p), BLOCK, &args)
+}
+
 /// The operands as device addresses, by role.
 struct Ptrs {
     x: u64,
@@ -307,8 +315,7 @@ pub(super) fn run(g: &ConvGeom, kind: ConvKind, dev: &dyn CudaDevice, inputs: &[
                 }
             }
             if let Some(b) = ptrs.bias {
-                let args = PlaneArgs { src: 0, dst: ptrs.y, bias: b, has_bias: 1, n: g.n as u64, c: c_out as u64, p: p as u64 };
-                launch("conv_add_bias", g.n * out_image, &args)?;
+                add_bias(g, dev, dt, ptrs.y, b)?;
             }
         }
         ConvKind::BackwardWeight => {

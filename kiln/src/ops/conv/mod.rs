@@ -4,9 +4,10 @@
 //! gradients. Three kernels serve both ops: the forward convolution, its
 //! input gradient (which is the transposed convolution's forward) and its
 //! weight gradient. Host kernels call [`crate::host_nn`]. On CUDA they run
-//! through im2col and cuBLAS (`gemm.rs`) when cuBLAS loads, else (or with
-//! `KILN_CUDA_CONV=direct`) through the direct kernels below: one thread per
-//! output element, f64 accumulation.
+//! through cuDNN when it loads and takes them (`backends/cuda/dnn.rs`, via
+//! [`CudaDevice::conv_dnn`]), else through im2col and cuBLAS (`gemm.rs`) when
+//! cuBLAS loads, else through the direct kernels below (one thread per
+//! output element, f64 accumulation); `KILN_CUDA_CONV` forces one path.
 //!
 //! Also the helpers that the other convolutional-network ops (`pool.rs`,
 //! `norm.rs`) share: the host dispatch over f32/f64 slices and the device
@@ -18,7 +19,9 @@ use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
 use crate::host_nn::{self, Conv2dParams, ConvGeom, ConvTranspose2dParams, NnFloat, Padding2d};
-use crate::kernel::cuda::{c_type, conv_path, dtype_tag, ConvPath, CudaDevice, CudaModule, BLOCK};
+use crate::kernel::cuda::{
+    c_type, conv_path, dtype_tag, ConvDims, ConvPath, CudaDevice, CudaModule, DnnConvCall, DnnDirection, Offload, BLOCK,
+};
 use crate::kernel::storage::Storage;
 use crate::kernel::{CustomKernel, HostIn, Kernel, OpRef, Src};
 use crate::tensor::{check_same_device, check_same_dtype};
@@ -345,43 +348,98 @@ impl CustomKernel for ConvOp {
         }
         let empty = [g.n, g.k_len(), g.out_plane(), g.ocg, g.in_plane()].contains(&0);
         let path = conv_path();
-        let through_gemm = match path {
-            ConvPath::Direct => false,
-            ConvPath::Gemm | ConvPath::Auto if empty || !gemm::fits(g) => false,
-            ConvPath::Auto => gemm::preferred(g, out.dtype.size_in_bytes()) && dev.has_gemm()?,
-            ConvPath::Gemm => {
-                if !dev.has_gemm()? {
-                    return Err(dev.err(format!(
-                        "{}: KILN_CUDA_CONV=gemm asks for im2col + cuBLAS, but cuBLAS does not load here; \
-                         unset it (or set KILN_CUDA_CONV=direct) to use kiln's direct kernels",
-                        self.name()
-                    )));
+        // An empty convolution (no images, channels, taps or outputs) writes
+        // only zeros or the bias: the direct kernel does that on every path.
+        let ran = if empty {
+            false
+        } else {
+            match path {
+                ConvPath::Dnn => match self.through_dnn(dev, &args, out)? {
+                    Offload::Ran => true,
+                    Offload::Declined(why) => {
+                        return Err(dev.err(format!(
+                            "{}: KILN_CUDA_CONV=cudnn asks for cuDNN, which cannot run it ({why}); \
+                         unset KILN_CUDA_CONV to let kiln choose, or set it to gemm or direct",
+                            self.name()
+                        )));
+                    }
+                },
+                ConvPath::Auto => {
+                    self.through_dnn(dev, &args, out)? == Offload::Ran
+                        || (gemm::fits(g)
+                            && gemm::preferred(g, out.dtype.size_in_bytes())
+                            && dev.has_gemm()?
+                            && gemm::run(g, self.kind, dev, inputs, out)?)
                 }
-                true
+                ConvPath::Gemm => {
+                    if !gemm::fits(g) {
+                        false
+                    } else if !dev.has_gemm()? {
+                        return Err(dev.err(format!(
+                            "{}: KILN_CUDA_CONV=gemm asks for im2col + cuBLAS, but cuBLAS does not load here; \
+                         unset it (or set KILN_CUDA_CONV=direct) to use kiln's direct kernels",
+                            self.name()
+                        )));
+                    } else if gemm::run(g, self.kind, dev, inputs, out)? {
+                        true
+                    } else {
+                        return Err(dev.err(format!(
+                        "{}: KILN_CUDA_CONV=gemm, but the device has no room for one image's im2col workspace ({} input channels × {}×{} kernel × {}×{} outputs); \
+                         free memory or unset KILN_CUDA_CONV (the direct kernels need no workspace)",
+                        self.name(),
+                        g.c_in(),
+                        g.kh,
+                        g.kw,
+                        g.oh,
+                        g.ow
+                    )));
+                    }
+                }
+                ConvPath::Direct => false,
             }
         };
-        if through_gemm {
-            if gemm::run(g, self.kind, dev, inputs, out)? {
-                return Ok(());
-            }
-            if path == ConvPath::Gemm {
-                return Err(dev.err(format!(
-                    "{}: KILN_CUDA_CONV=gemm, but the device has no room for one image's im2col workspace ({} input channels × {}×{} kernel × {}×{} outputs); \
-                     free memory or unset KILN_CUDA_CONV (the direct kernels need no workspace)",
-                    self.name(),
-                    g.c_in(),
-                    g.kh,
-                    g.kw,
-                    g.oh,
-                    g.ow
-                )));
-            }
+        if ran {
+            return Ok(());
         }
         let name = format!("{name}_{}", dtype_tag(out.dtype));
         dev.launch(&MODULE, &name, dev.grid_for(count), BLOCK, &args)
     }
     fn to_shared(&self) -> Arc<dyn CustomKernel> {
         Arc::new(*self)
+    }
+}
+
+impl ConvOp {
+    /// Offers the convolution to cuDNN (through `dev`), adding the bias
+    /// after it when cuDNN ran the forward.
+    fn through_dnn(&self, dev: &dyn CudaDevice, a: &ConvArgs, out: &Storage) -> Result<Offload> {
+        let direction = match self.kind {
+            ConvKind::Forward { .. } => DnnDirection::Forward,
+            ConvKind::BackwardInput => DnnDirection::BackwardData,
+            ConvKind::BackwardWeight => DnnDirection::BackwardFilter,
+        };
+        let g = &self.g;
+        let dims = ConvDims {
+            n: g.n,
+            c_in: g.c_in(),
+            h: g.h,
+            w: g.w,
+            c_out: g.c_out(),
+            oh: g.oh,
+            ow: g.ow,
+            kh: g.kh,
+            kw: g.kw,
+            stride: (g.sh, g.sw),
+            dilation: (g.dh, g.dw),
+            groups: g.groups,
+            pad: (g.pt, g.pl),
+        };
+        let call = DnnConvCall { direction, dtype: out.dtype, dims, x: a.x, w: a.wt, y: a.y };
+        let done = dev.conv_dnn(&call)?;
+        if done == Offload::Ran && a.has_bias != 0 {
+            gemm::add_bias(&self.g, dev, out.dtype, a.y, a.b)?;
+        }
+        Ok(done)
     }
 }
 
