@@ -5,6 +5,7 @@
 //! caller's line and refused under a guard, safetensors of any origin as a
 //! map by name.
 
+#[macro_use]
 mod common;
 
 use half::{bf16, f16};
@@ -324,25 +325,6 @@ fn a_device_that_does_not_exist_is_refused_before_the_file_is_read() {
     assert!(matches!(io::load_safetensors("/no/such/file.safetensors", &kiln::gpu(999)), Err(Error::NoSuchDevice { .. })));
 }
 
-/// `(line!(), expr)`: the line of the macro call, where `expr`'s calls are.
-macro_rules! at_line {
-    ($e:expr) => {
-        (line!(), $e)
-    };
-}
-
-/// The count of transfers booked at `line` of this file since `before`.
-fn booked_at(before: &kiln::TransferStats, line: u32, direction: Direction) -> u64 {
-    let site = format!("{}:{line}:", file!());
-    kiln::thread_transfer_stats()
-        .since(before)
-        .by_site
-        .iter()
-        .filter(|((s, d), _)| s.starts_with(&site) && *d == direction)
-        .map(|(_, c)| c.count)
-        .sum()
-}
-
 #[test]
 fn transfers_are_booked_at_the_callers_line_and_guarded() {
     let gpu = common::sims()[0];
@@ -354,17 +336,17 @@ fn transfers_are_booked_at_the_callers_line_and_guarded() {
 
     let before = kiln::thread_transfer_stats();
     let (line, _) = at_line!(io::write_npy(dir.join("g.npy"), &on_gpu).unwrap());
-    assert_eq!(booked_at(&before, line, d2h), 1);
+    assert_eq!(common::booked_at(&before, file!(), line, d2h), 1);
     let (line, back) = at_line!(io::read_npy(dir.join("g.npy"), &gpu).unwrap());
-    assert_eq!((booked_at(&before, line, h2d), back.device()), (1, gpu));
+    assert_eq!((common::booked_at(&before, file!(), line, h2d), back.device()), (1, gpu));
     let (line, bytes) = at_line!(io::npz_to_bytes(&[("g", &on_gpu), ("c", &on_cpu)], true).unwrap());
-    assert_eq!(booked_at(&before, line, d2h), 1, "only the GPU tensor's read is a transfer");
+    assert_eq!(common::booked_at(&before, file!(), line, d2h), 1, "only the GPU tensor's read is a transfer");
     let (line, map) = at_line!(io::npz_from_bytes(&bytes, &gpu).unwrap());
-    assert_eq!((booked_at(&before, line, h2d), map["c"].device()), (2, gpu));
+    assert_eq!((common::booked_at(&before, file!(), line, h2d), map["c"].device()), (2, gpu));
     let (line, _) = at_line!(io::save_safetensors(dir.join("s.safetensors"), &[("g", &on_gpu), ("c", &on_cpu)]).unwrap());
-    assert_eq!(booked_at(&before, line, d2h), 1);
+    assert_eq!(common::booked_at(&before, file!(), line, d2h), 1);
     let (line, st) = at_line!(io::load_safetensors(dir.join("s.safetensors"), &gpu).unwrap());
-    assert_eq!((booked_at(&before, line, h2d), st["g"].device()), (2, gpu));
+    assert_eq!((common::booked_at(&before, file!(), line, h2d), st["g"].device()), (2, gpu));
     // Reading onto the CPU and writing CPU tensors are no transfers.
     let quiet = kiln::thread_transfer_stats();
     io::read_npy(dir.join("g.npy"), &cpu()).unwrap();

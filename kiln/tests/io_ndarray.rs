@@ -3,6 +3,7 @@
 //! the caller's line and refused under a guard. Run with
 //! `cargo test -p kiln --features ndarray --test io_ndarray`.
 
+#[macro_use]
 mod common;
 
 use half::{bf16, f16};
@@ -89,34 +90,17 @@ fn wrong_dtypes_and_ranks_are_errors() {
     assert!(matches!(Tensor::from_ndarray(&array![1f32], &kiln::gpu(999)), Err(Error::NoSuchDevice { .. })));
 }
 
-macro_rules! at_line {
-    ($e:expr) => {
-        (line!(), $e)
-    };
-}
-
-fn booked_at(before: &kiln::TransferStats, line: u32, direction: Direction) -> u64 {
-    let site = format!("{}:{line}:", file!());
-    kiln::thread_transfer_stats()
-        .since(before)
-        .by_site
-        .iter()
-        .filter(|((s, d), _)| s.starts_with(&site) && *d == direction)
-        .map(|(_, c)| c.count)
-        .sum()
-}
-
 #[test]
 fn transfers_are_booked_at_the_callers_line_and_guarded() {
     let gpu = common::sims()[0];
     let a = array![[1f32, 2.], [3., 4.]];
     let before = kiln::thread_transfer_stats();
     let (line, t) = at_line!(Tensor::from_ndarray(&a.t(), &gpu).unwrap());
-    assert_eq!(booked_at(&before, line, Direction::HostToDevice), 1);
+    assert_eq!(common::booked_at(&before, file!(), line, Direction::HostToDevice), 1);
     let (line, back) = at_line!(t.to_ndarray2::<f32>().unwrap());
-    assert_eq!((booked_at(&before, line, Direction::DeviceToHost), back), (1, a.t().to_owned()));
+    assert_eq!((common::booked_at(&before, file!(), line, Direction::DeviceToHost), back), (1, a.t().to_owned()));
     let (line, _) = at_line!(ArrayD::<f32>::try_from(&t).unwrap());
-    assert_eq!(booked_at(&before, line, Direction::DeviceToHost), 1);
+    assert_eq!(common::booked_at(&before, file!(), line, Direction::DeviceToHost), 1);
     let quiet = kiln::thread_transfer_stats();
     let on_cpu = Tensor::from_ndarray(&a, &cpu()).unwrap();
     let _ = on_cpu.to_ndarray::<f32>().unwrap();

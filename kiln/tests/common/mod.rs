@@ -70,6 +70,19 @@ pub fn booked_lines(diff: &kiln::TransferStats, file: &str) -> Vec<u32> {
     out
 }
 
+/// Transfers in `direction` that this thread booked since `before` at line
+/// `line` of `file` (the caller's `file!()`).
+pub fn booked_at(before: &kiln::TransferStats, file: &str, line: u32, direction: kiln::Direction) -> u64 {
+    let site = format!("{file}:{line}:");
+    kiln::thread_transfer_stats()
+        .since(before)
+        .by_site
+        .iter()
+        .filter(|((s, d), _)| s.starts_with(&site) && *d == direction)
+        .map(|(_, c)| c.count)
+        .sum()
+}
+
 /// Runs `f` on a thread of its own and fails the test if it is not done
 /// after `secs` seconds, so that a hang or a deadlock fails the test with
 /// `what` instead of hanging the suite.
@@ -290,6 +303,15 @@ pub fn trial<O: Outcome + 'static>(name: &'static str, test: fn() -> O) -> libte
 /// `--exact`, `--list`, `--ignored`, `--test-threads`).
 pub fn run_suite(trials: Vec<libtest_mimic::Trial>) -> std::process::ExitCode {
     libtest_mimic::run(&libtest_mimic::Arguments::from_args(), trials).exit_code()
+}
+
+/// `(line!(), expr)`: the line an expression is on, for
+/// [`booked_at`] (a test that books transfers at that line).
+#[allow(unused_macros)]
+macro_rules! at_line {
+    ($e:expr) => {
+        (line!(), $e)
+    };
 }
 
 /// The trials of the named test functions: `common::run_suite(trials![a, b])`.

@@ -120,6 +120,35 @@ pub(crate) fn cuda_convolutions_run_in_cudnn_when_it_loads() -> Ran {
     })
 }
 
+/// Four threads convolving on one device at once share its cuDNN handle
+/// (one call at a time): every result is the CPU's.
+pub(crate) fn cuda_cudnn_convolutions_from_many_threads_match_the_cpu() -> Ran {
+    child(&[], |d| {
+        let convs = stat("cudnn_convs");
+        let results = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4usize)
+                .map(|t| {
+                    s.spawn(move || -> Result<()> {
+                        for round in 0..3usize {
+                            let (x, w) = (input((2, 3, 6 + t, 7), DType::F32)?, input((4, 3, 3, 1 + round), DType::F32)?);
+                            let args = Conv2dArgs::default().padding((1, 0));
+                            let got = x.to(&d)?.conv2d(&w.to(&d)?, None, args)?;
+                            close(&got, &x.conv2d(&w, None, args)?, 1e-4, &format!("thread {t}, round {round}"))?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("a convolution thread panicked")).collect::<Vec<_>>()
+        });
+        for r in results {
+            r?;
+        }
+        assert_eq!(stat("cudnn_convs") - convs, 12, "each of the 12 convolutions ran in cuDNN");
+        Ok(())
+    })
+}
+
 /// `padding="same"` with an even kernel pads one side more than the other,
 /// which cuDNN's descriptors cannot say: kiln declines it to im2col +
 /// cuBLAS (the CPU's values), and under KILN_CUDA_CONV=cudnn reports why.

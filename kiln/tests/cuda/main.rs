@@ -68,6 +68,7 @@ fn main() -> std::process::ExitCode {
         cuda_convolutions_fall_back_to_direct_kernels_without_cublas_and_say_why,
         cuda_a_convolution_without_room_for_its_workspace_takes_smaller_chunks_or_the_direct_kernels,
         cuda_convolutions_run_in_cudnn_when_it_loads,
+        cuda_cudnn_convolutions_from_many_threads_match_the_cpu,
         cuda_convolutions_cudnn_cannot_express_go_through_cublas,
         cuda_a_failing_cudnn_call_is_an_error_naming_it,
         cuda_an_unloadable_kiln_cudnn_lib_is_named_and_convolutions_use_cublas,
