@@ -104,6 +104,9 @@ command -v "${KILN_CUDASIM_CXX:-g++}" >/dev/null 2>&1 ||
     echo "cudasim: ${KILN_CUDASIM_CXX:-g++} not found: the simulator compiles kiln's kernels for the host with it when they are loaded (apt-get install g++)" >&2
 
 export KILN_CUDASIM=1
+# A cuDNN named for real GPU work would be loaded against the simulated
+# driver: the simulator's stand-in (or none) instead.
+unset KILN_CUDNN_LIB
 export KILN_CUDASIM_DEVICES="${KILN_CUDASIM_DEVICES:-2}"
 export KILN_CUDASIM_CACHE="${KILN_CUDASIM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln-cudasim}"
 # kiln-1 follows RECORDS (images-1) in cudasim/src/sources.rs: the simulator

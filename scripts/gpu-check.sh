@@ -211,7 +211,10 @@ if [ "$mode" != "--bench-only" ]; then
     unset KILN_TEST_REPORT KILN_REQUIRE_CUDA
     # With cuDNN there the runs above took it for convolutions: the CNN
     # suites again through im2col + cuBLAS.
-    if [ "$gpus" -ge 1 ] && [[ "${LD_LIBRARY_PATH:-}" == *cudnn* ]]; then
+    has_cudnn=0
+    for d in "${lib_dirs[@]:-}"; do [ -n "$d" ] && compgen -G "$d/libcudnn.so*" >/dev/null && has_cudnn=1; done
+    ldconfig -p 2>/dev/null | grep -q 'libcudnn\.so' && has_cudnn=1
+    if [ "$gpus" -ge 1 ] && [ "$has_cudnn" = 1 ]; then
         for t in $tests; do
             name="$(basename "$t")"
             # The CUDA suite's CNN fuzz, every test of the CNN suite.

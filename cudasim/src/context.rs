@@ -76,7 +76,8 @@ pub(crate) fn record_launch(name: &str, grid: u32) {
 /// What a test may ask the simulator (it finds this function with `dlsym`
 /// in the loaded `libcuda.so`): `pinned_bytes` and `pinned_blocks` (live
 /// page-locked host memory), `events` (live events), `gemms` (cuBLAS gemms
-/// queued), `cudnn_convs` (cuDNN convolutions queued), `launches:NAME` and `grid:NAME` (launches of kernel NAME, and
+/// queued), `cudnn_convs` (cuDNN convolutions queued), `cudnn_last_algo`
+/// (the algorithm of the last one a program ran), `launches:NAME` and `grid:NAME` (launches of kernel NAME, and
 /// the grid of the last one), `device_bytes:N` (device N's memory in use),
 /// `host_compiles` (kernel modules this process compiled with g++),
 /// `host_cache_hits` (kernel modules it found compiled in the disk cache),
@@ -98,6 +99,7 @@ pub unsafe extern "C" fn kiln_cudasim_stat(what: *const c_char) -> i64 {
                 "events" => registry().events.len() as i64,
                 "gemms" => GEMMS.load(Ordering::SeqCst) as i64,
                 "cudnn_convs" => crate::dnn::CONVS.load(Ordering::SeqCst) as i64,
+                "cudnn_last_algo" => crate::dnn::LAST_ALGO.load(Ordering::SeqCst),
                 "host_compiles" => crate::hostcc::COMPILES.load(Ordering::SeqCst) as i64,
                 "host_cache_hits" => crate::hostcc::CACHE_HITS.load(Ordering::SeqCst) as i64,
                 "nccl_collectives" => crate::nccl::COLLECTIVES.load(Ordering::SeqCst) as i64,

@@ -771,6 +771,7 @@ unsafe fn submit(
     beta: *const c_void,
     ws: *mut c_void,
     ws_bytes: usize,
+    searching: bool,
 ) -> Status {
     let Some(hd) = handle(h) else { return BAD_PARAM };
     let (x, w, y, c) = match ops {
@@ -788,13 +789,18 @@ unsafe fn submit(
         log(&format!("{}: algorithm {algo} needs {need} bytes of workspace, given {ws_bytes} at {ws:?}", dir.name()));
         return BAD_PARAM;
     }
-    if injected_failure(dir.name()) {
+    // Injected failures are for the calls a program makes, not the runs of
+    // a search (which has its own: `<call>.search`).
+    if !searching && injected_failure(dir.name()) {
         return EXECUTION_FAILED;
     }
     // `<call>.unsupported`: the call refuses its operands, as cuDNN does
     // when an algorithm cannot take them (a pointer's alignment, say).
-    if injected_failure(&format!("{}.unsupported", dir.name())) {
+    if !searching && injected_failure(&format!("{}.unsupported", dir.name())) {
         return NOT_SUPPORTED;
+    }
+    if !searching {
+        LAST_ALGO.store(algo as i64, std::sync::atomic::Ordering::SeqCst);
     }
     // SAFETY: alpha and beta point to the data type's scalars (double for
     // double data, float otherwise), as cuDNN documents.
@@ -809,6 +815,10 @@ unsafe fn submit(
     stream.push(Op::Dnn(Box::new(Conv { dir, x, w, y, c, px, pw, py, alpha, beta, ws: ws as u64, ws_bytes: need })));
     SUCCESS
 }
+
+/// The algorithm of the last convolution a program ran (not a search's),
+/// -1 before any (`kiln_cudasim_stat("cudnn_last_algo")`).
+pub(crate) static LAST_ALGO: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-1);
 
 /// cuDNN convolutions queued so far (`kiln_cudasim_stat("cudnn_convs")`).
 pub(crate) static CONVS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -829,7 +839,7 @@ pub unsafe extern "C" fn cudnnConvolutionForward(
     yd: *mut c_void,
     y: *mut c_void,
 ) -> Status {
-    unsafe { submit(Dir::Forward, h, operands(xd, wd, cd, yd), (x as u64, w as u64, y as u64), algo, alpha, beta, ws, ws_bytes) }
+    unsafe { submit(Dir::Forward, h, operands(xd, wd, cd, yd), (x as u64, w as u64, y as u64), algo, alpha, beta, ws, ws_bytes, false) }
 }
 
 #[unsafe(no_mangle)]
@@ -848,7 +858,9 @@ pub unsafe extern "C" fn cudnnConvolutionBackwardData(
     dxd: *mut c_void,
     dx: *mut c_void,
 ) -> Status {
-    unsafe { submit(Dir::BackwardData, h, operands(dxd, wd, cd, dyd), (dx as u64, w as u64, dy as u64), algo, alpha, beta, ws, ws_bytes) }
+    unsafe {
+        submit(Dir::BackwardData, h, operands(dxd, wd, cd, dyd), (dx as u64, w as u64, dy as u64), algo, alpha, beta, ws, ws_bytes, false)
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -867,13 +879,17 @@ pub unsafe extern "C" fn cudnnConvolutionBackwardFilter(
     dwd: *mut c_void,
     dw: *mut c_void,
 ) -> Status {
-    unsafe { submit(Dir::BackwardFilter, h, operands(xd, dwd, cd, dyd), (x as u64, dw as u64, dy as u64), algo, alpha, beta, ws, ws_bytes) }
+    unsafe {
+        submit(Dir::BackwardFilter, h, operands(xd, dwd, cd, dyd), (x as u64, dw as u64, dy as u64), algo, alpha, beta, ws, ws_bytes, false)
+    }
 }
 
 /// The search (`cudnnFind*AlgorithmEx`): runs every algorithm whose
 /// workspace fits (the output is overwritten, as cuDNN's search does) and
-/// reports them in the heuristics' order, those that did not fit last with
-/// `CUDNN_STATUS_ALLOC_FAILED`.
+/// reports them fastest first, where the fastest is the heuristics' last
+/// (so the two orders differ), then those that failed or did not fit (with
+/// their status, or `CUDNN_STATUS_ALLOC_FAILED`). `KILN_CUDASIM_FAIL` names
+/// `<call>.search` for a search that fails as a whole.
 #[allow(clippy::too_many_arguments)]
 unsafe fn find(
     dir: Dir,
@@ -898,20 +914,30 @@ unsafe fn find(
         } else {
             (&one32 as *const f32 as *const c_void, &zero32 as *const f32 as *const c_void)
         };
+        if injected_failure(&format!("{}.search", dir.name())) {
+            return EXECUTION_FAILED;
+        }
         let n = *returned as usize;
         let mut entries: Vec<AlgoPerf> = (0..n).map(|i| std::ptr::read(perf.add(i))).collect();
-        for e in entries.iter_mut() {
+        for (i, e) in entries.iter_mut().enumerate() {
             if e.memory > ws_bytes {
                 e.status = ALLOC_FAILED;
                 e.time = -1.0;
                 continue;
             }
-            let st = submit(dir, h, ops, ptrs, e.algo, alpha, beta, ws, ws_bytes);
+            // As cuDNN does, an algorithm that fails is marked and the
+            // search goes on.
+            let st = submit(dir, h, ops, ptrs, e.algo, alpha, beta, ws, ws_bytes, true);
             if st != SUCCESS {
-                return st;
+                e.status = st;
+                e.time = -1.0;
+                continue;
             }
+            // The timings: the heuristics' last is the fastest here, so
+            // that a caller that takes the timed order is seen to.
+            e.time = (n - i) as f32;
         }
-        entries.sort_by_key(|e| e.status != SUCCESS);
+        entries.sort_by(|a, b| (a.status != SUCCESS).cmp(&(b.status != SUCCESS)).then(a.time.total_cmp(&b.time)));
         for (i, e) in entries.into_iter().enumerate() {
             std::ptr::write(perf.add(i), e);
         }

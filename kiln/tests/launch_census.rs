@@ -138,7 +138,11 @@ fn in_children(settings: &[&[(&str, &str)]], f: impl FnOnce(Device) -> Result<()
 }
 
 /// The two library paths of a convolution, each in a child of its own.
-const CONV_PATHS: &[&[(&str, &str)]] = &[&[("KILN_CUDA_CONV", "cudnn")], &[("KILN_CUDA_CONV", "gemm")]];
+/// (cuDNN's other settings pinned, so the caller's cannot change the path).
+const CONV_PATHS: &[&[(&str, &str)]] = &[
+    &[("KILN_CUDA_CONV", "cudnn"), ("KILN_DISABLE_CUDNN", "0"), ("KILN_CUDNN_LIB", ""), ("KILN_CUDNN_BENCHMARK", "0")],
+    &[("KILN_CUDA_CONV", "gemm")],
+];
 
 fn a_lenet_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas_or_cudnn() -> Ran {
     in_children(CONV_PATHS, |d| {

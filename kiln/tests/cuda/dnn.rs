@@ -197,8 +197,10 @@ pub(crate) fn cuda_a_failing_cudnn_call_is_an_error_naming_it() -> Ran {
             }
             other => panic!("expected the failed cuDNN call as an error, got {other:?}"),
         }
+        let convs = stat("cudnn_convs");
         let got = xd.conv2d(&wd, None, Conv2dArgs::default())?;
         close(&got, &x.conv2d(&w, None, Conv2dArgs::default())?, 1e-4, "after the failure")?;
+        assert_eq!(stat("cudnn_convs") - convs, 1, "the next convolution ran in cuDNN");
         Ok(())
     })
 }
@@ -277,19 +279,46 @@ pub(crate) fn cuda_a_failed_cudnn_create_falls_back_and_is_tried_again() -> Ran 
 }
 
 /// KILN_CUDNN_BENCHMARK=1: cuDNN times its algorithms the first time a
-/// shape is seen (its search runs each one that fits), and not again;
-/// `kiln devices` says so; the values are the CPU's. Forward the stand-in
-/// offers two deterministic algorithms (searched: two runs, then the chosen
-/// one); backward one (nothing to time: it just runs).
+/// shape is seen (its search runs each one that fits), not again, and the
+/// fastest runs: the stand-in times the heuristics' last (algorithm 0) as
+/// fastest, so the timed choice differs from the heuristics' (1). `kiln
+/// devices` says so; the values are the CPU's.
 pub(crate) fn cuda_cudnn_benchmark_times_each_shape_once() -> Ran {
     child(&[("KILN_CUDNN_BENCHMARK", "1")], |d| {
         assert!(detail(d, "convolution").contains("timed once per shape (KILN_CUDNN_BENCHMARK=1)"), "{}", detail(d, "convolution"));
         let (x, w) = (input((2, 3, 7, 7), DType::F32)?, input((4, 3, 3, 3), DType::F32)?);
+        let (xd, wd) = (x.to(&d)?, w.to(&d)?);
+        let want = x.conv2d(&w, None, Conv2dArgs::default())?;
         let convs = stat("cudnn_convs");
-        conv_round_trip(d, &x, &w, None, Conv2dArgs::default(), false, 1e-4)?;
-        assert_eq!(stat("cudnn_convs") - convs, 3 + 1 + 1, "first: the forward searched (2 runs) then run, each gradient run once");
-        conv_round_trip(d, &x, &w, None, Conv2dArgs::default(), false, 1e-4)?;
-        assert_eq!(stat("cudnn_convs") - convs, 5 + 3, "second: no search");
+        close(&xd.conv2d(&wd, None, Conv2dArgs::default())?, &want, 1e-4, "first, timed")?;
+        assert_eq!(stat("cudnn_convs") - convs, 3, "the search ran both algorithms, then the chosen one ran");
+        assert_eq!(stat("cudnn_last_algo"), 0, "the timed fastest ran, not the heuristics' first");
+        close(&xd.conv2d(&wd, None, Conv2dArgs::default())?, &want, 1e-4, "second")?;
+        assert_eq!((stat("cudnn_convs") - convs, stat("cudnn_last_algo")), (4, 0), "the second time: no search, the same choice");
+        set_env("KILN_CUDNN_BENCHMARK", Some("0"));
+        close(&xd.conv2d(&wd, None, Conv2dArgs::default())?, &want, 1e-4, "by the heuristics")?;
+        assert_eq!((stat("cudnn_convs") - convs, stat("cudnn_last_algo")), (5, 1), "without the benchmark: the heuristics' first");
+        Ok(())
+    })
+}
+
+/// A cudnnCreate that keeps failing is tried three times per device, then
+/// not again: under KILN_CUDA_CONV=cudnn each convolution is an error that
+/// says which.
+pub(crate) fn cuda_a_cudnn_create_that_keeps_failing_is_given_up() -> Ran {
+    child(&[("KILN_CUDASIM_FAIL", "cudnnCreate:10"), ("KILN_CUDA_CONV", "cudnn")], |d| {
+        let (x, w) = (input((1, 2, 5, 5), DType::F32)?, input((3, 2, 3, 3), DType::F32)?);
+        let (xd, wd) = (x.to(&d)?, w.to(&d)?);
+        for attempt in 1..=4 {
+            match xd.conv2d(&wd, None, Conv2dArgs::default()).and_then(|y| y.to_vec::<f32>()) {
+                Err(Error::Backend { msg, .. }) => {
+                    let want =
+                        if attempt <= 3 { "cudnnCreate failed:" } else { "cudnnCreate failed 3 times on this device; not tried again" };
+                    assert!(msg.contains(want), "attempt {attempt}: {msg}");
+                }
+                other => panic!("attempt {attempt}: expected an error, got {other:?}"),
+            }
+        }
         Ok(())
     })
 }

@@ -75,6 +75,7 @@ fn main() -> std::process::ExitCode {
         cuda_kiln_disable_cudnn_is_named_and_convolutions_use_cublas,
         cuda_a_failed_cudnn_create_falls_back_and_is_tried_again,
         cuda_cudnn_benchmark_times_each_shape_once,
+        cuda_a_cudnn_create_that_keeps_failing_is_given_up,
         cuda_an_algorithm_cudnn_refuses_is_passed_over,
         cuda_a_forced_cudnn_path_reports_a_refusal,
         cuda_cudnn_without_room_for_a_workspace_takes_another_algorithm_or_path,

@@ -7,7 +7,8 @@
 //!   `KILN_DISABLE_CUDNN=1` leaves it unloaded. cuDNN 8 or later. Only the
 //!   legacy convolution API is used (its functions are in both 8 and 9).
 //! - **Per device**: one handle, made on the first convolution with the
-//!   device's context current and bound to its compute stream; workspace
+//!   device's context current and bound to its compute stream (a failed
+//!   `cudnnCreate` is tried at three convolutions, then not again); workspace
 //!   comes from the device's caching allocator ([`CudaDevice::temp`]), at
 //!   most [`CONV_WORKSPACE_BYTES`], freed in stream order after the call.
 //! - **Algorithms**: cuDNN's heuristics (`cudnnGetConvolution*Algorithm_v7`)
@@ -56,6 +57,9 @@ const FMA_MATH: c_int = 3;
 const DETERMINISTIC: c_int = 1;
 /// More than any direction has algorithms (forward has 8).
 const MAX_ALGOS: usize = 16;
+
+/// Times a device's `cudnnCreate` is tried before cuDNN is given up there.
+const CREATE_TRIES: u32 = 3;
 
 /// The oldest cuDNN kiln uses.
 const MIN_VERSION: usize = 8000;
@@ -338,9 +342,9 @@ fn operands(d: &Descs<'_>, call: &DnnConvCall) -> [(H, u64); 3] {
 }
 
 impl CudaBackend {
-    /// The device's cuDNN handle, made on first use; the reason when there is
-    /// none. A failed `cudnnCreate` is tried again at the next call (as a
-    /// failed `cublasCreate` is), and said once on stderr.
+    /// The device's cuDNN handle, made on first use; the reason when there is    /// none. A failed `cudnnCreate` is tried again at the next call (as a
+    /// failed `cublasCreate` is), up to [`CREATE_TRIES`] times, and said
+    /// once on stderr.
     fn with_dnn<T>(&self, f: impl FnOnce(&'static Library, &Dnn) -> Result<T>) -> Result<std::result::Result<T, String>> {
         let lib = match library() {
             Ok(lib) => lib,
@@ -348,9 +352,16 @@ impl CudaBackend {
         };
         let mut guard = self.dnn.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
+            // cudnnCreate is slow where it fails (it may load sub-libraries
+            // each time): after a few failures it is not tried again.
+            let failures = self.dnn_create_failures.load(std::sync::atomic::Ordering::Relaxed);
+            if failures >= CREATE_TRIES {
+                return Ok(Err(format!("cudnnCreate failed {failures} times on this device; not tried again")));
+            }
             match self.make_handle(lib) {
                 Ok(h) => *guard = Some(Dnn { handle: super::Raw(h), plans: Mutex::new(HashMap::new()) }),
                 Err(why) => {
+                    self.dnn_create_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if !self.dnn_warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
                         eprintln!("kiln: cuDNN unavailable on {} for now ({why}); convolutions take the next path", self.device);
                     }
@@ -479,11 +490,12 @@ impl CudaBackend {
                 ("cudnnSetConvolutionGroupCount", &|d| (api.set_groups)(d.conv, i(g.groups))),
                 ("cudnnSetConvolutionMathType", &|d| (api.set_math)(d.conv, math)),
             ]
-        };
+        }; // Nothing is queued yet: a failure here declines the call whatever
+           // the status (the next path runs it).
         for (step, run) in steps {
             let st = run(&mut d);
             if st != SUCCESS {
-                return outcome(step, st);
+                return Ok(Offload::Declined(what(step, st)));
             }
         }
         // cuDNN pads top and bottom alike: where kiln's output differs from
@@ -509,8 +521,9 @@ impl CudaBackend {
                         dnn.plans.lock().unwrap_or_else(|e| e.into_inner()).insert(key, p.clone());
                     }
                     p
-                }
-                Ranked::Refused(step, st) => return outcome(step, st),
+                } // Nothing queued either: a failed search ran nothing this
+                // call relies on (the next path rewrites the output).
+                Ranked::Refused(step, st) => return Ok(Offload::Declined(what(step, st))),
             },
         };
         if plan.is_empty() {
@@ -640,6 +653,18 @@ impl CudaBackend {
                 order.push(*r);
             }
         }
+        if order.is_empty() {
+            // Every algorithm failed its timed run (cuDNN says so per
+            // algorithm): the heuristics' order for this call, and the
+            // search again at the next.
+            return Ok(Ranked::Plan(ranked, false));
+        }
+        // Those the search did not report, after the timed ones.
+        for r in &ranked {
+            if !order.iter().any(|o| o.0 == r.0) {
+                order.push(*r);
+            }
+        }
         Ok(Ranked::Plan(order, true))
     }
 }
@@ -652,13 +677,14 @@ enum Ranked {
 }
 
 /// Whether status `st` of cuDNN `major` says it does not take the call (a
-/// bad or unsupported parameter) rather than that it failed: cuDNN 9's
-/// `BAD_PARAM*` (2000s) and `NOT_SUPPORTED*` (3000s); cuDNN 8's `BAD_PARAM`
-/// (3) and `NOT_SUPPORTED` (9).
+/// bad or unsupported parameter, or a device or runtime it cannot serve)
+/// rather than that it failed: cuDNN 9's `BAD_PARAM*` (2000s) and
+/// `NOT_SUPPORTED*` (3000s); cuDNN 8's `BAD_PARAM` (3), `ARCH_MISMATCH` (6),
+/// `NOT_SUPPORTED` (9) and `RUNTIME_PREREQUISITE_MISSING` (11).
 fn refuses(major: usize, st: Status) -> bool {
     if major >= 9 {
         (2000..4000).contains(&st)
     } else {
-        st == 3 || st == 9
+        matches!(st, 3 | 6 | 9 | 11)
     }
 }

@@ -127,6 +127,7 @@ pub(crate) struct CudaBackend {
     /// cuDNN's handle for this device, made on the first convolution.
     dnn: Mutex<Option<dnn::Dnn>>,
     dnn_warned: std::sync::atomic::AtomicBool,
+    dnn_create_failures: std::sync::atomic::AtomicU32,
     /// Whether this context may access a peer's memory, by peer ordinal
     /// (enabled on first ask).
     peers: Mutex<HashMap<usize, bool>>,
@@ -245,6 +246,7 @@ impl CudaBackend {
                 blas: Mutex::new(None),
                 dnn: Mutex::new(None),
                 dnn_warned: std::sync::atomic::AtomicBool::new(false),
+                dnn_create_failures: std::sync::atomic::AtomicU32::new(0),
                 peers: Mutex::new(HashMap::new()),
                 written: written::Written::default(),
             };
