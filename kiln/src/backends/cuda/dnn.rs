@@ -32,7 +32,7 @@
 //!   cuDNN refuses (a bad or unsupported parameter). A cuDNN call that fails
 //!   otherwise is an [`Error::Backend`] naming it and cuDNN's status.
 
-use super::nvrtc::{dl, fn_ptr};
+use super::nvrtc::{dl, fn_ptr, open_library};
 use super::CudaBackend;
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
@@ -223,30 +223,11 @@ const MISSING: &str = "libcudnn.so.9 not found; `pip install nvidia-cudnn-cu12` 
 /// Opens cuDNN: exactly `KILN_CUDNN_LIB` when set, else the first name the
 /// loader finds. The handle is kept for the life of the process.
 fn open() -> std::result::Result<(Api, String), String> {
-    if let Some(path) = std::env::var_os("KILN_CUDNN_LIB").filter(|p| !p.is_empty()) {
-        let shown = path.to_string_lossy().into_owned();
-        let c = CString::new(path.into_encoded_bytes()).map_err(|_| format!("KILN_CUDNN_LIB={shown} contains a NUL byte"))?;
-        // SAFETY: dlopen with a valid C string.
-        let handle = unsafe { dl::open(&c, false) };
-        if handle.is_null() {
-            return Err(format!(
-                "KILN_CUDNN_LIB={shown} could not be loaded ({}); fix the path or unset KILN_CUDNN_LIB to use the cuDNN on the library path",
-                dl::error()
-            ));
-        }
-        // SAFETY: a live handle of the library the user named as cuDNN.
-        return unsafe { Api::from_handle(handle, &shown) }.map(|a| (a, shown.clone())).map_err(|e| format!("KILN_CUDNN_LIB={shown}: {e}"));
-    }
-    for name in ["libcudnn.so.9", "libcudnn.so.8", "libcudnn.so"] {
-        let Ok(c) = CString::new(name) else { continue };
-        // SAFETY: dlopen with a valid C string.
-        let handle = unsafe { dl::open(&c, false) };
-        if !handle.is_null() {
-            // SAFETY: a live handle of a library named like cuDNN.
-            return unsafe { Api::from_handle(handle, name) }.map(|a| (a, name.to_string()));
-        }
-    }
-    Err(MISSING.into())
+    let names = ["libcudnn.so.9", "libcudnn.so.8", "libcudnn.so"];
+    let opened = open_library("KILN_CUDNN_LIB", "cuDNN", names, false)?.ok_or_else(|| MISSING.to_string())?;
+    // SAFETY: a live handle of the library named as cuDNN (by the user, or
+    // by its file name).
+    opened.load(|handle, name| unsafe { Api::from_handle(handle, name) })
 }
 
 /// cuDNN's version code as (major, minor, patch): 90100 for 9.1.0 (9 and

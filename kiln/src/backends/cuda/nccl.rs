@@ -37,7 +37,7 @@
 //!   call NCCL refuses is an [`Error::Backend`] naming the collective, the
 //!   device, NCCL's message and the way out (`KILN_DISABLE_NCCL=1`).
 
-use super::nvrtc::{dl, fn_ptr};
+use super::nvrtc::{dl, fn_ptr, open_library};
 use super::{ck, dev_ptr, CudaBackend, Raw};
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
@@ -135,32 +135,12 @@ const MISSING: &str = "libnccl.so.2 not found; `pip install nvidia-nccl-cu12` an
 /// Opens NCCL: exactly `KILN_NCCL_LIB` when set, else the first name the
 /// loader finds. The handle is kept for the life of the process.
 fn open() -> std::result::Result<(Api, String), String> {
-    if let Some(path) = std::env::var_os("KILN_NCCL_LIB").filter(|p| !p.is_empty()) {
-        let shown = path.to_string_lossy().into_owned();
-        let c = CString::new(path.into_encoded_bytes()).map_err(|_| format!("KILN_NCCL_LIB={shown} contains a NUL byte"))?;
-        // SAFETY: dlopen with a valid C string.
-        let handle = unsafe { dl::open(&c, false) };
-        if handle.is_null() {
-            return Err(format!(
-                "KILN_NCCL_LIB={shown} could not be loaded ({}); fix the path or unset KILN_NCCL_LIB to use the NCCL on the library path",
-                dl::error()
-            ));
-        }
-        // SAFETY: a live handle of the library the user named as NCCL.
-        return unsafe { Api::from_handle(handle, &shown) }.map(|a| (a, shown.clone())).map_err(|e| format!("KILN_NCCL_LIB={shown}: {e}"));
-    }
     let mut names = vec!["libnccl.so.2".to_string()];
     names.extend(cudarc::get_lib_name_candidates("nccl").into_iter().filter(|n| n != "libnccl.so.2"));
-    for name in names {
-        let Ok(c) = CString::new(name.as_str()) else { continue };
-        // SAFETY: dlopen with a valid C string.
-        let handle = unsafe { dl::open(&c, false) };
-        if !handle.is_null() {
-            // SAFETY: a live handle of a library named like NCCL.
-            return unsafe { Api::from_handle(handle, &name) }.map(|a| (a, name));
-        }
-    }
-    Err(MISSING.into())
+    let opened = open_library("KILN_NCCL_LIB", "NCCL", names, false)?.ok_or_else(|| MISSING.to_string())?;
+    // SAFETY: a live handle of the library named as NCCL (by the user, or by
+    // its file name).
+    opened.load(|handle, name| unsafe { Api::from_handle(handle, name) })
 }
 
 /// NCCL's version code as (major, minor, patch): 22105 for 2.21.5 (2.9 and

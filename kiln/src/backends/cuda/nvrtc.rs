@@ -150,34 +150,75 @@ impl Api {
     }
 }
 
-/// Opens NVRTC: exactly the library `KILN_NVRTC_LIB` names when it is set
-/// (and no other when that fails), else the first of cudarc's candidate
-/// names the loader finds. The handle is kept for the life of the process.
-fn load() -> Result<Api, String> {
-    if let Some(path) = std::env::var_os("KILN_NVRTC_LIB").filter(|p| !p.is_empty()) {
+/// A library kiln opens itself (NVRTC, NCCL, cuDNN): its live dlopen
+/// handle, kept for the life of the process, and how it was found.
+pub(super) struct Opened {
+    handle: *mut std::ffi::c_void,
+    /// The path the user named, or the name the loader found.
+    name: String,
+    /// The variable that named it, when one did.
+    named_by: Option<&'static str>,
+}
+
+impl Opened {
+    /// Looks the library's functions up with `lookup` (given the handle and
+    /// the name), naming the variable in its error when the user named the
+    /// library; with that name.
+    pub(super) fn load<T>(self, lookup: impl FnOnce(*mut std::ffi::c_void, &str) -> Result<T, String>) -> Result<(T, String), String> {
+        match lookup(self.handle, &self.name) {
+            Ok(t) => Ok((t, self.name)),
+            Err(e) => Err(match self.named_by {
+                Some(var) => format!("{var}={}: {e}", self.name),
+                None => e,
+            }),
+        }
+    }
+}
+
+/// Opens a library: exactly the one `var` names when it is set (and no
+/// other when that fails; `global_named` makes its symbols visible to later
+/// loads), else the first of `names` the loader finds; `Ok(None)` when none
+/// is found. `what` names the library in the errors.
+pub(super) fn open_library<S: AsRef<str>>(
+    var: &'static str,
+    what: &str,
+    names: impl IntoIterator<Item = S>,
+    global_named: bool,
+) -> Result<Option<Opened>, String> {
+    if let Some(path) = std::env::var_os(var).filter(|p| !p.is_empty()) {
         let shown = path.to_string_lossy().into_owned();
-        let c = CString::new(path.into_encoded_bytes()).map_err(|_| format!("KILN_NVRTC_LIB={shown} contains a NUL byte"))?;
+        let c = CString::new(path.into_encoded_bytes()).map_err(|_| format!("{var}={shown} contains a NUL byte"))?;
         // SAFETY: dlopen with a valid C string.
-        let handle = unsafe { dl::open(&c, true) };
+        let handle = unsafe { dl::open(&c, global_named) };
         if handle.is_null() {
             return Err(format!(
-                "KILN_NVRTC_LIB={shown} could not be loaded ({}); fix the path or unset KILN_NVRTC_LIB to use the NVRTC on the library path",
+                "{var}={shown} could not be loaded ({}); fix the path or unset {var} to use the {what} on the library path",
                 dlerror()
             ));
         }
-        // SAFETY: a live handle of the library the user named as NVRTC.
-        return unsafe { Api::from_handle(handle, &shown) }.map_err(|e| format!("KILN_NVRTC_LIB={shown}: {e}"));
+        return Ok(Some(Opened { handle, name: shown, named_by: Some(var) }));
     }
-    for name in cudarc::get_lib_name_candidates("nvrtc") {
-        let Ok(c) = CString::new(name.as_str()) else { continue };
+    for name in names {
+        let name = name.as_ref();
+        let Ok(c) = CString::new(name) else { continue };
         // SAFETY: dlopen with a valid C string.
         let handle = unsafe { dl::open(&c, false) };
         if !handle.is_null() {
-            // SAFETY: a live handle of a library named like NVRTC.
-            return unsafe { Api::from_handle(handle, &name) };
+            return Ok(Some(Opened { handle, name: name.to_string(), named_by: None }));
         }
     }
-    Err(MISSING.into())
+    Ok(None)
+}
+
+/// Opens NVRTC: exactly the library `KILN_NVRTC_LIB` names when it is set
+/// (and no other when that fails), else the first of cudarc's candidate
+/// names the loader finds.
+fn load() -> Result<Api, String> {
+    let found = open_library("KILN_NVRTC_LIB", "NVRTC", cudarc::get_lib_name_candidates("nvrtc"), true)?;
+    let opened = found.ok_or_else(|| MISSING.to_string())?;
+    // SAFETY: a live handle of the library named as NVRTC (by the user, or
+    // by its file name).
+    opened.load(|handle, name| unsafe { Api::from_handle(handle, name) }).map(|(api, _)| api)
 }
 
 /// The loaded NVRTC, or why there is none. Never panics.
