@@ -98,17 +98,18 @@ pub(crate) fn cuda_convolutions_run_in_cudnn_when_it_loads() -> Ran {
                     None
                 };
                 let (convs, gemms) = (stat("cudnn_convs"), stat("gemms"));
-                let direct = ["conv2d_fwd", "conv2d_bwd_input", "conv2d_bwd_weight"]
-                    .iter()
-                    .map(|k| stat(&format!("launches:{k}_{}", if dtype == DType::F64 { "f64" } else { "f32" })))
-                    .sum::<i64>();
+                // Launches of the direct convolution kernels of this dtype.
+                let direct_launches = || {
+                    let tag = if dtype == DType::F64 { "f64" } else { "f32" };
+                    ["conv2d_fwd", "conv2d_bwd_input", "conv2d_bwd_weight"]
+                        .iter()
+                        .map(|k| stat(&format!("launches:{k}_{tag}")))
+                        .sum::<i64>()
+                };
+                let direct = direct_launches();
                 conv_round_trip(d, &x, &w, b.as_ref(), args, transpose, tol)?;
-                let direct_after = ["conv2d_fwd", "conv2d_bwd_input", "conv2d_bwd_weight"]
-                    .iter()
-                    .map(|k| stat(&format!("launches:{k}_{}", if dtype == DType::F64 { "f64" } else { "f32" })))
-                    .sum::<i64>();
                 assert_eq!(
-                    (stat("cudnn_convs") - convs, stat("gemms") - gemms, direct_after - direct),
+                    (stat("cudnn_convs") - convs, stat("gemms") - gemms, direct_launches() - direct),
                     (3, 0, 0),
                     "{dtype} {xs:?} ⋆ {ws:?} ({args:?}, transposed: {transpose}): three cuDNN calls (forward, data, filter), no gemm, no direct kernel"
                 );
