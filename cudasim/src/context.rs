@@ -22,7 +22,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 /// process. Entry points that can be made to fail: `cuMemAlloc_v2`,
 /// `cuMemFree_v2`, `cuMemAllocHost_v2`, `cuEventCreate`, `cublasCreate_v2`,
 /// `ncclCommInitAll` and the NCCL collectives (`ncclAllReduce`,
-/// `ncclBroadcast`, `ncclReduce`, `ncclAllGather`, `ncclReduceScatter`).
+/// `ncclBroadcast`, `ncclReduce`, `ncclAllGather`, `ncclReduceScatter`),
+/// and the launches of one kernel, `cuLaunchKernel.NAME` (refused with
+/// `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`).
 pub(crate) fn injected_failure(name: &str) -> bool {
     /// Per name: (calls still to succeed, calls then to fail).
     static FAILS: OnceLock<Mutex<HashMap<String, (u64, u64)>>> = OnceLock::new();

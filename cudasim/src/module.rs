@@ -6,12 +6,12 @@
 //! either, as on a GPU. `cuLaunchKernel` copies the arguments by the sizes
 //! the host compiler deduced and queues the grid on the stream.
 
-use crate::context::{current, initialized, record_launch, registry, Ctx};
+use crate::context::{current, initialized, injected_failure, record_launch, registry, Ctx};
 use crate::hostcc::{self, HostModule};
 use crate::sources::{self, elf_extent};
 use crate::stream::{stream_here, Op};
 use crate::{log, tri, CUresult};
-use crate::{INVALID_CONTEXT, INVALID_HANDLE, INVALID_IMAGE, INVALID_VALUE, NOT_FOUND, NOT_SUPPORTED, SUCCESS};
+use crate::{INVALID_CONTEXT, INVALID_HANDLE, INVALID_IMAGE, INVALID_VALUE, LAUNCH_OUT_OF_RESOURCES, NOT_FOUND, NOT_SUPPORTED, SUCCESS};
 use std::collections::HashSet;
 use std::ffi::{c_char, c_uint, c_void, CStr};
 use std::sync::Arc;
@@ -222,6 +222,16 @@ pub unsafe extern "C" fn cuLaunchKernel(
         let Some(k) = host.kernels.get(&name) else { return NOT_FOUND };
         if params.is_null() && !k.sizes.is_empty() {
             return INVALID_VALUE;
+        }
+        // A GPU takes at most 4 KB of kernel parameters (CUDA before 12.1;
+        // NVRTC refuses a kernel that declares more).
+        let param_bytes: usize = k.sizes.iter().sum();
+        if param_bytes > 4096 {
+            log(&format!("kernel {name}: {param_bytes} bytes of parameters, more than the 4096 a GPU takes"));
+            return INVALID_VALUE;
+        }
+        if injected_failure(&format!("cuLaunchKernel.{name}")) {
+            return LAUNCH_OUT_OF_RESOURCES;
         }
         // The driver copies the argument values now: the caller's may go away.
         let mut args = Vec::with_capacity(k.sizes.len());

@@ -284,6 +284,59 @@ fn an_in_place_recompute_clears_the_mark() {
     }
 }
 
+/// An optimizer step over one poisoned gradient poisons that parameter and
+/// its new state, and steps the others as if nothing had happened (on CUDA
+/// one multi-tensor launch leaves the poisoned part out; elsewhere its
+/// kernels pass the mark on); the step itself does not fail.
+#[test]
+fn an_optimizer_step_over_a_poisoned_gradient_poisons_only_that_parameter() {
+    use kiln::optim::{Adam, Optimizer, Sgd};
+    let _s = serial();
+    for (d, _) in pairs() {
+        for adam in [false, true] {
+            let make = |dev: &Device| -> Vec<Tensor> {
+                (0..3).map(|i| Tensor::new(&[[1f32 + i as f32, 2.], [3., 4.]], dev).unwrap().requires_grad_()).collect()
+            };
+            let optimizer = |ps: &[Tensor]| -> Box<dyn Optimizer> {
+                if adam {
+                    Box::new(Adam::new(ps.to_vec(), 0.1))
+                } else {
+                    Box::new(Sgd::new(ps.to_vec(), 0.1).momentum(0.9))
+                }
+            };
+            // The reference: the same step on the CPU.
+            let want = make(&kiln::cpu());
+            let mut reference = optimizer(&want);
+            let (ps, x) = (make(&d), x_on(d));
+            let mut opt = optimizer(&ps);
+            for (p, w) in ps.iter().zip(&want) {
+                p.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+                w.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+            }
+            reference.step().unwrap();
+            leave_garbage(d);
+            ps[1].set_grad(Some(bad_index_select(&x, d))).unwrap();
+            assert!(is_the_fault(&synchronize(&d), d));
+            opt.step().unwrap();
+            let name = if adam { "Adam" } else { "SGD" };
+            for i in [0, 2] {
+                assert_eq!(ps[i].to_vec::<f32>().unwrap(), want[i].to_vec::<f32>().unwrap(), "{name} on {d}: parameter {i}");
+            }
+            assert!(is_the_fault(&ps[1].to_vec::<f32>(), d), "{name} on {d}: the parameter of the poisoned gradient");
+            let state = opt.state_dict().unwrap();
+            for (key, t) in &state.buffers {
+                let got = t.to_vec::<f32>();
+                if key.starts_with("1.") {
+                    assert!(is_the_fault(&got, d), "{name} on {d}: state {key}: {got:?}");
+                } else {
+                    assert_eq!(got.unwrap(), reference.state_dict().unwrap().buffers[key].to_vec::<f32>().unwrap(), "{name} on {d}: {key}");
+                }
+            }
+            synchronize(&d).unwrap();
+        }
+    }
+}
+
 /// A collective over a poisoned input poisons every device's result.
 #[test]
 fn a_collective_over_a_poisoned_input_poisons_every_output() {

@@ -53,7 +53,7 @@ fn census_device() -> std::result::Result<Option<Device>, common::Skip> {
 /// One SGD step of `net` on `batch` synthetic images of `size`×`size` on `d`,
 /// after a first step (which loads modules and sizes lazy layers); the
 /// census of the second step.
-fn census_of_a_step(mut net: Sequential, batch: usize, size: usize, d: Device) -> Result<Vec<LaunchRecord>> {
+fn census_of_a_step(mut net: Sequential, batch: usize, size: usize, d: Device) -> Result<Census> {
     let (x, y) = synthetic_images(batch, 3, &d)?;
     let x = if size == 28 { x } else { x.interpolate([size, size], kiln::InterpMode::Nearest)? };
     let x = x.contiguous()?;
@@ -69,13 +69,21 @@ fn census_of_a_step(mut net: Sequential, batch: usize, size: usize, d: Device) -
     step()?;
     kiln::take_launch_census()?;
     step()?;
-    kiln::take_launch_census()
+    Ok(Census { records: kiln::take_launch_census()?, parameters: net.parameters().len() })
+}
+
+/// A step's launches, and the parameters its optimizer updated.
+struct Census {
+    records: Vec<LaunchRecord>,
+    parameters: usize,
 }
 
 /// Checks a step's census: no thread above [`WORK_BOUND`], no direct
-/// convolution kernel, and at least `conv_macs` multiply-adds in cuBLAS or
-/// cuDNN (whichever `KILN_CUDA_CONV` names).
-fn check(records: &[LaunchRecord], conv_macs: u64) {
+/// convolution kernel, at least `conv_macs` multiply-adds in cuBLAS or
+/// cuDNN (whichever `KILN_CUDA_CONV` names), and the SGD step of every
+/// parameter in one launch per 48 (the multi-tensor kernel).
+fn check(census: &Census, conv_macs: u64) {
+    let records = &census.records;
     let table = kiln::census_table(records);
     println!("{table}");
     assert!(!records.is_empty(), "the census recorded nothing");
@@ -100,6 +108,13 @@ fn check(records: &[LaunchRecord], conv_macs: u64) {
         (launches("cross_entropy_fwd_"), launches("cross_entropy_bwd_"), launches("one_hot")),
         (1, 1, 0),
         "the step's cross-entropy should be one fused launch each way:\n{table}"
+    );
+    let exactly = |name: &str| records.iter().filter(|r| r.kind == "kernel" && r.name == name).count();
+    assert_eq!(
+        (launches("sgd_foreach_"), exactly("sgd_f32")),
+        (census.parameters.div_ceil(48), 0),
+        "the optimizer step of {} parameters should be one launch per 48:\n{table}",
+        census.parameters
     );
     let macs: u64 = records.iter().filter(|r| r.kind == "gemm" || r.kind == "dnn").map(|r| r.macs).sum();
     assert!(
@@ -148,14 +163,14 @@ fn a_lenet_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas_
     in_children(CONV_PATHS, |d| {
         let mut busiest = Vec::new();
         for batch in [8u64, 32] {
-            let records = census_of_a_step(lenet(10), batch as usize, 28, d)?;
+            let census = census_of_a_step(lenet(10), batch as usize, 28, d)?;
             // LeNet's convolutions per image: 1→6 channels, 5×5, 28×28 out;
             // 6→16 channels, 5×5, 10×10 out. Forward, input and weight
             // gradients (the first layer's input needs none).
             let conv1 = 6 * 25 * 28 * 28;
             let conv2 = 16 * 6 * 25 * 10 * 10;
-            check(&records, batch * (2 * conv1 + 3 * conv2));
-            busiest.push(records.iter().map(|r| r.work_max).max().unwrap_or(0));
+            check(&census, batch * (2 * conv1 + 3 * conv2));
+            busiest.push(census.records.iter().map(|r| r.work_max).max().unwrap_or(0));
         }
         // Four times the batch, the same serial work per thread (a few
         // blocks of slack for index arithmetic).
@@ -166,10 +181,10 @@ fn a_lenet_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas_
 
 fn a_resnet18_step_gives_every_thread_bounded_work_and_runs_convolutions_in_cublas_or_cudnn() -> Ran {
     in_children(CONV_PATHS, |d| {
-        let records = census_of_a_step(resnet18(10), 2, 96, d)?;
+        let census = census_of_a_step(resnet18(10), 2, 96, d)?;
         // The stem alone: 3→64 channels, 7×7, 48×48 out, forward and weight
         // gradient, per image.
-        check(&records, 2 * 2 * 64 * 3 * 49 * 48 * 48);
+        check(&census, 2 * 2 * 64 * 3 * 49 * 48 * 48);
         Ok(())
     })
 }

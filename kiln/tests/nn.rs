@@ -1059,6 +1059,74 @@ fn sgd_steps_give_the_bits_of_the_same_update_written_with_tensor_ops() -> Resul
     Ok(())
 }
 
+/// The parameters of [`a_step_over_many_parameters_gives_the_cpus_bits_on_every_device`]
+/// on `d`: 53 of them (more than one multi-tensor launch takes), of sizes
+/// from empty to several chunks, f32 then f64 then f32, one a view at an
+/// offset of a larger storage, made from the same values on every device.
+fn many_parameters(d: &Device) -> Result<(Vec<Tensor>, Tensor)> {
+    let sizes = |i: usize| [0, 1, 7, 255, 256, 2049, 4096 + 3, 31][i % 8] + i;
+    let mut ps = Vec::new();
+    for i in 0..53 {
+        let n = sizes(i);
+        let init: Vec<f64> = (0..n).map(|j| (((i * 131 + j * 37) % 211) as f64 - 105.0) / 53.0).collect();
+        let dtype = if (20..30).contains(&i) { DType::F64 } else { DType::F32 };
+        ps.push(Tensor::from_vec(init, n, d)?.to_dtype(dtype)?.requires_grad_());
+    }
+    // A view of elements 5..505 of a larger storage: only those change.
+    let whole = Tensor::from_vec((0..600).map(|j| j as f32 / 300.0).collect::<Vec<_>>(), 600, d)?;
+    ps.push(whole.narrow(0, 5, 500)?.detach().requires_grad_());
+    Ok((ps, whole))
+}
+
+/// The same three steps of SGD (momentum, weight decay) and of Adam over
+/// [`many_parameters`] on every device give the CPU's bits: on CUDA the
+/// step is one launch per 48 parameters of a dtype (the multi-tensor
+/// kernels), elsewhere kernels per parameter. A parameter without a
+/// gradient at a step (every seventh, at the second step) keeps its value
+/// and state; the view's storage keeps its other elements.
+#[test]
+fn a_step_over_many_parameters_gives_the_cpus_bits_on_every_device() -> Result<()> {
+    /// The parameters' values, the view's whole storage, the state's buffers.
+    type Outcome = (Vec<Vec<f64>>, Vec<f64>, Vec<Vec<f64>>);
+    fn run(d: &Device, adam: bool) -> Result<Outcome> {
+        let (ps, whole) = many_parameters(d)?;
+        let mut opt: Box<dyn Optimizer> = if adam {
+            Box::new(Adam::new(ps.clone(), 0.05).betas(0.8, 0.99).weight_decay(1e-2))
+        } else {
+            Box::new(Sgd::new(ps.clone(), 0.05).momentum(0.9).weight_decay(1e-2))
+        };
+        for step in 0..3 {
+            opt.zero_grad();
+            for (i, p) in ps.iter().enumerate() {
+                if step == 1 && i % 7 == 0 {
+                    continue;
+                }
+                p.sqr()?.mul_scalar(0.5 + step as f64)?.sum_all()?.backward()?;
+            }
+            opt.step()?;
+        }
+        let state = opt.state_dict()?;
+        let buffers = state.buffers.values().map(|t| t.to_vec_f64()).collect::<Result<Vec<_>>>()?;
+        Ok((ps.iter().map(|p| p.to_vec_f64()).collect::<Result<_>>()?, whole.to_vec_f64()?, buffers))
+    }
+    let want = [run(&cpu(), false)?, run(&cpu(), true)?];
+    for d in common::devices() {
+        common::report_ran(d);
+        for (adam, want) in [false, true].into_iter().zip(&want) {
+            let got = run(&d, adam)?;
+            let name = if adam { "Adam" } else { "SGD" };
+            for (i, (g, w)) in got.0.iter().zip(&want.0).enumerate() {
+                let (g, w): (Vec<u64>, Vec<u64>) = (g.iter().map(|x| x.to_bits()).collect(), w.iter().map(|x| x.to_bits()).collect());
+                assert_eq!(g, w, "{name} on {d}: parameter {i} differs from the CPU's");
+            }
+            assert_eq!(got.1, want.1, "{name} on {d}: the view's storage");
+            assert_eq!(got.2.len(), want.2.len(), "{name} on {d}: the state's buffers");
+            assert!(got.2 == want.2, "{name} on {d}: the state's buffers differ from the CPU's");
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn cross_entropy_refuses_labels_outside_the_classes() {
     let logits = Tensor::zeros((1, 2), DType::F32, &cpu()).unwrap();

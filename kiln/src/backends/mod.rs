@@ -18,7 +18,7 @@ use crate::base::dtype::DType;
 use crate::base::error::Result;
 use crate::kernel::storage::Storage;
 use crate::kernel::Backend;
-use crate::kernel::{Kernel, Out};
+use crate::kernel::{Kernel, MultiKernel, MultiPart, Out};
 use std::sync::Arc;
 
 /// What a GPU backend found on this machine: its devices, numbered from
@@ -89,4 +89,20 @@ pub(crate) fn launch_into(kernel: &Kernel<'_>, out: &Arc<Storage>) -> Result<()>
     } else {
         out.backend.launch(kernel, out)
     }
+}
+
+/// Runs `kernel` over `parts` in as few launches as their device allows
+/// (see [`Backend::launch_multi`]): `Ok(false)`, having done nothing, when
+/// it has no such launch (the CPU, simulated GPUs) or the operands are not
+/// all on one device; the caller then runs the op part by part.
+pub(crate) fn launch_multi(kernel: &dyn MultiKernel, parts: &[MultiPart<'_>]) -> Result<bool> {
+    let Some(&(first, _)) = parts.iter().find_map(|p| p.outs.first()) else { return Ok(true) };
+    let device = first.device;
+    let one_device = parts
+        .iter()
+        .all(|p| p.outs.iter().all(|(s, _)| s.device == device) && p.inputs.iter().flatten().all(|i| i.storage.device == device));
+    if device == Device::Cpu || !one_device {
+        return Ok(false);
+    }
+    first.backend.launch_multi(kernel, parts)
 }

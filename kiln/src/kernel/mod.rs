@@ -256,6 +256,38 @@ pub(crate) trait CustomKernel: Send + Sync + 'static {
     fn to_shared(&self) -> Arc<dyn CustomKernel>;
 }
 
+/// One part of a [`MultiKernel`]: the views it reads and the storages it
+/// writes, each from an element offset on (a parameter updated in place
+/// starts where its view starts; a fresh output at 0).
+pub(crate) struct MultiPart<'a> {
+    /// The views read, `None` where an optional operand is absent (a
+    /// moment before an optimizer's first step).
+    pub inputs: SmallVec<[Option<Src<'a>>; 4]>,
+    /// The storages written, with the element each write starts at.
+    pub outs: SmallVec<[(&'a Arc<Storage>, usize); 3]>,
+}
+
+impl MultiPart<'_> {
+    /// The fault of the first poisoned input, as [`Kernel::input_fault`].
+    pub(crate) fn input_fault(&self) -> Option<crate::Error> {
+        self.inputs.iter().flatten().find_map(|i| i.storage.fault())
+    }
+}
+
+/// An op that writes several storages of one device, for many operands at
+/// once: a multi-tensor optimizer step (PyTorch's `foreach`/fused
+/// optimizers) updates every parameter, and makes its new state, in one
+/// CUDA launch instead of one or more per parameter. A backend that has no
+/// such launch declines ([`Backend::launch_multi`]), and the op runs its
+/// single-output kernels part by part instead, with the same values.
+pub(crate) trait MultiKernel: Send + Sync {
+    /// The op's name, as errors report it.
+    fn name(&self) -> &'static str;
+    /// Launches the op over `parts` (all on `dev`, none with a poisoned
+    /// input) through `dev`.
+    fn cuda(&self, dev: &dyn cuda::CudaDevice, parts: &[&MultiPart<'_>]) -> Result<()>;
+}
+
 // ------------------------------------------------------------ the backend --
 // What a device must provide (memory, kernel launches, transfers, events):
 // one implementation per folder of `backends/`. It lives here, beside the
@@ -331,6 +363,14 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Runs (or enqueues) a kernel writing `out`; its operands and `out` all
     /// live on this device.
     fn launch(&self, kernel: &Kernel<'_>, out: &Arc<Storage>) -> Result<()>;
+    /// Runs `kernel` over `parts` (every operand on this device) in as few
+    /// launches as it can, when this backend has a launch for it (CUDA):
+    /// `Ok(true)` once queued. `Ok(false)`, having done nothing, where it
+    /// has none (the CPU and the simulated GPUs run kernels one by one at
+    /// no launch cost): the caller then runs the op part by part.
+    fn launch_multi(&self, _kernel: &dyn MultiKernel, _parts: &[MultiPart<'_>]) -> Result<bool> {
+        Ok(false)
+    }
     /// Host to device: takes ownership of host elements.
     fn upload(&self, data: CpuBuffer) -> Result<Buffer>;
     /// Device to host: waits for the producing work, returns the view's

@@ -70,12 +70,15 @@ impl Adam {
     }
 }
 
-/// How one parameter takes its step, once every value it needs exists.
-enum Update {
-    /// `p ← p − m / (√(v / c₂) + ε) · (lr / c₁)` in place.
-    InPlace { m: Tensor, v: Tensor },
-    /// `p ← new`, computed by the composed ops.
-    Assign(Tensor),
+/// A parameter that takes the fused step: its gradient and old moments,
+/// contiguous on its device, and the new moments' storages.
+struct Fused {
+    i: usize,
+    g: Tensor,
+    old_m: Option<Tensor>,
+    old_v: Option<Tensor>,
+    m: Tensor,
+    v: Tensor,
 }
 
 impl Optimizer for Adam {
@@ -87,25 +90,25 @@ impl Optimizer for Adam {
         let t = self.t.saturating_add(1);
         let c1 = 1.0 - self.beta1.powi(t);
         let c2 = 1.0 - self.beta2.powi(t);
-        // Everything that allocates runs first (the new moments, and the
-        // values of the composed path); the parameters change only once
-        // all of it exists. The fused kernels then update each parameter in
-        // place, which allocates nothing.
+        // Everything that allocates runs first (the new moments' storages,
+        // and the values of the composed path); the parameters change only
+        // once all of it exists. The fused kernels then write the moments
+        // and update each parameter in place, which allocates nothing.
         let (mut ms, mut vs) = (self.m.clone(), self.v.clone());
         let shared = shares_storage(&self.params);
-        let mut updates: Vec<(usize, Update)> = Vec::with_capacity(self.params.len());
+        let mut fused_steps: Vec<Fused> = Vec::with_capacity(self.params.len());
+        let mut assigns: Vec<(usize, Tensor)> = Vec::new();
         for (i, p) in self.params.iter().enumerate() {
             let Some(mut g) = p.grad() else { continue };
             let device = p.device();
             let old_m = ms[i].as_ref().map(|m| m.to(&device)).transpose()?;
             let old_v = vs[i].as_ref().map(|v| v.to(&device)).transpose()?;
             if !shared[i] && fused::takes_in_place(p, [Some(&g), old_m.as_ref(), old_v.as_ref()].into_iter().flatten()) {
-                // Three kernels: the same values as below.
-                let m = adam_kernel::first_moment(p, &g, old_m.as_ref(), self.beta1, self.weight_decay)?;
-                let v = adam_kernel::second_moment(p, &g, old_v.as_ref(), self.beta2, self.weight_decay)?;
-                updates.push((i, Update::InPlace { m: m.clone(), v: v.clone() }));
-                ms[i] = Some(m);
-                vs[i] = Some(v);
+                // One launch for all of them, or three kernels each: the
+                // same values as below.
+                let contiguous = |t: Option<Tensor>| t.map(|t| t.contiguous()).transpose();
+                let (old_m, old_v) = (contiguous(old_m)?, contiguous(old_v)?);
+                fused_steps.push(Fused { i, g: g.contiguous()?, old_m, old_v, m: fused::uninit_like(p)?, v: fused::uninit_like(p)? });
                 continue;
             }
             if self.weight_decay != 0.0 {
@@ -121,15 +124,35 @@ impl Optimizer for Adam {
             };
             let denom = v.div_scalar(c2)?.sqrt()?.add_scalar(self.eps)?;
             let update = m.div(&denom)?.mul_scalar(self.lr / c1)?;
-            updates.push((i, Update::Assign(p.sub(&update)?)));
+            assigns.push((i, p.sub(&update)?));
             ms[i] = Some(m);
             vs[i] = Some(v);
         }
-        for (i, update) in updates {
-            match update {
-                Update::InPlace { m, v } => adam_kernel::param_step_in_place(&self.params[i], &m, &v, self.lr / c1, c2, self.eps)?,
-                Update::Assign(new) => self.params[i].assign(&new)?,
-            }
+        let step = adam_kernel::AdamForeach {
+            beta1: self.beta1,
+            beta2: self.beta2,
+            weight_decay: self.weight_decay,
+            lr_over_c1: self.lr / c1,
+            c2,
+            eps: self.eps,
+        };
+        let params = &self.params;
+        for group in fused::groups(fused_steps.len(), |k| (params[fused_steps[k].i].device(), params[fused_steps[k].i].dtype())) {
+            let parts: Vec<adam_kernel::AdamPart<'_>> = group
+                .iter()
+                .map(|&k| {
+                    let f = &fused_steps[k];
+                    adam_kernel::AdamPart { p: &params[f.i], g: &f.g, old_m: f.old_m.as_ref(), old_v: f.old_v.as_ref(), m: &f.m, v: &f.v }
+                })
+                .collect();
+            step.run(&parts)?;
+        }
+        for (i, new) in assigns {
+            self.params[i].assign(&new)?;
+        }
+        for f in fused_steps {
+            ms[f.i] = Some(f.m);
+            vs[f.i] = Some(f.v);
         }
         self.m = ms;
         self.v = vs;

@@ -1,9 +1,11 @@
 //! Adam's update as three kernels per parameter (the new first moment, the
 //! new second moment, then the parameter in place) instead of about fifteen
-//! launches of tensor ops: the same operations in the same order and
-//! precision as the composed ops (each product, sum, quotient and square
-//! root rounded to the parameter's type), so the values are the same bits.
-//! f32 and f64 parameters; other dtypes take the composed ops.
+//! launches of tensor ops, and on CUDA one launch for every parameter of a
+//! step ([`AdamForeach`], up to 48 parameters a launch): the same operations
+//! in the same order and precision as the composed ops (each product, sum,
+//! quotient and square root rounded to the parameter's type), so the values
+//! are the same bits. f32 and f64 parameters; other dtypes take the
+//! composed ops.
 
 use super::fused;
 use crate::backends::host::loops::update_indexed;
@@ -14,7 +16,7 @@ use crate::base::error::Result;
 use crate::host_nn::NnFloat;
 use crate::kernel::cuda::{c_type, dtype_tag, CudaDevice, CudaModule};
 use crate::kernel::storage::Storage;
-use crate::kernel::{CustomKernel, HostIn, Src};
+use crate::kernel::{CustomKernel, HostIn, MultiKernel, MultiPart, Src};
 use crate::ops::conv::{check_extents, dptr};
 use crate::Tensor;
 use std::sync::Arc;
@@ -167,6 +169,7 @@ inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {
     let mut s = String::from(AdamArgs::C_DECL);
+    s.push_str(&fused::foreach_c_source());
     s.push_str(
         r#"
 // kind 0: a moment, from x = g and y = the old moment (0: none): with
@@ -192,29 +195,114 @@ template <typename T> __device__ void adam_impl(const AdamArgs& a) {
         }
     }
 }
+
+// Every parameter of a step (up to 48) in one launch: block b updates a
+// chunk of one part (`foreach_part`). Inputs: [p, g, m, v] (m, v 0 before
+// the first step); outputs: [m', v', p]. s = [β₁, 1−β₁, β₂, 1−β₂, λ,
+// lr / c₁, c₂, ε]. The same expressions, in the same order, as adam_impl's
+// two moments and then the parameter.
+template <typename T> __device__ void adam_foreach_impl(const ForeachArgs& a) {
+    u64 begin, end;
+    u64 t = foreach_part(a, blockIdx.x, &begin, &end);
+    const T* __restrict__ g = (const T*)a.input[1][t];
+    const T* __restrict__ m = (const T*)a.input[2][t];
+    const T* __restrict__ v = (const T*)a.input[3][t];
+    T* __restrict__ mout = (T*)a.out[0][t];
+    T* __restrict__ vout = (T*)a.out[1][t];
+    T* __restrict__ p = (T*)a.out[2][t];
+    T b1 = (T)a.s[0], omb1 = (T)a.s[1], b2 = (T)a.s[2], omb2 = (T)a.s[3], wd = (T)a.s[4];
+    T lr_c1 = (T)a.s[5], c2 = (T)a.s[6], eps = (T)a.s[7];
+    for (u64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        T pi = p[i];
+        T gi = g[i];
+        if (a.s[4] != 0.0) gi = Ar<T>::add(gi, Ar<T>::mul(pi, wd));
+        T m1 = Ar<T>::mul(gi, omb1);
+        if (m) m1 = Ar<T>::add(Ar<T>::mul(m[i], b1), m1);
+        T v1 = Ar<T>::mul(Ar<T>::mul(gi, gi), omb2);
+        if (v) v1 = Ar<T>::add(Ar<T>::mul(v[i], b2), v1);
+        mout[i] = m1;
+        vout[i] = v1;
+        T q = Ar<T>::add(Fl<T>::sqrt(Ar<T>::div(v1, c2)), eps);
+        p[i] = Ar<T>::sub(pi, Ar<T>::mul(Ar<T>::div(m1, q), lr_c1));
+    }
+}
 "#,
     );
     for dt in [DType::F32, DType::F64] {
-        s.push_str(&format!("extern \"C\" __global__ void adam_{}(AdamArgs a) {{ adam_impl<{}>(a); }}\n", dtype_tag(dt), c_type(dt)));
+        let (tag, ty) = (dtype_tag(dt), c_type(dt));
+        s.push_str(&format!("extern \"C\" __global__ void adam_{tag}(AdamArgs a) {{ adam_impl<{ty}>(a); }}\n"));
+        s.push_str(&format!("extern \"C\" __global__ void adam_foreach_{tag}(ForeachArgs a) {{ adam_foreach_impl<{ty}>(a); }}\n"));
     }
     s
-}
-
-/// The new first moment `m·β₁ + (g + p·λ)·(1−β₁)` (without `m` at the first step).
-pub(super) fn first_moment(p: &Tensor, g: &Tensor, m: Option<&Tensor>, beta1: f64, weight_decay: f64) -> Result<Tensor> {
-    let k = AdamKernel::First { beta: beta1, one_minus_beta: 1.0 - beta1, weight_decay };
-    fused::new_tensor(&k, [Some(p), Some(g), m].into_iter().flatten())
-}
-
-/// The new second moment `v·β₂ + (g + p·λ)²·(1−β₂)` (without `v` at the first step).
-pub(super) fn second_moment(p: &Tensor, g: &Tensor, v: Option<&Tensor>, beta2: f64, weight_decay: f64) -> Result<Tensor> {
-    let k = AdamKernel::Second { beta: beta2, one_minus_beta: 1.0 - beta2, weight_decay };
-    fused::new_tensor(&k, [Some(p), Some(g), v].into_iter().flatten())
 }
 
 /// `p ← p − m / (√(v / c₂) + ε) · (lr / c₁)` in one kernel, in `p`'s own
 /// storage. Only for a parameter that [`fused::takes_in_place`] accepts,
 /// with `m` and `v` from [`first_moment`] and [`second_moment`].
 pub(super) fn param_step_in_place(p: &Tensor, m: &Tensor, v: &Tensor, lr_over_c1: f64, c2: f64, eps: f64) -> Result<()> {
-    fused::into_parameter(&AdamKernel::Param { lr_over_c1, c2, eps, offset: fused::offset(p) }, p, &[m, v])
+    fused::run_into(&AdamKernel::Param { lr_over_c1, c2, eps, offset: fused::offset(p) }, p, &[m, v])
+}
+
+/// Adam's step for many parameters of one device and dtype at once.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct AdamForeach {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub weight_decay: f64,
+    pub lr_over_c1: f64,
+    pub c2: f64,
+    pub eps: f64,
+}
+
+/// One parameter's step: `p` (f32/f64, one contiguous run, that
+/// [`fused::takes_in_place`] accepts), its gradient and old moments
+/// (contiguous, on `p`'s device), and the uninitialised storages of the
+/// new moments.
+pub(super) struct AdamPart<'a> {
+    pub p: &'a Tensor,
+    pub g: &'a Tensor,
+    pub old_m: Option<&'a Tensor>,
+    pub old_v: Option<&'a Tensor>,
+    pub m: &'a Tensor,
+    pub v: &'a Tensor,
+}
+
+impl AdamForeach {
+    /// Runs the step of every part: one launch per 48 parameters where the
+    /// device has it (CUDA), else three kernels per parameter, with the same
+    /// values either way.
+    pub(super) fn run(&self, parts: &[AdamPart<'_>]) -> Result<()> {
+        let multi: Vec<MultiPart<'_>> = parts
+            .iter()
+            .map(|q| MultiPart {
+                inputs: [Some(q.p.src()), Some(q.g.src()), q.old_m.map(Tensor::src), q.old_v.map(Tensor::src)].into_iter().collect(),
+                outs: [(&*q.m.storage, 0), (&*q.v.storage, 0), (&*q.p.storage, fused::offset(q.p))].into_iter().collect(),
+            })
+            .collect();
+        if crate::backends::launch_multi(self, &multi)? {
+            return Ok(());
+        }
+        let (wd, (b1, b2)) = (self.weight_decay, (self.beta1, self.beta2));
+        for q in parts {
+            let first = AdamKernel::First { beta: b1, one_minus_beta: 1.0 - b1, weight_decay: wd };
+            fused::run_into(&first, q.m, &[Some(q.p), Some(q.g), q.old_m].into_iter().flatten().collect::<Vec<_>>())?;
+            let second = AdamKernel::Second { beta: b2, one_minus_beta: 1.0 - b2, weight_decay: wd };
+            fused::run_into(&second, q.v, &[Some(q.p), Some(q.g), q.old_v].into_iter().flatten().collect::<Vec<_>>())?;
+            param_step_in_place(q.p, q.m, q.v, self.lr_over_c1, self.c2, self.eps)?;
+        }
+        Ok(())
+    }
+}
+
+impl MultiKernel for AdamForeach {
+    fn name(&self) -> &'static str {
+        "adam_foreach"
+    }
+    fn cuda(&self, dev: &dyn CudaDevice, parts: &[&MultiPart<'_>]) -> Result<()> {
+        let Some(dtype) = parts.iter().find_map(|p| p.outs.first()).map(|(s, _)| s.dtype) else { return Ok(()) };
+        let n_of = |p: &MultiPart<'_>| p.inputs.get(1).and_then(|g| g.as_ref()).map_or(0, |g| g.layout.elem_count());
+        let (b1, b2) = (self.beta1, self.beta2);
+        let scalars = [b1, 1.0 - b1, b2, 1.0 - b2, self.weight_decay, self.lr_over_c1, self.c2, self.eps];
+        fused::launch_foreach(dev, &MODULE, &format!("adam_foreach_{}", dtype_tag(dtype)), parts, n_of, scalars, 0)
+    }
 }

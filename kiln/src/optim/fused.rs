@@ -1,10 +1,14 @@
 //! What the fused optimizer kernels (`sgd_kernel`, `adam_kernel`) share:
-//! which parameters they take, and running a kernel into a new tensor or
-//! into a parameter's own storage.
+//! which parameters they take, running a kernel into a new tensor or into
+//! a parameter's own storage, and the table of a multi-tensor launch (every
+//! parameter of a step in one CUDA launch, as PyTorch's `foreach`
+//! optimizers).
 
 use crate::base::dtype::DType;
-use crate::base::error::Result;
-use crate::kernel::{CustomKernel, Kernel, OpRef};
+use crate::base::error::{Error, Result};
+use crate::kernel::cuda::{CudaDevice, KernelArgs, BLOCK};
+use crate::kernel::{CustomKernel, Kernel, MultiPart, OpRef};
+use crate::ops::conv::{check_extents, dptr};
 use crate::Tensor;
 
 /// Whether `p` can take a fused step from `operands` (its gradient and
@@ -23,16 +27,173 @@ pub(super) fn offset(p: &Tensor) -> usize {
     p.layout().contiguous_range().map_or(0, |(a, _)| a)
 }
 
-/// Runs `k` over `inputs`, made contiguous, into a new tensor of the first
-/// input's dtype and shape.
-pub(super) fn new_tensor<'a>(k: &dyn CustomKernel, inputs: impl IntoIterator<Item = &'a Tensor>) -> Result<Tensor> {
-    let contiguous: Vec<Tensor> = inputs.into_iter().map(|t| t.contiguous()).collect::<Result<_>>()?;
-    let kernel = Kernel::Custom { op: OpRef::Borrowed(k), inputs: contiguous.iter().map(|t| t.src()).collect() };
-    contiguous[0].run_new(kernel, contiguous[0].dtype(), contiguous[0].shape().clone())
+/// A contiguous tensor of `p`'s dtype, shape and device whose elements are
+/// not yet written: the new state of a fused step, allocated before any
+/// parameter changes and written by the step's kernels.
+pub(super) fn uninit_like(p: &Tensor) -> Result<Tensor> {
+    Ok(Tensor::from_storage(p.alloc_like(p.dtype(), p.shape())?, p.shape().clone()))
 }
 
-/// Runs `k` over `inputs` (contiguous already), writing `p`'s own storage.
-pub(super) fn into_parameter(k: &dyn CustomKernel, p: &Tensor, inputs: &[&Tensor]) -> Result<()> {
+/// Groups the indices `0..n` by `key`, in order of first appearance: the
+/// parameters one multi-tensor launch can take (one device and dtype).
+pub(super) fn groups<K: PartialEq>(n: usize, key: impl Fn(usize) -> K) -> Vec<Vec<usize>> {
+    let mut out: Vec<(K, Vec<usize>)> = Vec::new();
+    for i in 0..n {
+        let k = key(i);
+        match out.iter_mut().find(|(g, _)| *g == k) {
+            Some((_, members)) => members.push(i),
+            None => out.push((k, vec![i])),
+        }
+    }
+    out.into_iter().map(|(_, members)| members).collect()
+}
+
+/// Runs `k` over `inputs` (contiguous already), writing `target`'s own
+/// storage (a parameter in place, or a new state from [`uninit_like`]).
+pub(super) fn run_into(k: &dyn CustomKernel, target: &Tensor, inputs: &[&Tensor]) -> Result<()> {
     let kernel = Kernel::Custom { op: OpRef::Borrowed(k), inputs: inputs.iter().map(|t| t.src()).collect() };
-    crate::backends::launch_into(&kernel, &p.storage)
+    crate::backends::launch_into(&kernel, &target.storage)
+}
+
+/// Parts one multi-tensor launch takes: its argument struct (3.6 KB) stays
+/// under the 4 KB of parameters every CUDA kernel may take; a step with
+/// more parameters launches once per 48.
+pub(super) const FOREACH_PARTS: usize = 48;
+
+/// Elements one block of a multi-tensor kernel updates: 8 per thread, so
+/// no thread's work grows with a parameter's size.
+pub(super) const FOREACH_CHUNK: usize = BLOCK as usize * 8;
+
+/// The argument of a multi-tensor kernel: per part, up to four inputs and
+/// three outputs (addresses of their first element, 0 where absent), its
+/// element count and its first block; then the op's scalars.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct ForeachArgs {
+    pub input: [[u64; FOREACH_PARTS]; 4],
+    pub out: [[u64; FOREACH_PARTS]; 3],
+    pub n: [u64; FOREACH_PARTS],
+    pub first_block: [u64; FOREACH_PARTS + 1],
+    pub parts: u64,
+    pub chunk: u64,
+    /// The op's scalars (learning rate, momentum, ...), as the op names them.
+    pub s: [f64; 8],
+    pub flags: u64,
+}
+
+const _: () =
+    assert!(std::mem::size_of::<ForeachArgs>() == 8 * (9 * FOREACH_PARTS + 1 + 2 + 8 + 1) && std::mem::size_of::<ForeachArgs>() <= 4096);
+
+impl KernelArgs for ForeachArgs {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: a repr(C) struct of u64 and f64 only (no padding, size
+        // asserted above): every byte is initialised.
+        unsafe { std::slice::from_raw_parts((self as *const ForeachArgs).cast::<u8>(), std::mem::size_of::<ForeachArgs>()) }
+    }
+}
+
+/// The C side of [`ForeachArgs`], and `foreach_part`, which finds the part
+/// and the element range of the calling block (a scan over at most
+/// [`FOREACH_PARTS`] entries, once per block).
+pub(super) fn foreach_c_source() -> String {
+    format!(
+        r#"
+struct ForeachArgs {{ u64 input[4][{p}]; u64 out[3][{p}]; u64 n[{p}]; u64 first_block[{p1}]; u64 parts; u64 chunk; double s[8]; u64 flags; }};
+// The part of block `b`, and the elements [begin, end) of it the block updates.
+__device__ __forceinline__ u64 foreach_part(const ForeachArgs& a, u64 b, u64* begin, u64* end) {{
+    u64 t = 0;
+    while (t + 1 < a.parts && a.first_block[t + 1] <= b) ++t;
+    *begin = (b - a.first_block[t]) * a.chunk;
+    *end = *begin + a.chunk < a.n[t] ? *begin + a.chunk : a.n[t];
+    return t;
+}}
+"#,
+        p = FOREACH_PARTS,
+        p1 = FOREACH_PARTS + 1
+    )
+}
+
+/// Launches `kernel` (of `module`) over `parts`, [`FOREACH_PARTS`] at a time:
+/// part `j` reads its inputs (present ones contiguous, of `n` elements, `n`
+/// taken from its last output, the parameter) and writes `n` elements of
+/// each output from its offset. `scalars` and `flags` are the op's.
+pub(super) fn launch_foreach(
+    dev: &dyn CudaDevice,
+    module: &'static crate::kernel::cuda::CudaModule,
+    kernel: &str,
+    parts: &[&MultiPart<'_>],
+    n_of: impl Fn(&MultiPart<'_>) -> usize,
+    scalars: [f64; 8],
+    flags: u64,
+) -> Result<()> {
+    let mut args = ForeachArgs {
+        input: [[0; FOREACH_PARTS]; 4],
+        out: [[0; FOREACH_PARTS]; 3],
+        n: [0; FOREACH_PARTS],
+        first_block: [0; FOREACH_PARTS + 1],
+        parts: 0,
+        chunk: FOREACH_CHUNK as u64,
+        s: scalars,
+        flags,
+    };
+    let mut blocks = 0u64;
+    let flush = |args: &mut ForeachArgs, blocks: &mut u64| -> Result<()> {
+        if args.parts > 0 {
+            let grid = u32::try_from(*blocks).ok().filter(|&g| g <= i32::MAX as u32).ok_or_else(|| Error::Backend {
+                device: dev_device(parts),
+                msg: format!("{kernel}: {blocks} blocks do not fit one launch"),
+            })?;
+            dev.launch(module, kernel, grid, BLOCK, &*args)?;
+        }
+        args.parts = 0;
+        args.input = [[0; FOREACH_PARTS]; 4];
+        args.out = [[0; FOREACH_PARTS]; 3];
+        *blocks = 0;
+        Ok(())
+    };
+    for part in parts {
+        let n = n_of(part);
+        if n == 0 {
+            continue;
+        }
+        if part.inputs.len() > 4 || part.outs.len() > 3 || part.outs.is_empty() {
+            return Err(Error::Backend {
+                device: dev_device(parts),
+                msg: format!(
+                    "{kernel}: a part with {} inputs and {} outputs (at most 4 and 3); a kiln defect",
+                    part.inputs.len(),
+                    part.outs.len()
+                ),
+            });
+        }
+        let present: Vec<_> = part.inputs.iter().flatten().cloned().collect();
+        for (k, &(out, offset)) in part.outs.iter().enumerate() {
+            let inputs: &[_] = if k == 0 { &present } else { &[] };
+            check_extents(kernel, inputs, &vec![n; inputs.len()], out, offset.saturating_add(n))?;
+        }
+        if args.parts as usize == FOREACH_PARTS {
+            flush(&mut args, &mut blocks)?;
+        }
+        let j = args.parts as usize;
+        for (k, input) in part.inputs.iter().enumerate() {
+            args.input[k][j] = match input {
+                Some(src) => dptr(dev, src)?,
+                None => 0,
+            };
+        }
+        for (k, &(out, offset)) in part.outs.iter().enumerate() {
+            args.out[k][j] = dev.ptr(out)? + (offset * out.dtype.size_in_bytes()) as u64;
+        }
+        args.n[j] = n as u64;
+        args.first_block[j] = blocks;
+        blocks += n.div_ceil(FOREACH_CHUNK) as u64;
+        args.first_block[j + 1] = blocks;
+        args.parts += 1;
+    }
+    flush(&mut args, &mut blocks)
+}
+
+/// The device of the first output of `parts`, for an error.
+fn dev_device(parts: &[&MultiPart<'_>]) -> crate::Device {
+    parts.iter().find_map(|p| p.outs.first()).map_or(crate::Device::Cpu, |(s, _)| s.device)
 }

@@ -46,12 +46,13 @@ impl Sgd {
     }
 }
 
-/// How one parameter takes its step, once every value it needs exists.
-enum Update {
-    /// `p ← p − (by + p·λ)·lr` in place (`by` is contiguous).
-    InPlace { by: Tensor, weight_decay: f64 },
-    /// `p ← new`, computed by the composed ops.
-    Assign(Tensor),
+/// A parameter that takes the fused step: its gradient and old velocity,
+/// contiguous on its device, and with momentum the new velocity's storage.
+struct Fused {
+    i: usize,
+    g: Tensor,
+    old: Option<Tensor>,
+    new: Option<Tensor>,
 }
 
 impl Optimizer for Sgd {
@@ -61,25 +62,26 @@ impl Optimizer for Sgd {
         let _g = no_grad();
         follow_moves(&mut self.params);
         // Everything that allocates runs first (gradients made contiguous,
-        // momentum buffers, values of the composed path); the parameters
-        // change only once all of it exists. The fused kernels then update
-        // each parameter in place, which allocates nothing.
+        // the new momentum buffers, values of the composed path); the
+        // parameters change only once all of it exists. The fused kernels
+        // then write the new velocities and update each parameter in
+        // place, which allocates nothing.
         let mut velocity = self.velocity.clone();
-        let mut updates: Vec<(usize, Update)> = Vec::with_capacity(self.params.len());
+        let mut fused_steps: Vec<Fused> = Vec::with_capacity(self.params.len());
+        let mut assigns: Vec<(usize, Tensor)> = Vec::new();
         let shared = shares_storage(&self.params);
         for (i, p) in self.params.iter().enumerate() {
             let Some(mut g) = p.grad() else { continue };
             if !shared[i] && fused::takes_in_place(p, [&g]) {
-                // One kernel (two with momentum): the same values as below.
-                let update = if self.momentum != 0.0 {
-                    let old = velocity[i].as_ref().map(|v| v.to(&p.device())).transpose()?;
-                    let next = sgd_kernel::velocity_step(p, &g, old.as_ref(), self.momentum, self.weight_decay)?;
-                    velocity[i] = Some(next.clone());
-                    Update::InPlace { by: next, weight_decay: 0.0 }
+                // One launch for all of them, or one or two kernels each:
+                // the same values as below.
+                let (old, new) = if self.momentum != 0.0 {
+                    let old = velocity[i].as_ref().map(|v| v.to(&p.device())?.contiguous()).transpose()?;
+                    (old, Some(fused::uninit_like(p)?))
                 } else {
-                    Update::InPlace { by: g.contiguous()?, weight_decay: self.weight_decay }
+                    (None, None)
                 };
-                updates.push((i, update));
+                fused_steps.push(Fused { i, g: g.contiguous()?, old, new });
                 continue;
             }
             if self.weight_decay != 0.0 {
@@ -93,12 +95,26 @@ impl Optimizer for Sgd {
                 velocity[i] = Some(next.clone());
                 g = next;
             }
-            updates.push((i, Update::Assign(p.sub(&g.mul_scalar(self.lr)?)?)));
+            assigns.push((i, p.sub(&g.mul_scalar(self.lr)?)?));
         }
-        for (i, update) in updates {
-            match update {
-                Update::InPlace { by, weight_decay } => sgd_kernel::param_step_in_place(&self.params[i], &by, self.lr, weight_decay)?,
-                Update::Assign(new) => self.params[i].assign(&new)?,
+        let step = sgd_kernel::SgdForeach { lr: self.lr, momentum: self.momentum, weight_decay: self.weight_decay };
+        let params = &self.params;
+        for group in fused::groups(fused_steps.len(), |k| (params[fused_steps[k].i].device(), params[fused_steps[k].i].dtype())) {
+            let parts: Vec<sgd_kernel::SgdPart<'_>> = group
+                .iter()
+                .map(|&k| {
+                    let f = &fused_steps[k];
+                    sgd_kernel::SgdPart { p: &params[f.i], g: &f.g, old: f.old.as_ref(), new: f.new.as_ref() }
+                })
+                .collect();
+            step.run(&parts)?;
+        }
+        for (i, new) in assigns {
+            self.params[i].assign(&new)?;
+        }
+        for f in fused_steps {
+            if let Some(new) = f.new {
+                velocity[f.i] = Some(new);
             }
         }
         self.velocity = velocity;

@@ -1,10 +1,12 @@
 //! SGD's update as one kernel per parameter (two with momentum) instead of
-//! one launch per arithmetic step: the same operations in the same order
-//! and precision as the composed ops (`g + p·λ`, `v·μ + g`, `p − v·lr`,
-//! each rounded to the parameter's type), so the values are the same bits.
-//! The parameter is updated in place, in its own storage: no new buffer and
-//! no copy back (a LeNet step on CUDA launched a copy per parameter for
-//! that). f32 and f64 parameters; other dtypes take the composed ops.
+//! one launch per arithmetic step, and on CUDA one launch for every
+//! parameter of a step ([`SgdForeach`], up to 48 parameters a launch): the
+//! same operations in the same order and precision as the composed ops
+//! (`g + p·λ`, `v·μ + g`, `p − v·lr`, each rounded to the parameter's
+//! type), so the values are the same bits. The parameter is updated in
+//! place, in its own storage: no new buffer and no copy back (a LeNet step
+//! on CUDA launched a copy per parameter for that). f32 and f64
+//! parameters; other dtypes take the composed ops.
 
 use super::fused;
 use crate::backends::host::loops::update_indexed;
@@ -14,7 +16,7 @@ use crate::base::dtype::DType;
 use crate::base::error::Result;
 use crate::kernel::cuda::{c_type, dtype_tag, CudaDevice, CudaModule};
 use crate::kernel::storage::Storage;
-use crate::kernel::{CustomKernel, HostIn, Src};
+use crate::kernel::{CustomKernel, HostIn, MultiKernel, MultiPart, Src};
 use crate::ops::conv::{check_extents, dptr};
 use crate::Tensor;
 use std::sync::Arc;
@@ -137,6 +139,7 @@ inventory::submit! { crate::kernel::cuda::DeclaredModule(&MODULE) }
 
 fn cuda_source() -> String {
     let mut s = String::from(SgdArgs::C_DECL);
+    s.push_str(&fused::foreach_c_source());
     s.push_str(
         r#"
 // kind 0: p − g'·lr (in place: out is p); 1: v·μ + g'; 2: g' (g' = g + p·λ,
@@ -157,22 +160,108 @@ template <typename T> __device__ void sgd_impl(const SgdArgs& a) {
         else out[i] = gi;
     }
 }
+
+// Every parameter of a step (up to 48) in one launch: block b updates a
+// chunk of one part (`foreach_part`). Inputs: [p, g, v (0: none)]; outputs:
+// [v', p] with momentum (flags bit 0), [p] without. s = [lr, μ, λ]. The
+// same expressions, in the same order, as sgd_impl's kinds 1 or 2 then 0.
+template <typename T> __device__ void sgd_foreach_impl(const ForeachArgs& a) {
+    u64 begin, end;
+    u64 t = foreach_part(a, blockIdx.x, &begin, &end);
+    bool momentum = (a.flags & 1) != 0;
+    const T* __restrict__ g = (const T*)a.input[1][t];
+    const T* __restrict__ v = (const T*)a.input[2][t];
+    T* vout = (T*)a.out[0][t];  // p itself without momentum: not written then
+    T* __restrict__ p = (T*)a.out[momentum ? 1 : 0][t];
+    T lr = (T)a.s[0], mu = (T)a.s[1], wd = (T)a.s[2];
+    for (u64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        T pi = p[i];
+        T gi = g[i];
+        if (a.s[2] != 0.0) gi = Ar<T>::add(gi, Ar<T>::mul(pi, wd));
+        if (momentum) {
+            if (v) gi = Ar<T>::add(Ar<T>::mul(v[i], mu), gi);
+            vout[i] = gi;
+        }
+        p[i] = Ar<T>::sub(pi, Ar<T>::mul(gi, lr));
+    }
+}
 "#,
     );
     for dt in [DType::F32, DType::F64] {
-        s.push_str(&format!("extern \"C\" __global__ void sgd_{}(SgdArgs a) {{ sgd_impl<{}>(a); }}\n", dtype_tag(dt), c_type(dt)));
+        let (tag, ty) = (dtype_tag(dt), c_type(dt));
+        s.push_str(&format!("extern \"C\" __global__ void sgd_{tag}(SgdArgs a) {{ sgd_impl<{ty}>(a); }}\n"));
+        s.push_str(&format!("extern \"C\" __global__ void sgd_foreach_{tag}(ForeachArgs a) {{ sgd_foreach_impl<{ty}>(a); }}\n"));
     }
     s
+}
+
+/// SGD's step for many parameters of one device and dtype at once.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SgdForeach {
+    pub lr: f64,
+    pub momentum: f64,
+    pub weight_decay: f64,
+}
+
+/// One parameter's step: `p` (f32/f64, one contiguous run, that
+/// [`fused::takes_in_place`] accepts), its gradient and old velocity
+/// (contiguous, on `p`'s device) and, with momentum, the uninitialised
+/// storage of the new velocity.
+pub(super) struct SgdPart<'a> {
+    pub p: &'a Tensor,
+    pub g: &'a Tensor,
+    pub old: Option<&'a Tensor>,
+    pub new: Option<&'a Tensor>,
+}
+
+impl SgdForeach {
+    /// Runs the step of every part: one launch per 48 parameters where the
+    /// device has it (CUDA), else one or two kernels per parameter, with the
+    /// same values either way.
+    pub(super) fn run(&self, parts: &[SgdPart<'_>]) -> Result<()> {
+        let multi: Vec<MultiPart<'_>> = parts
+            .iter()
+            .map(|q| {
+                let mut outs = smallvec::SmallVec::new();
+                if let Some(new) = q.new {
+                    outs.push((&*new.storage, 0));
+                }
+                outs.push((&*q.p.storage, fused::offset(q.p)));
+                MultiPart { inputs: [Some(q.p.src()), Some(q.g.src()), q.old.map(Tensor::src)].into_iter().collect(), outs }
+            })
+            .collect();
+        if crate::backends::launch_multi(self, &multi)? {
+            return Ok(());
+        }
+        for q in parts {
+            match q.new {
+                Some(new) => {
+                    let k = SgdKernel::Velocity { momentum: self.momentum, weight_decay: self.weight_decay, has_velocity: q.old.is_some() };
+                    fused::run_into(&k, new, &[Some(q.p), Some(q.g), q.old].into_iter().flatten().collect::<Vec<_>>())?;
+                    param_step_in_place(q.p, new, self.lr, 0.0)?;
+                }
+                None => param_step_in_place(q.p, q.g, self.lr, self.weight_decay)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl MultiKernel for SgdForeach {
+    fn name(&self) -> &'static str {
+        "sgd_foreach"
+    }
+    fn cuda(&self, dev: &dyn CudaDevice, parts: &[&MultiPart<'_>]) -> Result<()> {
+        let Some(dtype) = parts.iter().find_map(|p| p.outs.first()).map(|(s, _)| s.dtype) else { return Ok(()) };
+        let momentum = self.momentum != 0.0;
+        let n_of = |p: &MultiPart<'_>| p.inputs.get(1).and_then(|g| g.as_ref()).map_or(0, |g| g.layout.elem_count());
+        let scalars = [self.lr, self.momentum, self.weight_decay, 0.0, 0.0, 0.0, 0.0, 0.0];
+        fused::launch_foreach(dev, &MODULE, &format!("sgd_foreach_{}", dtype_tag(dtype)), parts, n_of, scalars, u64::from(momentum))
+    }
 }
 
 /// `p ← p − (g + p·λ)·lr` in one kernel, in `p`'s own storage. Only for a
 /// pair that [`fused::takes_in_place`] accepts, with `g` contiguous.
 pub(super) fn param_step_in_place(p: &Tensor, g: &Tensor, lr: f64, weight_decay: f64) -> Result<()> {
-    fused::into_parameter(&SgdKernel::Param { lr, weight_decay, offset: fused::offset(p) }, p, &[g])
-}
-
-/// `v·μ + (g + p·λ)`, or `g + p·λ` at the first step, in one kernel.
-pub(super) fn velocity_step(p: &Tensor, g: &Tensor, v: Option<&Tensor>, momentum: f64, weight_decay: f64) -> Result<Tensor> {
-    let k = SgdKernel::Velocity { momentum, weight_decay, has_velocity: v.is_some() };
-    fused::new_tensor(&k, [Some(p), Some(g), v].into_iter().flatten())
+    fused::run_into(&SgdKernel::Param { lr, weight_decay, offset: fused::offset(p) }, p, &[g])
 }

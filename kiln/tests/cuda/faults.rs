@@ -309,3 +309,57 @@ pub(crate) fn cuda_a_kernel_writing_past_its_allocation_is_an_error_naming_it() 
         Ok(())
     })
 }
+
+/// 97 f32 parameters on `d` (3 to 99 elements), with gradients.
+fn optimizer_parameters(d: Device) -> Result<Vec<Tensor>> {
+    let ps: Vec<Tensor> =
+        (0..97).map(|i| Tensor::full(1.0 + i as f64, 3 + i, DType::F32, &d).map(|t| t.requires_grad_())).collect::<Result<_>>()?;
+    for p in &ps {
+        p.sqr()?.sum_all()?.backward()?;
+    }
+    Ok(ps)
+}
+
+/// SGD and Adam update 97 f32 parameters in three launches (48 a launch) of
+/// their multi-tensor kernels.
+pub(crate) fn cuda_optimizer_steps_are_one_launch_per_48_parameters() -> Ran {
+    use kiln::optim::{Adam, Optimizer, Sgd};
+    let params = optimizer_parameters;
+    in_simulator_child(&[], |d| {
+        for (kernel, adam) in [("sgd_foreach_f32", false), ("adam_foreach_f32", true)] {
+            let ps = params(d)?;
+            let mut opt: Box<dyn Optimizer> =
+                if adam { Box::new(Adam::new(ps.clone(), 0.1)) } else { Box::new(Sgd::new(ps.clone(), 0.1).momentum(0.9)) };
+            let before = stat(&format!("launches:{kernel}"));
+            opt.step()?;
+            kiln::synchronize(&d)?;
+            assert_eq!(stat(&format!("launches:{kernel}")) - before, 3, "{kernel}: launches for 97 parameters");
+        }
+        Ok(())
+    })
+}
+
+/// A refused launch of a multi-tensor step fails the step with an error
+/// naming the kernel and poisons every parameter of the call (those of an
+/// earlier launch were written, but their new state is dropped with the
+/// failed step), while the state stays as it was.
+pub(crate) fn cuda_a_refused_optimizer_launch_fails_the_step_and_poisons_its_parameters() -> Ran {
+    use kiln::optim::{Optimizer, Sgd};
+    let params = optimizer_parameters;
+    // The second launch (parameters 48..96) is refused.
+    in_simulator_child(&[("KILN_CUDASIM_FAIL", "cuLaunchKernel.sgd_foreach_f32:1@1")], |d| {
+        let ps = params(d)?;
+        let mut opt = Sgd::new(ps.clone(), 0.1).momentum(0.9);
+        let err = opt.step().expect_err("a step whose launch was refused");
+        assert!(matches!(&err, Error::Backend { device, msg } if device == &d && msg.contains("sgd_foreach_f32")), "{err}");
+        // The first launch ran, but its parameters' new momentum is not
+        // kept: every parameter of the call is poisoned, none silently
+        // half-stepped.
+        for (i, p) in ps.iter().enumerate() {
+            let got = p.to_vec::<f32>();
+            assert!(matches!(&got, Err(e) if e.to_string().contains("sgd_foreach_f32")), "parameter {i}: {got:?}");
+        }
+        assert!(opt.velocity(0).is_none(), "a failed step keeps the old (absent) momentum");
+        Ok(())
+    })
+}

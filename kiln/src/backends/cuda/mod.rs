@@ -32,7 +32,7 @@ use crate::base::dtype::DType;
 use crate::base::error::{human_bytes, Error, Result};
 use crate::kernel::index_check::FaultRecord;
 use crate::kernel::storage::{Buffer, Storage};
-use crate::kernel::{Backend, Event, QueueHold};
+use crate::kernel::{Backend, Event, MultiKernel, MultiPart, QueueHold};
 use crate::kernel::{Kernel, Src};
 use crate::runtime::memory::MemoryPool;
 use blas::Blas;
@@ -463,6 +463,26 @@ impl Backend for CudaBackend {
                 Err(err)
             }
         }
+    }
+    fn launch_multi(&self, kernel: &dyn MultiKernel, parts: &[MultiPart<'_>]) -> Result<bool> {
+        // A part with a poisoned input poisons its outputs and is left out,
+        // as `launch` does for one kernel; the others run.
+        let mut clean: Vec<&MultiPart<'_>> = Vec::with_capacity(parts.len());
+        for part in parts {
+            match part.input_fault() {
+                Some(fault) => part.outs.iter().for_each(|(s, _)| s.poison(&fault)),
+                None => clean.push(part),
+            }
+        }
+        let result = if clean.is_empty() { Ok(()) } else { self.guarded(kernel.name(), || kernel.cuda(self, &clean)) };
+        for (s, _) in clean.iter().flat_map(|p| &p.outs) {
+            match &result {
+                Ok(()) => self.written.push(s),
+                // It may have written part of any output (an in-place update).
+                Err(err) => s.poison(err),
+            }
+        }
+        result.map(|()| true)
     }
     fn upload(&self, data: CpuBuffer) -> Result<Buffer> {
         let bytes = data.size_in_bytes();
