@@ -1060,13 +1060,14 @@ fn sgd_steps_give_the_bits_of_the_same_update_written_with_tensor_ops() -> Resul
 }
 
 /// The parameters of [`a_step_over_many_parameters_gives_the_cpus_bits_on_every_device`]
-/// on `d`: 53 of them (more than one multi-tensor launch takes), of sizes
-/// from empty to several chunks, f32 then f64 then f32, one a view at an
-/// offset of a larger storage, made from the same values on every device.
+/// on `d`: 62 of them, 52 f32 (more than one multi-tensor launch takes)
+/// and 10 f64, of sizes from empty to several chunks, one (the last) a view
+/// at an offset of a larger storage, made from the same values on every
+/// device.
 fn many_parameters(d: &Device) -> Result<(Vec<Tensor>, Tensor)> {
     let sizes = |i: usize| [0, 1, 7, 255, 256, 2049, 4096 + 3, 31][i % 8] + i;
     let mut ps = Vec::new();
-    for i in 0..53 {
+    for i in 0..61 {
         let n = sizes(i);
         let init: Vec<f64> = (0..n).map(|j| (((i * 131 + j * 37) % 211) as f64 - 105.0) / 53.0).collect();
         let dtype = if (20..30).contains(&i) { DType::F64 } else { DType::F32 };
@@ -1122,6 +1123,26 @@ fn a_step_over_many_parameters_gives_the_cpus_bits_on_every_device() -> Result<(
             assert_eq!(got.1, want.1, "{name} on {d}: the view's storage");
             assert_eq!(got.2.len(), want.2.len(), "{name} on {d}: the state's buffers");
             assert!(got.2 == want.2, "{name} on {d}: the state's buffers differ from the CPU's");
+        }
+    }
+    Ok(())
+}
+
+/// A gradient that is another parameter's own storage (set by hand) is
+/// read before any parameter of the step changes: p₀ steps by p₁'s old
+/// value, on every device, with and without momentum.
+#[test]
+fn a_gradient_that_is_another_parameter_steps_from_its_old_value() -> Result<()> {
+    for d in common::devices() {
+        common::report_ran(d);
+        for momentum in [0.0, 0.5] {
+            let p0 = Tensor::new(&[1f32, 2., 3.], &d)?.requires_grad_();
+            let p1 = Tensor::new(&[10f32, 20., 30.], &d)?.requires_grad_();
+            p0.set_grad(Some(p1.clone()))?;
+            p1.set_grad(Some(Tensor::new(&[1f32, 1., 1.], &d)?))?;
+            Sgd::new(vec![p0.clone(), p1.clone()], 0.5).momentum(momentum).step()?;
+            assert_eq!(p0.to_vec::<f32>()?, vec![-4., -8., -12.], "{d}, momentum {momentum}: p0 steps by p1's old value");
+            assert_eq!(p1.to_vec::<f32>()?, vec![9.5, 19.5, 29.5], "{d}, momentum {momentum}");
         }
     }
     Ok(())

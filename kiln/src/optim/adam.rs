@@ -96,6 +96,7 @@ impl Optimizer for Adam {
         // and update each parameter in place, which allocates nothing.
         let (mut ms, mut vs) = (self.m.clone(), self.v.clone());
         let shared = shares_storage(&self.params);
+        let storages = fused::storages(&self.params);
         let mut fused_steps: Vec<Fused> = Vec::with_capacity(self.params.len());
         let mut assigns: Vec<(usize, Tensor)> = Vec::new();
         for (i, p) in self.params.iter().enumerate() {
@@ -103,7 +104,7 @@ impl Optimizer for Adam {
             let device = p.device();
             let old_m = ms[i].as_ref().map(|m| m.to(&device)).transpose()?;
             let old_v = vs[i].as_ref().map(|v| v.to(&device)).transpose()?;
-            if !shared[i] && fused::takes_in_place(p, [Some(&g), old_m.as_ref(), old_v.as_ref()].into_iter().flatten()) {
+            if !shared[i] && fused::takes_in_place(p, [Some(&g), old_m.as_ref(), old_v.as_ref()].into_iter().flatten(), &storages) {
                 // One launch for all of them, or three kernels each: the
                 // same values as below.
                 let contiguous = |t: Option<Tensor>| t.map(|t| t.contiguous()).transpose();
@@ -137,6 +138,7 @@ impl Optimizer for Adam {
             eps: self.eps,
         };
         let params = &self.params;
+        let mut stepped = fused::Stepped::default();
         for group in fused::groups(fused_steps.len(), |k| (params[fused_steps[k].i].device(), params[fused_steps[k].i].dtype())) {
             let parts: Vec<adam_kernel::AdamPart<'_>> = group
                 .iter()
@@ -145,10 +147,10 @@ impl Optimizer for Adam {
                     adam_kernel::AdamPart { p: &params[f.i], g: &f.g, old_m: f.old_m.as_ref(), old_v: f.old_v.as_ref(), m: &f.m, v: &f.v }
                 })
                 .collect();
-            step.run(&parts)?;
+            stepped.run(parts.iter().map(|q| q.p), || step.run(&parts))?;
         }
-        for (i, new) in assigns {
-            self.params[i].assign(&new)?;
+        for (i, new) in &assigns {
+            stepped.run([&params[*i]], || params[*i].assign(new))?;
         }
         for f in fused_steps {
             ms[f.i] = Some(f.m);

@@ -10,15 +10,48 @@ use crate::kernel::cuda::{CudaDevice, KernelArgs, BLOCK};
 use crate::kernel::{CustomKernel, Kernel, MultiPart, OpRef};
 use crate::ops::conv::{check_extents, dptr};
 use crate::Tensor;
+use std::collections::HashSet;
 
 /// Whether `p` can take a fused step from `operands` (its gradient and
 /// its state, on `p`'s device already): f32 or f64, every operand of `p`'s
-/// dtype, shape and device and not sharing `p`'s storage, and `p` one
-/// contiguous run of its storage, which the step then writes in place.
-pub(super) fn takes_in_place<'a>(p: &Tensor, operands: impl IntoIterator<Item = &'a Tensor>) -> bool {
+/// dtype, shape and device and sharing the storage of no parameter of the
+/// step (`storages`, from [`storages`]: one launch writes them all while
+/// it reads the operands), and `p` one contiguous run of its storage, which
+/// the step then writes in place.
+pub(super) fn takes_in_place<'a>(p: &Tensor, operands: impl IntoIterator<Item = &'a Tensor>, storages: &HashSet<usize>) -> bool {
     matches!(p.dtype(), DType::F32 | DType::F64)
         && p.layout().contiguous_range().is_some()
-        && operands.into_iter().all(|t| t.dtype() == p.dtype() && t.dims() == p.dims() && t.device() == p.device() && !p.same_storage(t))
+        && operands
+            .into_iter()
+            .all(|t| t.dtype() == p.dtype() && t.dims() == p.dims() && t.device() == p.device() && !storages.contains(&t.storage_id()))
+}
+
+/// The storages of the parameters of a step (see [`takes_in_place`]).
+pub(super) fn storages(params: &[Tensor]) -> HashSet<usize> {
+    params.iter().map(Tensor::storage_id).collect()
+}
+
+/// The parameters a step has updated so far. When a later update fails,
+/// the step fails and drops its new state, so these are poisoned with the
+/// failure: their values stand for a step that did not happen, and must
+/// not be read as if it had.
+#[derive(Default)]
+pub(super) struct Stepped<'a> {
+    params: Vec<&'a Tensor>,
+}
+
+impl<'a> Stepped<'a> {
+    /// Runs `update` of `params`; on failure poisons every parameter
+    /// updated before, and those of `update` (which may have written part
+    /// of them), and returns the error.
+    pub(super) fn run(&mut self, params: impl IntoIterator<Item = &'a Tensor>, update: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.params.extend(params);
+        update().inspect_err(|err| {
+            for p in &self.params {
+                p.storage.poison(err);
+            }
+        })
+    }
 }
 
 /// Where `p`'s elements start in its storage (for a `p` that
@@ -55,7 +88,7 @@ pub(super) fn run_into(k: &dyn CustomKernel, target: &Tensor, inputs: &[&Tensor]
     crate::backends::launch_into(&kernel, &target.storage)
 }
 
-/// Parts one multi-tensor launch takes: its argument struct (3.6 KB) stays
+/// Parts one multi-tensor launch takes: its argument struct (3.5 KB) stays
 /// under the 4 KB of parameters every CUDA kernel may take; a step with
 /// more parameters launches once per 48.
 pub(super) const FOREACH_PARTS: usize = 48;
@@ -94,7 +127,7 @@ impl KernelArgs for ForeachArgs {
 
 /// The C side of [`ForeachArgs`], and `foreach_part`, which finds the part
 /// and the element range of the calling block (a scan over at most
-/// [`FOREACH_PARTS`] entries, once per block).
+/// [`FOREACH_PARTS`] entries by each thread: bounded work).
 pub(super) fn foreach_c_source() -> String {
     format!(
         r#"
@@ -114,9 +147,10 @@ __device__ __forceinline__ u64 foreach_part(const ForeachArgs& a, u64 b, u64* be
 }
 
 /// Launches `kernel` (of `module`) over `parts`, [`FOREACH_PARTS`] at a time:
-/// part `j` reads its inputs (present ones contiguous, of `n` elements, `n`
-/// taken from its last output, the parameter) and writes `n` elements of
-/// each output from its offset. `scalars` and `flags` are the op's.
+/// part `j` reads its inputs (present ones contiguous, of `n_of(part)`
+/// elements, all of the outputs' dtype) and writes `n` elements of each
+/// output from its offset. Every part is checked before the first launch.
+/// `scalars` and `flags` are the op's.
 pub(super) fn launch_foreach(
     dev: &dyn CudaDevice,
     module: &'static crate::kernel::cuda::CudaModule,
@@ -151,6 +185,7 @@ pub(super) fn launch_foreach(
         *blocks = 0;
         Ok(())
     };
+    // Every part is checked before the first launch: a refusal writes nothing.
     for part in parts {
         let n = n_of(part);
         if n == 0 {
@@ -170,6 +205,19 @@ pub(super) fn launch_foreach(
         for (k, &(out, offset)) in part.outs.iter().enumerate() {
             let inputs: &[_] = if k == 0 { &present } else { &[] };
             check_extents(kernel, inputs, &vec![n; inputs.len()], out, offset.saturating_add(n))?;
+        }
+        let dtype = part.outs[0].0.dtype;
+        if present.iter().any(|s| s.storage.dtype != dtype) || part.outs.iter().any(|(o, _)| o.dtype != dtype) {
+            return Err(Error::Backend {
+                device: dev_device(parts),
+                msg: format!("{kernel}: operands of different dtypes in one part; a kiln defect"),
+            });
+        }
+    }
+    for part in parts {
+        let n = n_of(part);
+        if n == 0 {
+            continue;
         }
         if args.parts as usize == FOREACH_PARTS {
             flush(&mut args, &mut blocks)?;

@@ -70,17 +70,15 @@ impl Optimizer for Sgd {
         let mut fused_steps: Vec<Fused> = Vec::with_capacity(self.params.len());
         let mut assigns: Vec<(usize, Tensor)> = Vec::new();
         let shared = shares_storage(&self.params);
+        let storages = fused::storages(&self.params);
         for (i, p) in self.params.iter().enumerate() {
             let Some(mut g) = p.grad() else { continue };
-            if !shared[i] && fused::takes_in_place(p, [&g]) {
+            let old = if self.momentum != 0.0 { velocity[i].as_ref().map(|v| v.to(&p.device())).transpose()? } else { None };
+            if !shared[i] && fused::takes_in_place(p, [Some(&g), old.as_ref()].into_iter().flatten(), &storages) {
                 // One launch for all of them, or one or two kernels each:
                 // the same values as below.
-                let (old, new) = if self.momentum != 0.0 {
-                    let old = velocity[i].as_ref().map(|v| v.to(&p.device())?.contiguous()).transpose()?;
-                    (old, Some(fused::uninit_like(p)?))
-                } else {
-                    (None, None)
-                };
+                let new = if self.momentum != 0.0 { Some(fused::uninit_like(p)?) } else { None };
+                let old = old.map(|v| v.contiguous()).transpose()?;
                 fused_steps.push(Fused { i, g: g.contiguous()?, old, new });
                 continue;
             }
@@ -88,8 +86,8 @@ impl Optimizer for Sgd {
                 g = g.add(&p.mul_scalar(self.weight_decay)?)?;
             }
             if self.momentum != 0.0 {
-                let next = match &velocity[i] {
-                    Some(old) => old.to(&p.device())?.mul_scalar(self.momentum)?.add(&g)?,
+                let next = match &old {
+                    Some(old) => old.mul_scalar(self.momentum)?.add(&g)?,
                     None => g.force_copy()?,
                 };
                 velocity[i] = Some(next.clone());
@@ -99,6 +97,7 @@ impl Optimizer for Sgd {
         }
         let step = sgd_kernel::SgdForeach { lr: self.lr, momentum: self.momentum, weight_decay: self.weight_decay };
         let params = &self.params;
+        let mut stepped = fused::Stepped::default();
         for group in fused::groups(fused_steps.len(), |k| (params[fused_steps[k].i].device(), params[fused_steps[k].i].dtype())) {
             let parts: Vec<sgd_kernel::SgdPart<'_>> = group
                 .iter()
@@ -107,10 +106,10 @@ impl Optimizer for Sgd {
                     sgd_kernel::SgdPart { p: &params[f.i], g: &f.g, old: f.old.as_ref(), new: f.new.as_ref() }
                 })
                 .collect();
-            step.run(&parts)?;
+            stepped.run(parts.iter().map(|q| q.p), || step.run(&parts))?;
         }
-        for (i, new) in assigns {
-            self.params[i].assign(&new)?;
+        for (i, new) in &assigns {
+            stepped.run([&params[*i]], || params[*i].assign(new))?;
         }
         for f in fused_steps {
             if let Some(new) = f.new {

@@ -13,7 +13,11 @@
 //! - the gradients are summed across ranks in buckets of parameters (the
 //!   last first, one dtype each, [`TrainerBuilder::bucket_size`]) with one
 //!   flag per parameter saying whether any rank reached it (a parameter no
-//!   rank reached keeps no gradient, as on one process);
+//!   rank reached keeps no gradient, as on one process); a bucket's sum is
+//!   started from backward as soon as this rank's gradients of it are final
+//!   and every earlier bucket was started (the same order on every rank,
+//!   whatever each rank's graph), so communication overlaps the rest of
+//!   backward, as DDP's bucket hooks do;
 //! - every rank clips and steps on the same sums, so the ranks stay
 //!   identical and one step equals one process's step on the whole batch;
 //! - an epoch's loss and metric sums are summed across ranks, so every rank
@@ -28,9 +32,10 @@ use super::batch::{owned_input, split_batch};
 use super::buckets::plan_buckets;
 use super::metrics::Sums;
 use super::Trainer;
+use crate::autograd::backward_lockstep;
 use crate::comm::ReduceOp;
 use crate::data::DataLoader;
-use crate::dist::{DistributedSampler, Group};
+use crate::dist::{DistributedSampler, Group, Work};
 use crate::nn::{Loss, Module};
 use crate::optim::Optimizer;
 use crate::{no_grad, DType, Device, Result, Tensor};
@@ -48,37 +53,42 @@ pub(super) fn broadcast_seed(group: &Group, seed: u64) -> Result<u64> {
     Ok(group.broadcast(&t, 0)?.to_vec::<i64>()?[0] as u64)
 }
 
-/// Sums the gradients of `params` across the group, bucket by bucket, and
-/// sets each parameter's gradient to the sum (none where no rank had one).
-/// The flags saying which parameters some rank reached are read to the host
+/// Runs backward from `loss` (none: this rank has no rows in the batch) and
+/// sums the gradients of `params` across the group, bucket by bucket,
+/// setting each parameter's gradient to the sum (none where no rank had
+/// one). A bucket's sum starts while backward runs, once every gradient of
+/// it on this rank is final and the buckets before it have started: every
+/// rank starts them in the plan's order, whatever its graph reached. The
+/// flags saying which parameters some rank reached are read to the host
 /// once, after every bucket has been summed, not once per bucket: on a GPU
 /// each read waits for the device.
-pub(super) fn all_reduce_gradients(group: &Group, params: &[Tensor], buckets: &[Vec<usize>]) -> Result<()> {
-    let _g = no_grad();
-    let mut summed: Vec<(&[usize], Tensor)> = Vec::with_capacity(buckets.len());
-    for bucket in buckets {
-        let Some(&first) = bucket.first() else { continue };
-        let (dtype, device) = (params[first].dtype(), params[first].device());
-        let mut pieces = Vec::with_capacity(bucket.len() + 1);
-        let mut flags = Vec::with_capacity(bucket.len());
+pub(super) fn backward_and_all_reduce(group: &Group, loss: Option<&Tensor>, params: &[Tensor], buckets: &[Vec<usize>]) -> Result<()> {
+    let index: std::collections::HashMap<usize, usize> =
+        params.iter().enumerate().filter_map(|(i, p)| p.node_id().map(|k| (k, i))).collect();
+    let mut bucket_of = vec![None; params.len()];
+    for (b, bucket) in buckets.iter().enumerate() {
         for &i in bucket {
-            let p = &params[i];
-            match p.grad() {
-                Some(g) => {
-                    pieces.push(g.to_dtype(dtype)?.flatten_all()?);
-                    flags.push(1.0);
-                }
-                None => {
-                    pieces.push(Tensor::zeros(p.elem_count(), dtype, &device)?);
-                    flags.push(0.0);
-                }
-            }
+            bucket_of[i] = Some(b);
         }
-        pieces.push(Tensor::new(flags.as_slice(), &device)?.to_dtype(dtype)?);
-        let flat = Tensor::cat(&pieces.iter().collect::<Vec<_>>(), 0)?;
-        // The bucket is this call's own: summed where it is.
-        group.all_reduce_(&flat, ReduceOp::Sum)?;
-        summed.push((bucket.as_slice(), flat));
+    }
+    let mut sums = BucketSums { group, params, buckets, waiting: buckets.iter().map(Vec::len).collect(), next: 0, started: Vec::new() };
+    if let Some(loss) = loss {
+        let mut reached = vec![false; params.len()];
+        backward_lockstep(&[loss], &mut |_, leaf| {
+            let Some(&i) = index.get(&leaf) else { return Ok(()) };
+            let Some(b) = bucket_of[i] else { return Ok(()) };
+            if !std::mem::replace(&mut reached[i], true) {
+                sums.waiting[b] -= 1;
+            }
+            sums.start(false)
+        })?;
+    }
+    // The buckets whose parameters this rank did not all reach.
+    sums.start(true)?;
+    let _g = no_grad();
+    let mut summed: Vec<(&[usize], Tensor)> = Vec::with_capacity(sums.started.len());
+    for (b, work) in sums.started {
+        summed.push((buckets[b].as_slice(), work.wait()?));
     }
     if summed.is_empty() {
         return Ok(());
@@ -102,6 +112,59 @@ pub(super) fn all_reduce_gradients(group: &Group, params: &[Tensor], buckets: &[
         }
     }
     Ok(())
+}
+
+/// The buckets' sums in flight, started in the plan's order.
+struct BucketSums<'a> {
+    group: &'a Group,
+    params: &'a [Tensor],
+    buckets: &'a [Vec<usize>],
+    /// Per bucket, its parameters whose gradient on this rank is not final.
+    waiting: Vec<usize>,
+    /// The next bucket to start.
+    next: usize,
+    /// (bucket, its sum in flight), in the order started.
+    started: Vec<(usize, Work)>,
+}
+
+impl BucketSums<'_> {
+    /// Starts the next buckets while they are ready (all of them with `all`).
+    fn start(&mut self, all: bool) -> Result<()> {
+        while self.next < self.buckets.len() && (all || self.waiting[self.next] == 0) {
+            let b = self.next;
+            self.next += 1;
+            if let Some(flat) = bucket_tensor(self.params, &self.buckets[b])? {
+                self.started.push((b, self.group.all_reduce_async(&flat, ReduceOp::Sum)?));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One bucket as one flat tensor of its dtype: each parameter's gradient
+/// (zeros for none) and, last, a flag per parameter (1: this rank has its
+/// gradient). `None` for an empty bucket.
+fn bucket_tensor(params: &[Tensor], bucket: &[usize]) -> Result<Option<Tensor>> {
+    let _g = no_grad();
+    let Some(&first) = bucket.first() else { return Ok(None) };
+    let (dtype, device) = (params[first].dtype(), params[first].device());
+    let mut pieces = Vec::with_capacity(bucket.len() + 1);
+    let mut flags = Vec::with_capacity(bucket.len());
+    for &i in bucket {
+        let p = &params[i];
+        match p.grad() {
+            Some(g) => {
+                pieces.push(g.to_dtype(dtype)?.flatten_all()?);
+                flags.push(1.0);
+            }
+            None => {
+                pieces.push(Tensor::zeros(p.elem_count(), dtype, &device)?);
+                flags.push(0.0);
+            }
+        }
+    }
+    pieces.push(Tensor::new(flags.as_slice(), &device)?.to_dtype(dtype)?);
+    Ok(Some(Tensor::cat(&pieces.iter().collect::<Vec<_>>(), 0)?))
 }
 
 /// This rank's rows of one global batch: `(x, y)` on `device`, or `None`
@@ -145,14 +208,15 @@ impl Trainer {
         net.train();
         for (ids, (_, rows)) in sampler.batches(epoch).into_iter().zip(sampler.global_batches()) {
             optimizer.zero_grad();
+            let mut weighted = None;
             if let Some((x, y)) = piece(train_loader, ids, &device)? {
                 let pred = net.forward(&x).map_err(|e| owned_input("fit", device, e))?;
                 let loss = kind.compute(&pred, &y)?;
                 let n = x.dims()[0];
                 train.add(&loss, &pred, &y, kind, n)?;
-                loss.mul_scalar(n as f64 / rows as f64)?.backward()?;
+                weighted = Some(loss.mul_scalar(n as f64 / rows as f64)?);
             }
-            all_reduce_gradients(group, &params, &buckets)?;
+            backward_and_all_reduce(group, weighted.as_ref(), &params, &buckets)?;
             if self.gradient_clip_val > 0.0 {
                 self.clip_gradients(&params)?;
             }

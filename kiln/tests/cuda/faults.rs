@@ -363,3 +363,25 @@ pub(crate) fn cuda_a_refused_optimizer_launch_fails_the_step_and_poisons_its_par
         Ok(())
     })
 }
+
+/// A step whose f64 group's launch is refused after its f32 group ran
+/// fails, and poisons the f32 parameters it had already stepped too: their
+/// new momentum is dropped with the step, so they must not read as stepped.
+pub(crate) fn cuda_a_step_failing_in_a_later_group_poisons_the_groups_it_stepped() -> Ran {
+    use kiln::optim::{Optimizer, Sgd};
+    in_simulator_child(&[("KILN_CUDASIM_FAIL", "cuLaunchKernel.sgd_foreach_f64:1")], |d| {
+        let mut ps = optimizer_parameters(d)?;
+        let wide = Tensor::full(2.0, 5, DType::F64, &d)?.requires_grad_();
+        wide.sqr()?.sum_all()?.backward()?;
+        ps.push(wide);
+        let mut opt = Sgd::new(ps.clone(), 0.1).momentum(0.9);
+        let err = opt.step().expect_err("a step whose f64 launch was refused");
+        assert!(err.to_string().contains("sgd_foreach_f64"), "{err}");
+        for (i, p) in ps.iter().enumerate() {
+            let got = p.to_vec_f64();
+            assert!(matches!(&got, Err(e) if e.to_string().contains("sgd_foreach_f64")), "parameter {i}: {got:?}");
+        }
+        assert!(opt.velocity(0).is_none() && opt.velocity(97).is_none(), "a failed step keeps the old (absent) momentum");
+        Ok(())
+    })
+}

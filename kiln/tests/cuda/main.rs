@@ -80,6 +80,7 @@ fn main() -> std::process::ExitCode {
         cuda_a_forced_cudnn_path_reports_a_refusal,
         cuda_optimizer_steps_are_one_launch_per_48_parameters,
         cuda_a_refused_optimizer_launch_fails_the_step_and_poisons_its_parameters,
+        cuda_a_step_failing_in_a_later_group_poisons_the_groups_it_stepped,
         cuda_cudnn_without_room_for_a_workspace_takes_another_algorithm_or_path,
         cuda_full_reductions_launch_many_blocks,
         cuda_empty_cache_reports_a_failed_cumemfree,
