@@ -135,6 +135,9 @@ pub struct Work {
     device: Device,
     divisor: Option<usize>,
     stats: Arc<Mutex<CommStats>>,
+    /// The tensor the engine writes the result into, for a call started in
+    /// place; `None`: the result comes back staged.
+    into: Option<Tensor>,
 }
 
 impl std::fmt::Debug for Work {
@@ -165,7 +168,21 @@ impl Work {
         let out = self.pending.wait();
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).seconds += start.elapsed().as_secs_f64();
         let _g = no_grad();
-        out?.into_tensor(self.dtype, &self.dims, &self.device, self.divisor)
+        match self.into {
+            // Written in place: a mean is divided there (a failed division
+            // leaves the tensor poisoned, as `all_reduce_`).
+            Some(t) => {
+                out?;
+                if let Some(n) = self.divisor
+                    && let Err(e) = t.div_scalar(n as f64).and_then(|m| t.assign(&m))
+                {
+                    t.storage.poison(&e);
+                    return Err(e);
+                }
+                Ok(t)
+            }
+            None => out?.into_tensor(self.dtype, &self.dims, &self.device, self.divisor),
+        }
     }
 }
 
@@ -383,7 +400,29 @@ impl Group {
     /// [`Work`] makes a tensor of `dims` on `t`'s device from the result.
     fn collective_async(&self, kind: CallKind, t: &Tensor, dims: &[usize]) -> Result<Work> {
         let _g = no_grad();
-        let data = Payload::Staged(HostBuf::of(t)?);
+        self.submit(kind, Payload::Staged(HostBuf::of(t)?), t, dims, None)
+    }
+
+    /// [`all_reduce_`](Self::all_reduce_), started: the engine writes the
+    /// result into `t`'s own memory when `t` is a contiguous CPU tensor of a
+    /// type that travels as itself (no copy; `wait` returns `t`), else the
+    /// call works on a staged copy and `wait` returns the result as a new
+    /// tensor. For kiln's own buffers (the Trainer's gradient buckets):
+    /// `t` must be neither read nor written until the wait, which is why
+    /// this is not public.
+    pub(crate) fn all_reduce_async_in_place(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        self.check_mean("all_reduce_async", t, op)?;
+        let _g = no_grad();
+        let kind = CallKind::AllReduce(op);
+        match HostView::of(t, true).filter(|_| self.size() > 1) {
+            Some(view) => self.submit(kind, Payload::InPlace(view), t, t.dims(), Some(t.clone())),
+            None => self.submit(kind, Payload::Staged(HostBuf::of(t)?), t, t.dims(), None),
+        }
+    }
+
+    /// Hands `data` over as `kind` and returns the [`Work`] of its result
+    /// (a tensor like `t` of `dims`, or `into` written in place).
+    fn submit(&self, kind: CallKind, data: Payload, t: &Tensor, dims: &[usize], into: Option<Tensor>) -> Result<Work> {
         // Booked as `run` books a call: a refused one counts too, and the
         // staging copy is not the call's time.
         let start = Instant::now();
@@ -404,6 +443,7 @@ impl Group {
             device: t.device(),
             divisor: self.mean_divisor(kind),
             stats: self.stats.clone(),
+            into,
         })
     }
 

@@ -134,7 +134,8 @@ impl BucketSums<'_> {
             let b = self.next;
             self.next += 1;
             if let Some(flat) = bucket_tensor(self.params, &self.buckets[b])? {
-                self.started.push((b, self.group.all_reduce_async(&flat, ReduceOp::Sum)?));
+                // The bucket is this call's own: summed where it is.
+                self.started.push((b, self.group.all_reduce_async_in_place(&flat, ReduceOp::Sum)?));
             }
         }
         Ok(())
@@ -252,4 +253,36 @@ impl Trainer {
 pub(super) fn reduce_epoch_sums(group: &Group, values: Vec<f64>) -> Result<Vec<f64>> {
     let len = values.len();
     group.all_reduce(&Tensor::from_vec(values, len, &Device::Cpu)?, ReduceOp::Sum)?.to_vec::<f64>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Buckets start in the plan's order whatever order their gradients
+    /// become final in, so every rank issues the same sequence of calls:
+    /// a ready bucket waits for the earlier ones.
+    #[test]
+    fn buckets_start_in_the_plans_order_whatever_order_they_become_ready() -> Result<()> {
+        let group = Group::single(Device::Cpu);
+        let params: Vec<Tensor> =
+            (0..3).map(|i| Tensor::full(i as f64, 2, DType::F32, &Device::Cpu).map(|t| t.requires_grad_())).collect::<Result<_>>()?;
+        let buckets = vec![vec![2], vec![0], vec![1]];
+        let mut sums =
+            BucketSums { group: &group, params: &params, buckets: &buckets, waiting: vec![1, 1, 1], next: 0, started: Vec::new() };
+        // The last bucket's gradient is final first: nothing may start yet.
+        sums.waiting[2] = 0;
+        sums.start(false)?;
+        assert!(sums.started.is_empty());
+        sums.waiting[0] = 0;
+        sums.start(false)?;
+        assert_eq!(sums.started.iter().map(|(b, _)| *b).collect::<Vec<_>>(), [0]);
+        sums.waiting[1] = 0;
+        sums.start(false)?;
+        assert_eq!(sums.started.iter().map(|(b, _)| *b).collect::<Vec<_>>(), [0, 1, 2]);
+        // Forced at the end of backward: nothing is left to start twice.
+        sums.start(true)?;
+        assert_eq!(sums.started.len(), 3);
+        Ok(())
+    }
 }
