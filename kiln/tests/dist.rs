@@ -43,6 +43,7 @@ fn main() -> ExitCode {
         one_step_on_two_processes_gives_one_process_parameters,
         lenet_on_two_and_four_processes_follows_one_process_curve,
         lenet_on_simulated_gpus_in_two_processes_follows_one_process_curve,
+        lenet_in_many_buckets_with_a_rank_without_rows_follows_one_process_curve,
         a_checkpoint_of_two_ranks_resumes_in_a_world_of_one,
         ranks_calling_different_collectives_get_an_error_naming_both,
         a_hung_rank_is_named_by_the_others_within_the_timeout,
@@ -219,6 +220,14 @@ fn lenet_on_two_and_four_processes_follows_one_process_curve() -> Ran {
     compare_training(4, Setup::ThreeEpochs, &[], 1e-4, 1e-5)
 }
 
+/// 4 ranks, LeNet in buckets of 4 KiB (each started from backward in the
+/// plan's order), and a last batch of 3 rows: one rank has none and starts
+/// every bucket after the others started theirs from backward. The same
+/// curve and parameters as one process.
+fn lenet_in_many_buckets_with_a_rank_without_rows_follows_one_process_curve() -> Ran {
+    compare_training(4, Setup::Uneven, &[], 1e-4, 1e-5)
+}
+
 fn lenet_on_simulated_gpus_in_two_processes_follows_one_process_curve() -> Ran {
     compare_training(2, Setup::ThreeEpochs, &[("KILN_TEST_DIST_SIM", "1".into())], 1e-4, 1e-5)
 }
@@ -291,6 +300,9 @@ enum Setup {
     TwoEpochs,
     ThreeEpochs,
     OneMoreEpoch,
+    /// Two epochs whose last batch has fewer rows than 4 ranks (a rank
+    /// without rows), with buckets of 4 KiB (LeNet in many buckets).
+    Uneven,
 }
 
 impl Setup {
@@ -300,6 +312,7 @@ impl Setup {
             Setup::TwoEpochs => "two-epochs",
             Setup::ThreeEpochs => "three-epochs",
             Setup::OneMoreEpoch => "one-more-epoch",
+            Setup::Uneven => "uneven",
         }
     }
 
@@ -308,6 +321,7 @@ impl Setup {
             "one-step" => Setup::OneStep,
             "two-epochs" => Setup::TwoEpochs,
             "one-more-epoch" => Setup::OneMoreEpoch,
+            "uneven" => Setup::Uneven,
             _ => Setup::ThreeEpochs,
         }
     }
@@ -318,7 +332,12 @@ impl Setup {
 /// when `None`). Returns the training losses and the parameters.
 fn train_on(setup: Setup, group: Option<dist::Group>, resume: Option<&Path>, save: Option<&Path>) -> Result<(Vec<f64>, Vec<f64>)> {
     kiln::manual_seed(7);
-    let n = if matches!(setup, Setup::OneStep) { 64 } else { 200 };
+    // Uneven: 147 training rows, batches of 48, 48, 48 and 3.
+    let n = match setup {
+        Setup::OneStep => 64,
+        Setup::Uneven => 196,
+        _ => 200,
+    };
     let x = Tensor::randn((n, 1, 28, 28), &cpu())?;
     let y = Tensor::rand(n, &cpu())?.mul_scalar(9.99)?.to_dtype(DType::I64)?;
     let batch = if matches!(setup, Setup::OneStep) { 64 } else { 48 };
@@ -327,12 +346,15 @@ fn train_on(setup: Setup, group: Option<dist::Group>, resume: Option<&Path>, sav
     let data = DataModule { train, val: Some(val) };
     let epochs = match setup {
         Setup::OneStep | Setup::OneMoreEpoch => 1,
-        Setup::TwoEpochs => 2,
+        Setup::TwoEpochs | Setup::Uneven => 2,
         Setup::ThreeEpochs => 3,
     };
     let mut learner =
         Learner::new(kiln::models::lenet(10), Loss::CrossEntropy, OptimizerConfig::Sgd { lr: 0.05, momentum: 0.9, weight_decay: 0.0 });
     let mut builder = Trainer::builder().max_epochs(epochs).progress(Progress::Off);
+    if matches!(setup, Setup::Uneven) {
+        builder = builder.bucket_size(4096);
+    }
     if let Some(g) = group {
         builder = builder.process_group(g);
     }

@@ -405,13 +405,13 @@ impl Group {
 
     /// [`all_reduce_`](Self::all_reduce_), started: the engine writes the
     /// result into `t`'s own memory when `t` is a contiguous CPU tensor of a
-    /// type that travels as itself (no copy; `wait` returns `t`), else the
-    /// call works on a staged copy and `wait` returns the result as a new
-    /// tensor. For kiln's own buffers (the Trainer's gradient buckets):
+    /// type that travels as itself and there are other ranks (no copy;
+    /// `wait` returns `t`), else (a world of one too) the call works on a
+    /// staged copy and `wait` returns the result as a new tensor. For kiln's own buffers (the Trainer's gradient buckets):
     /// `t` must be neither read nor written until the wait, which is why
     /// this is not public.
     pub(crate) fn all_reduce_async_in_place(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
-        self.check_mean("all_reduce_async", t, op)?;
+        self.check_mean("all_reduce_async_in_place", t, op)?;
         let _g = no_grad();
         let kind = CallKind::AllReduce(op);
         match HostView::of(t, true).filter(|_| self.size() > 1) {

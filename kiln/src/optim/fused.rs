@@ -185,7 +185,9 @@ pub(super) fn launch_foreach(
         *blocks = 0;
         Ok(())
     };
-    // Every part is checked before the first launch: a refusal writes nothing.
+    // Every part is checked before the first launch: a part refused here
+    // writes nothing (an address or grid failure later may, after an
+    // earlier launch; the caller poisons the call's outputs then).
     for part in parts {
         let n = n_of(part);
         if n == 0 {

@@ -14,10 +14,12 @@
 //!   last first, one dtype each, [`TrainerBuilder::bucket_size`]) with one
 //!   flag per parameter saying whether any rank reached it (a parameter no
 //!   rank reached keeps no gradient, as on one process); a bucket's sum is
-//!   started from backward as soon as this rank's gradients of it are final
-//!   and every earlier bucket was started (the same order on every rank,
-//!   whatever each rank's graph), so communication overlaps the rest of
-//!   backward, as DDP's bucket hooks do;
+//!   started from backward as soon as backward has produced this rank's
+//!   gradient of each of its parameters and every earlier bucket was
+//!   started (the same order on every rank, whatever each rank's graph),
+//!   so communication overlaps the rest of backward, as DDP's bucket hooks
+//!   do; a bucket with a parameter the graph did not reach waits for the
+//!   end of backward, with every bucket after it;
 //! - every rank clips and steps on the same sums, so the ranks stay
 //!   identical and one step equals one process's step on the whole batch;
 //! - an epoch's loss and metric sums are summed across ranks, so every rank
@@ -29,7 +31,7 @@
 //! [`TrainerBuilder::bucket_size`]: super::TrainerBuilder::bucket_size
 
 use super::batch::{owned_input, split_batch};
-use super::buckets::plan_buckets;
+use super::buckets::{bucket_index, plan_buckets};
 use super::metrics::Sums;
 use super::Trainer;
 use crate::autograd::backward_lockstep;
@@ -56,25 +58,22 @@ pub(super) fn broadcast_seed(group: &Group, seed: u64) -> Result<u64> {
 /// Runs backward from `loss` (none: this rank has no rows in the batch) and
 /// sums the gradients of `params` across the group, bucket by bucket,
 /// setting each parameter's gradient to the sum (none where no rank had
-/// one). A bucket's sum starts while backward runs, once every gradient of
-/// it on this rank is final and the buckets before it have started: every
-/// rank starts them in the plan's order, whatever its graph reached. The
+/// one). A bucket's sum starts while backward runs, once backward has
+/// produced this rank's gradient of every parameter in it and the buckets
+/// before it have started: every rank starts them in the plan's order,
+/// whatever its graph reached. A bucket with a parameter this rank's graph
+/// did not reach (and every bucket after it) starts when backward ends. The
 /// flags saying which parameters some rank reached are read to the host
 /// once, after every bucket has been summed, not once per bucket: on a GPU
 /// each read waits for the device.
-pub(super) fn backward_and_all_reduce(group: &Group, loss: Option<&Tensor>, params: &[Tensor], buckets: &[Vec<usize>]) -> Result<()> {
+pub(super) fn backward_and_all_reduce(group: &Group, loss: Option<Tensor>, params: &[Tensor], buckets: &[Vec<usize>]) -> Result<()> {
     let index: std::collections::HashMap<usize, usize> =
         params.iter().enumerate().filter_map(|(i, p)| p.node_id().map(|k| (k, i))).collect();
-    let mut bucket_of = vec![None; params.len()];
-    for (b, bucket) in buckets.iter().enumerate() {
-        for &i in bucket {
-            bucket_of[i] = Some(b);
-        }
-    }
+    let bucket_of = bucket_index(buckets, params.len());
     let mut sums = BucketSums { group, params, buckets, waiting: buckets.iter().map(Vec::len).collect(), next: 0, started: Vec::new() };
     if let Some(loss) = loss {
         let mut reached = vec![false; params.len()];
-        backward_lockstep(&[loss], &mut |_, leaf| {
+        backward_lockstep(&[&loss], &mut |_, leaf| {
             let Some(&i) = index.get(&leaf) else { return Ok(()) };
             let Some(b) = bucket_of[i] else { return Ok(()) };
             if !std::mem::replace(&mut reached[i], true) {
@@ -82,6 +81,8 @@ pub(super) fn backward_and_all_reduce(group: &Group, loss: Option<&Tensor>, para
             }
             sums.start(false)
         })?;
+        // The graph (activations and all) is freed before the waits.
+        drop(loss);
     }
     // The buckets whose parameters this rank did not all reach.
     sums.start(true)?;
@@ -134,6 +135,12 @@ impl BucketSums<'_> {
             let b = self.next;
             self.next += 1;
             if let Some(flat) = bucket_tensor(self.params, &self.buckets[b])? {
+                // The local gradients are in the bucket now, and are replaced
+                // by its sum: freed at once, so backward's peak memory does
+                // not hold every gradient twice.
+                for &i in &self.buckets[b] {
+                    self.params[i].set_grad(None)?;
+                }
                 // The bucket is this call's own: summed where it is.
                 self.started.push((b, self.group.all_reduce_async_in_place(&flat, ReduceOp::Sum)?));
             }
@@ -217,7 +224,7 @@ impl Trainer {
                 train.add(&loss, &pred, &y, kind, n)?;
                 weighted = Some(loss.mul_scalar(n as f64 / rows as f64)?);
             }
-            backward_and_all_reduce(group, weighted.as_ref(), &params, &buckets)?;
+            backward_and_all_reduce(group, weighted, &params, &buckets)?;
             if self.gradient_clip_val > 0.0 {
                 self.clip_gradients(&params)?;
             }
