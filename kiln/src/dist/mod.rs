@@ -173,12 +173,7 @@ impl Work {
             // leaves the tensor poisoned, as `all_reduce_`).
             Some(t) => {
                 out?;
-                if let Some(n) = self.divisor
-                    && let Err(e) = t.div_scalar(n as f64).and_then(|m| t.assign(&m))
-                {
-                    t.storage.poison(&e);
-                    return Err(e);
-                }
+                divide_in_place(&t, self.divisor)?;
                 Ok(t)
             }
             None => out?.into_tensor(self.dtype, &self.dims, &self.device, self.divisor),
@@ -407,9 +402,10 @@ impl Group {
     /// result into `t`'s own memory when `t` is a contiguous CPU tensor of a
     /// type that travels as itself and there are other ranks (no copy;
     /// `wait` returns `t`), else (a world of one too) the call works on a
-    /// staged copy and `wait` returns the result as a new tensor. For kiln's own buffers (the Trainer's gradient buckets):
-    /// `t` must be neither read nor written until the wait, which is why
-    /// this is not public.
+    /// staged copy and `wait` returns the result as a new tensor. For
+    /// kiln's own buffers (the Trainer's gradient buckets): `t` must be
+    /// neither read nor written until the wait, which is why this is not
+    /// public.
     pub(crate) fn all_reduce_async_in_place(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
         self.check_mean("all_reduce_async_in_place", t, op)?;
         let _g = no_grad();
@@ -457,13 +453,7 @@ impl Group {
         let divisor = self.mean_divisor(kind);
         if let Some(view) = HostView::of(t, true) {
             self.run(kind, Payload::InPlace(view))?;
-            if let Some(n) = divisor
-                && let Err(e) = t.div_scalar(n as f64).and_then(|m| t.assign(&m))
-            {
-                t.storage.poison(&e);
-                return Err(e);
-            }
-            return Ok(());
+            return divide_in_place(t, divisor);
         }
         let out = self.run(kind, Payload::Staged(HostBuf::of(t)?))?;
         t.assign(&out.into_tensor(t.dtype(), t.dims(), &t.device(), divisor)?)
@@ -675,4 +665,17 @@ impl Group {
         let out = self.run(CallKind::Recv { peer: src }, Payload::Staged(HostBuf::zeros(dtype, len)))?;
         out.into_tensor(dtype, dims, &self.device, None)
     }
+}
+
+/// Divides `t`, which a collective wrote in place, by `divisor` (a mean),
+/// in place; a failed division leaves `t` poisoned, since it then holds the
+/// sum and not the mean.
+fn divide_in_place(t: &Tensor, divisor: Option<usize>) -> Result<()> {
+    if let Some(n) = divisor
+        && let Err(e) = t.div_scalar(n as f64).and_then(|m| t.assign(&m))
+    {
+        t.storage.poison(&e);
+        return Err(e);
+    }
+    Ok(())
 }

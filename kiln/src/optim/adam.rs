@@ -139,7 +139,7 @@ impl Optimizer for Adam {
         };
         let params = &self.params;
         let mut stepped = fused::Stepped::default();
-        for group in fused::groups(fused_steps.len(), |k| (params[fused_steps[k].i].device(), params[fused_steps[k].i].dtype())) {
+        for group in fused::groups(fused_steps.len(), |k| &params[fused_steps[k].i]) {
             let parts: Vec<adam_kernel::AdamPart<'_>> = group
                 .iter()
                 .map(|&k| {

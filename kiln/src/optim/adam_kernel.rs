@@ -299,10 +299,8 @@ impl MultiKernel for AdamForeach {
         "adam_foreach"
     }
     fn cuda(&self, dev: &dyn CudaDevice, parts: &[&MultiPart<'_>]) -> Result<()> {
-        let Some(dtype) = parts.iter().find_map(|p| p.outs.first()).map(|(s, _)| s.dtype) else { return Ok(()) };
-        let n_of = |p: &MultiPart<'_>| p.inputs.get(1).and_then(|g| g.as_ref()).map_or(0, |g| g.layout.elem_count());
         let (b1, b2) = (self.beta1, self.beta2);
         let scalars = [b1, 1.0 - b1, b2, 1.0 - b2, self.weight_decay, self.lr_over_c1, self.c2, self.eps];
-        fused::launch_foreach(dev, &MODULE, &format!("adam_foreach_{}", dtype_tag(dtype)), parts, n_of, scalars, 0)
+        fused::launch_foreach(dev, &MODULE, "adam_foreach", parts, scalars, 0)
     }
 }

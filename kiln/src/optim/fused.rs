@@ -67,12 +67,13 @@ pub(super) fn uninit_like(p: &Tensor) -> Result<Tensor> {
     Ok(Tensor::from_storage(p.alloc_like(p.dtype(), p.shape())?, p.shape().clone()))
 }
 
-/// Groups the indices `0..n` by `key`, in order of first appearance: the
-/// parameters one multi-tensor launch can take (one device and dtype).
-pub(super) fn groups<K: PartialEq>(n: usize, key: impl Fn(usize) -> K) -> Vec<Vec<usize>> {
-    let mut out: Vec<(K, Vec<usize>)> = Vec::new();
+/// Groups the indices `0..n` by the device and dtype of `param(i)`, in
+/// order of first appearance: the parameters one multi-tensor launch can
+/// take.
+pub(super) fn groups<'a>(n: usize, param: impl Fn(usize) -> &'a Tensor) -> Vec<Vec<usize>> {
+    let mut out: Vec<((crate::Device, DType), Vec<usize>)> = Vec::new();
     for i in 0..n {
-        let k = key(i);
+        let k = (param(i).device(), param(i).dtype());
         match out.iter_mut().find(|(g, _)| *g == k) {
             Some((_, members)) => members.push(i),
             None => out.push((k, vec![i])),
@@ -146,20 +147,23 @@ __device__ __forceinline__ u64 foreach_part(const ForeachArgs& a, u64 b, u64* be
     )
 }
 
-/// Launches `kernel` (of `module`) over `parts`, [`FOREACH_PARTS`] at a time:
-/// part `j` reads its inputs (present ones contiguous, of `n_of(part)`
-/// elements, all of the outputs' dtype) and writes `n` elements of each
-/// output from its offset. Every part is checked before the first launch.
-/// `scalars` and `flags` are the op's.
+/// Launches `{prefix}_{dtype}` (of `module`) over `parts`,
+/// [`FOREACH_PARTS`] at a time. Every op lays a part out as `[p, g, ...]`:
+/// part `j` reads its inputs (present ones contiguous, of `n` elements, the
+/// gradient's count, all of the outputs' dtype) and writes `n` elements of
+/// each output from its offset. Every part is checked before the first
+/// launch. `scalars` and `flags` are the op's.
 pub(super) fn launch_foreach(
     dev: &dyn CudaDevice,
     module: &'static crate::kernel::cuda::CudaModule,
-    kernel: &str,
+    prefix: &str,
     parts: &[&MultiPart<'_>],
-    n_of: impl Fn(&MultiPart<'_>) -> usize,
     scalars: [f64; 8],
     flags: u64,
 ) -> Result<()> {
+    let Some(dtype) = parts.iter().find_map(|p| p.outs.first()).map(|(s, _)| s.dtype) else { return Ok(()) };
+    let kernel = &format!("{prefix}_{}", crate::kernel::cuda::dtype_tag(dtype));
+    let n_of = |p: &MultiPart<'_>| p.inputs.get(1).and_then(|g| g.as_ref()).map_or(0, |g| g.layout.elem_count());
     let mut args = ForeachArgs {
         input: [[0; FOREACH_PARTS]; 4],
         out: [[0; FOREACH_PARTS]; 3],

@@ -98,7 +98,7 @@ impl Optimizer for Sgd {
         let step = sgd_kernel::SgdForeach { lr: self.lr, momentum: self.momentum, weight_decay: self.weight_decay };
         let params = &self.params;
         let mut stepped = fused::Stepped::default();
-        for group in fused::groups(fused_steps.len(), |k| (params[fused_steps[k].i].device(), params[fused_steps[k].i].dtype())) {
+        for group in fused::groups(fused_steps.len(), |k| &params[fused_steps[k].i]) {
             let parts: Vec<sgd_kernel::SgdPart<'_>> = group
                 .iter()
                 .map(|&k| {

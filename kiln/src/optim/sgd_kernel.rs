@@ -252,11 +252,8 @@ impl MultiKernel for SgdForeach {
         "sgd_foreach"
     }
     fn cuda(&self, dev: &dyn CudaDevice, parts: &[&MultiPart<'_>]) -> Result<()> {
-        let Some(dtype) = parts.iter().find_map(|p| p.outs.first()).map(|(s, _)| s.dtype) else { return Ok(()) };
-        let momentum = self.momentum != 0.0;
-        let n_of = |p: &MultiPart<'_>| p.inputs.get(1).and_then(|g| g.as_ref()).map_or(0, |g| g.layout.elem_count());
         let scalars = [self.lr, self.momentum, self.weight_decay, 0.0, 0.0, 0.0, 0.0, 0.0];
-        fused::launch_foreach(dev, &MODULE, &format!("sgd_foreach_{}", dtype_tag(dtype)), parts, n_of, scalars, u64::from(momentum))
+        fused::launch_foreach(dev, &MODULE, "sgd_foreach", parts, scalars, u64::from(self.momentum != 0.0))
     }
 }
 
