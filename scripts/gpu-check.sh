@@ -35,8 +35,13 @@
 # `kiln bench` on the first CUDA device and on the CPU. Everything goes to
 # stdout; the exit status is non-zero when a test binary failed.
 #
+# After kiln bench on the GPU it runs scripts/gpu_peer_torch.py (PyTorch, the
+# same workloads on cuda:0) and `kiln train` of LeNet and ResNet-18 on the GPU
+# (epoch times beside PyTorch's).
+#
 # Environment: KILN_TARGET_DIR (default: target), KILN_TEST_TIMEOUT (seconds
-# per test binary, 600), KILN_BENCH_ARGS (extra
+# per test binary, 600), KILN_TRAIN_TIMEOUT (seconds per training run, 300),
+# KILN_TRAIN_EPOCHS (4), KILN_BENCH_CPU=0 (skip the CPU bench), KILN_BENCH_ARGS (extra
 # arguments for `kiln bench`, e.g. "--quick" or "W1 W3"), KILN_ALLREDUCE_MAX
 # (largest all-reduce measured, 256MiB), CUDA_HOME.
 set -u
@@ -119,6 +124,8 @@ fi
 # libcuda.so.1 comes with the driver and is on the loader's path already.
 # NVRTC (kernels), cuBLAS (matmul), cuDNN (convolutions) and NCCL may live in
 # a toolkit or in pip wheels.
+# PyTorch brings its own CUDA libraries; it runs with the caller's path.
+caller_ld_path="${LD_LIBRARY_PATH:-}"
 lib_dirs=()
 has_cuda_libs() {
     compgen -G "$1/libnvrtc*.so*" >/dev/null || compgen -G "$1/libcublas*.so*" >/dev/null || compgen -G "$1/libnccl.so*" >/dev/null ||
@@ -253,9 +260,29 @@ if [ "$mode" != "--tests-only" ]; then
         # shellcheck disable=SC2086
         section "kiln bench --device $gpu ${KILN_BENCH_ARGS:-}"
         "$kiln" bench --device "$gpu" ${KILN_BENCH_ARGS:-} 2>&1 || status=1
-        # shellcheck disable=SC2086
-        section "kiln bench --device cpu ${KILN_BENCH_ARGS:-}"
-        "$kiln" bench --device cpu ${KILN_BENCH_ARGS:-} 2>&1 || status=1
+        # PyTorch on the same GPU, the same workloads and sizes (skipped
+        # without a python3 whose torch sees CUDA).
+        section "PyTorch beside kiln: W1-W5 and training epochs on cuda:0"
+        quick=""
+        case " ${KILN_BENCH_ARGS:-} " in *" --quick "*) quick="--quick" ;; esac
+        # (with the caller's LD_LIBRARY_PATH: a system cuDNN older than the one
+        # PyTorch was built with stops it)
+        LD_LIBRARY_PATH="$caller_ld_path" timeout "${KILN_TRAIN_TIMEOUT:-300}" python3 "$here/scripts/gpu_peer_torch.py" $quick 2>&1 || echo "PyTorch peer did not finish (status $?)"
+        # kiln's training epochs on the GPU, for the PyTorch rows above.
+        train_out="$(mktemp -d)"
+        for model in lenet resnet18; do
+            section "kiln train --model $model on gpu(0), synthetic images"
+            if ! timeout "${KILN_TRAIN_TIMEOUT:-300}" "$kiln" train --model "$model" --epochs "${KILN_TRAIN_EPOCHS:-4}" --out "$train_out/$model" 2>&1; then
+                echo "FAILED: kiln train --model $model"
+                status=1
+            fi
+        done
+        rm -rf "$train_out"
+        if [ "${KILN_BENCH_CPU:-1}" != 0 ]; then
+            # shellcheck disable=SC2086
+            section "kiln bench --device cpu ${KILN_BENCH_ARGS:-}"
+            "$kiln" bench --device cpu ${KILN_BENCH_ARGS:-} 2>&1 || status=1
+        fi
         if [ "$gpus" -ge 2 ]; then
             # The newest build of the example, from either optimised profile.
             bw="$(ls -t "$target/release-tests/examples/allreduce_bw" "$target/release/examples/allreduce_bw" 2>/dev/null | head -1)"

@@ -3,7 +3,7 @@
 //! steps on networks (a network on a device, a short Trainer run).
 
 use crate::fail;
-use crate::util::{table, Align, Result};
+use crate::util::{fmt_ms, table, Align, Result};
 use kiln::data::{fashion_mnist, synthetic_classification, synthetic_regression, DataModule, FASHION_MNIST_CLASSES};
 use kiln::nn::{Flatten, LazyLinear, Linear, Loss, Module, ReLU, Sequential};
 use kiln::optim::OptimizerConfig;
@@ -200,7 +200,9 @@ pub fn run(args: TrainArgs) -> Result<()> {
                 format!("{:.4}", e.train_loss),
                 e.val_loss.map(|v| format!("{v:.4}")).unwrap_or_else(|| "-".into()),
                 e.val_metric.map(|v| format!("{:.2}%", 100.0 * v)).unwrap_or_else(|| "-".into()),
-                format!("{:.2} s", e.seconds),
+                // Milliseconds under a second: a GPU's epochs of the small
+                // networks take a few.
+                if e.seconds < 1.0 { fmt_ms(e.seconds * 1e3) } else { format!("{:.2} s", e.seconds) },
             ]
         })
         .collect();

@@ -47,6 +47,11 @@ fn census_device() -> std::result::Result<Option<Device>, common::Skip> {
             common::why_no_cuda()
         )));
     };
+    // A real GPU runs kernels without counting them: the census is the
+    // simulator's (on a GPU machine, scripts/gpu-check.sh times instead).
+    if !common::is_simulated_cuda(d) {
+        return Err(common::skip(format!("the launch census is taken by the CUDA simulator (scripts/cudasim.sh); {d} is a real GPU")));
+    }
     Ok(Some(d))
 }
 

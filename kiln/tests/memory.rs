@@ -14,7 +14,7 @@ mod common;
 use kiln::{cpu, memory_stats, reset_peak_memory, synchronize, thread_transfer_stats, DType, Device, Error, Result, Tensor};
 use std::sync::Mutex;
 
-const SLOTS: usize = 9;
+const SLOTS: usize = 10;
 const CAPACITY: usize = 64 << 20;
 
 /// The simulated GPU that test number `slot` owns.
@@ -251,7 +251,7 @@ fn memory_returns_to_baseline_on_the_cpu_and_cuda() {
 #[test]
 fn a_million_tiny_ops_leak_nothing() {
     on_own_gpu_and_cuda(5, |d| {
-        let simulated_cuda = common::is_cuda(d) && kiln::devices().iter().any(|i| i.device == d && i.name.starts_with("kiln cudasim"));
+        let simulated_cuda = common::is_simulated_cuda(d);
         tiny_ops_leak_nothing(d, if simulated_cuda { 100_000 } else { 1_000_000 });
     });
 }
@@ -372,4 +372,30 @@ fn memory_of_a_dropped_tensor_is_reusable_at_once_by_later_work_on_its_queue() {
     let after = memory_stats(&g).unwrap();
     // Unbooked once: back to the baseline exactly.
     assert_eq!((after.in_use, after.live_tensors), (base.in_use, base.live_tensors));
+}
+
+/// The process's peak resident memory (VmHWM), in bytes.
+fn peak_resident_bytes() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("a VmHWM line");
+    line.split_whitespace().nth(1).and_then(|kb| kb.parse::<usize>().ok()).expect("VmHWM in kB") * 1024
+}
+
+/// An upload that cannot fit on a GPU is refused before the host's
+/// elements are copied: the copy of a slice as large as most of a big GPU
+/// took most of the host's memory, and 40 s, before the device said no.
+/// The slice is 8 GiB of zeroed pages the host never touches (calloc), so
+/// a copy would raise the peak resident memory by 8 GiB.
+#[test]
+fn an_upload_that_cannot_fit_is_refused_before_its_host_copy() {
+    let d = own(9);
+    let n = 2usize << 30;
+    let host = vec![0f32; n];
+    let used = in_use(d);
+    let before = peak_resident_bytes();
+    expect_oom(Tensor::from_slice(&host, n, &d), d, 4 * n, used);
+    expect_oom(Tensor::new(host.as_slice(), &d), d, 4 * n, used);
+    let grew = peak_resident_bytes().saturating_sub(before);
+    assert!(grew < 1 << 30, "the refused uploads raised the peak resident memory by {}", kiln::human_bytes(grew));
+    assert_eq!((in_use(d), live(d)), (used, 0));
 }

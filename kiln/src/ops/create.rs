@@ -45,7 +45,9 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn new<T: WithDType, D: HostData<T> + ?Sized>(data: &D, device: &Device) -> Result<Tensor> {
-        Tensor::from_host_buffer(T::into_buffer(data.flatten()), data.shape(), device)
+        let shape = data.shape();
+        check_upload_fits(device, T::DTYPE, shape.elem_count())?;
+        Tensor::from_host_buffer(T::into_buffer(data.flatten()), shape, device)
     }
 
     /// A tensor of `shape` holding `data` (row-major), on `device`.
@@ -62,10 +64,22 @@ impl Tensor {
         Tensor::from_host_buffer(T::into_buffer(data), shape.into(), device)
     }
 
-    /// Like [`from_vec`](Self::from_vec), copying from a slice.
+    /// Like [`from_vec`](Self::from_vec), copying from a slice. An upload
+    /// the device cannot hold is `OutOfMemory` before the slice is copied,
+    /// and a copy the host cannot hold is `OutOfMemory` too.
+    ///
+    /// ```
+    /// use kiln::{Tensor, cpu};
+    /// let x = Tensor::from_slice(&[1f32, 2., 3., 4.], (2, 2), &cpu())?;
+    /// assert_eq!(x.to_vec::<f32>()?, vec![1., 2., 3., 4.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
     #[track_caller]
     pub fn from_slice<T: WithDType>(data: &[T], shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
-        Tensor::from_host_buffer(T::into_buffer(data.to_vec()), shape.into(), device)
+        check_upload_fits(device, T::DTYPE, data.len())?;
+        let mut owned = crate::runtime::memory::try_vec(data.len())?;
+        owned.extend_from_slice(data);
+        Tensor::from_host_buffer(T::into_buffer(owned), shape.into(), device)
     }
 
     fn filled(op: FillOp, shape: Shape, dtype: DType, device: &Device) -> Result<Tensor> {
@@ -241,5 +255,17 @@ impl Tensor {
     #[track_caller]
     pub fn new_default<T: WithDType, D: HostData<T> + ?Sized>(data: &D) -> Result<Tensor> {
         Tensor::new(data, &default_device())
+    }
+}
+
+/// Refuses an upload of `len` elements that cannot fit on `device` before
+/// the host's elements are copied: with most of a large GPU in use, that
+/// copy alone took most of the host's memory and 40 s before the device
+/// said no (seen on an H200). The upload checks again when it allocates.
+fn check_upload_fits(device: &Device, dtype: DType, len: usize) -> Result<()> {
+    let b = device_backend(*device)?;
+    match device {
+        Device::Cpu => Ok(()),
+        Device::Gpu(_) => b.pool().check_fits(len.saturating_mul(dtype.size_in_bytes())),
     }
 }

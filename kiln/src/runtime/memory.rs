@@ -163,6 +163,19 @@ impl MemoryPool {
         Ok(())
     }
 
+    /// The error [`reserve`](Self::reserve) would give for `bytes` now, if
+    /// any, booking nothing: lets an upload refuse before it copies the
+    /// host's elements (which may be most of the host's memory).
+    pub(crate) fn check_fits(&self, bytes: usize) -> Result<()> {
+        let current = self.in_use_now();
+        match (current.checked_add(bytes), self.capacity) {
+            (None, _) => Err(self.out_of_memory(bytes, current)),
+            (Some(_), _) if bytes > isize::MAX as usize => Err(self.out_of_memory(bytes, current)),
+            (Some(next), Some(cap)) if next > cap => Err(self.out_of_memory(bytes, current)),
+            _ => Ok(()),
+        }
+    }
+
     /// [`reserve`](Self::reserve) on the CPU: in this thread's slot.
     #[inline]
     fn reserve_per_thread(&self, bytes: usize) -> Result<()> {

@@ -188,6 +188,11 @@ pub fn is_cuda(device: Device) -> bool {
     kiln::devices().iter().any(|i| i.device == device && i.kind == DeviceKind::Cuda)
 }
 
+/// Whether `device` is a CUDA device of the CUDA simulator (scripts/cudasim.sh).
+pub fn is_simulated_cuda(device: Device) -> bool {
+    kiln::devices().iter().any(|i| i.device == device && i.kind == DeviceKind::Cuda && i.name.starts_with("kiln cudasim"))
+}
+
 /// The test binary's name without its hash (`cuda` for `cuda-0123abcd...`).
 pub fn suite_name() -> String {
     let exe = std::env::current_exe().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_default();
