@@ -108,7 +108,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
     if let Some(g) = &group {
         // Every rank learns whether rank 0 can write, so none waits for a
         // rank 0 that has given up.
-        let ok = g.broadcast(&Tensor::new(&[i64::from(out_dir.is_ok())], &cpu())?, 0)?.to_vec::<i64>()?[0] == 1;
+        let ok = g.broadcast(&Tensor::new(&[i64::from(out_dir.is_ok())], &g.device())?, 0)?.to_vec::<i64>()?[0] == 1;
         if !ok && !main {
             return Err(fail!("rank 0 cannot write its output directory {}", args.out.display()));
         }

@@ -11,7 +11,9 @@
 //! - a checkpoint written by rank 0 of 2 resumes in a world of one;
 //! - two ranks that call different collectives get an error naming both
 //!   calls; a rank that hangs is named by the others' watchdog within the
-//!   timeout, and the job ends; a killed rank ends the job.
+//!   timeout, and the job ends; a killed rank ends the job;
+//! - under the CUDA simulator with a CUDA device per rank, the NCCL engine
+//!   (its id broadcast over MPI) gives the same values and curve.
 //!
 //! Needs the `mpi` feature and Open MPI's `mpirun`
 //! (`cargo test -p kiln --features mpi --test dist`); otherwise each test
@@ -49,6 +51,7 @@ fn main() -> ExitCode {
         a_hung_rank_is_named_by_the_others_within_the_timeout,
         a_killed_rank_ends_the_job,
         started_calls_in_a_world_of_one,
+        collectives_and_lenet_through_nccl_bootstrapped_over_mpi,
     ])
 }
 
@@ -232,6 +235,24 @@ fn lenet_on_simulated_gpus_in_two_processes_follows_one_process_curve() -> Ran {
     compare_training(2, Setup::ThreeEpochs, &[("KILN_TEST_DIST_SIM", "1".into())], 1e-4, 1e-5)
 }
 
+/// With a CUDA device per rank (`KILN_CUDASIM_DEVICES=2 scripts/cudasim.sh`;
+/// CI runs it so): the NCCL engine, its id broadcast over MPI, which also
+/// carries host tensors, NCCL's declined calls (float max and min) and each
+/// NCCL call's fingerprint. Every collective's values, and LeNet follows
+/// one process.
+fn collectives_and_lenet_through_nccl_bootstrapped_over_mpi() -> Ran {
+    let cuda = common::cuda_devices().into_iter().filter(|&d| common::is_simulated_cuda(d)).count();
+    if cuda < 2 {
+        return Err(common::skip(
+            "needs a simulated CUDA device per rank: run under `KILN_CUDASIM_DEVICES=2 scripts/cudasim.sh` (CI does)",
+        ));
+    }
+    let env = [("KILN_TEST_DIST_ENGINE", "nccl".to_string())];
+    let run = mpirun(2, "collectives", &env, Duration::from_secs(600))?;
+    assert!(run.ok, "{}", run.output);
+    compare_training(2, Setup::ThreeEpochs, &env, 1e-4, 1e-5)
+}
+
 fn a_checkpoint_of_two_ranks_resumes_in_a_world_of_one() -> Ran {
     let dir = temp_dir("ckpt");
     let out = dir.join("result.txt");
@@ -406,6 +427,14 @@ fn worker(scenario: &str) -> ExitCode {
     }
 }
 
+/// The engine a scenario expects (`KILN_TEST_DIST_ENGINE`), checked.
+fn check_engine(g: &dist::Group) -> Result<()> {
+    match std::env::var("KILN_TEST_DIST_ENGINE") {
+        Ok(want) if want != g.engine() => Err(fail("dist test", format!("rank {}: engine {}, expected {want}", g.rank(), g.engine()))),
+        _ => Ok(()),
+    }
+}
+
 fn check(what: &str, got: Vec<f64>, want: Vec<f64>) -> Result<()> {
     let same = got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| a == b || (a.is_nan() && b.is_nan()));
     if same {
@@ -418,6 +447,7 @@ fn check(what: &str, got: Vec<f64>, want: Vec<f64>) -> Result<()> {
 fn worker_collectives() -> Result<()> {
     kiln::ensure_simulated_gpus(1, 64 << 20);
     let g = dist::init()?;
+    check_engine(&g)?;
     let (r, n) = (g.rank(), g.size());
     let (rf, nf) = (r as f64, n as f64);
     let tri = nf * (nf - 1.0) / 2.0;
@@ -779,6 +809,7 @@ fn worker_train() -> Result<()> {
         kiln::ensure_simulated_gpus(launch.size, 256 << 20);
     }
     let g = dist::init()?;
+    check_engine(&g)?;
     if sim && g.device() != kiln::gpu(g.local_rank()) {
         return Err(fail("dist test", format!("rank {} trains on {}", g.rank(), g.device())));
     }

@@ -23,8 +23,12 @@
 //! `KILN_CUDASIM_NCCL_TIMEOUT` seconds, 120; on a GPU that hangs) faults
 //! every waiting rank's context, as a failed kernel does, and is the
 //! communicator's asynchronous error.
+//!
+//! Communicators across processes (`ncclGetUniqueId`, `ncclCommInitRank`)
+//! meet through files instead (`world.rs`), with the same checks.
 
 mod run;
+mod world;
 
 use crate::context::{cuInit, injected_failure, sim};
 use crate::stream::{stream_of, Op, Stream};
@@ -42,6 +46,8 @@ const UNHANDLED_CUDA_ERROR: NcclResult = 1;
 const SYSTEM_ERROR: NcclResult = 2;
 const INVALID_ARGUMENT: NcclResult = 4;
 const INVALID_USAGE: NcclResult = 5;
+/// ncclRemoteError: a peer process exited or could not be reached.
+const REMOTE_ERROR: NcclResult = 6;
 
 /// The NCCL version this stands in for: 2.21.5.
 const VERSION: c_int = 22105;
@@ -81,8 +87,19 @@ pub unsafe extern "C" fn ncclGetErrorString(r: NcclResult) -> *const c_char {
     s.as_ptr()
 }
 
+/// The communicator's last failed collective, when `comm` names one that
+/// failed (as NCCL keeps the message of an asynchronous error), else this
+/// thread's last error.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclGetLastError(_comm: *mut c_void) -> *const c_char {
+pub unsafe extern "C" fn ncclGetLastError(comm: *mut c_void) -> *const c_char {
+    if let Some(c) = lock(comms()).get(&(comm as usize)) {
+        let last = lock(&c.last_error);
+        if !last.as_bytes().is_empty() {
+            // Owned by the communicator, which outlives this read (kiln
+            // copies the text at once, before it aborts the communicator).
+            return last.as_ptr();
+        }
+    }
     LAST.with(|l| l.borrow().as_ptr())
 }
 
@@ -115,6 +132,17 @@ pub(crate) struct Comm {
     next: AtomicU64,
     /// The first asynchronous error (`ncclCommGetAsyncError`).
     async_error: Mutex<NcclResult>,
+    /// The processes of a communicator across processes (`ncclCommInitRank`).
+    world: Option<Arc<world::World>>,
+    /// The message of the first failed collective (`ncclGetLastError`).
+    last_error: Mutex<CString>,
+}
+
+impl Comm {
+    /// The number of ranks.
+    fn size(&self) -> usize {
+        self.world.as_ref().map(|w| w.size).unwrap_or(self.clique.devs.len())
+    }
 }
 
 /// Live communicators by handle.
@@ -162,11 +190,78 @@ pub unsafe extern "C" fn ncclCommInitAll(out: *mut *mut c_void, ndev: c_int, dev
         let clique = Arc::new(Clique { devs: devs.clone(), meetings: Mutex::new(HashMap::new()), cv: Condvar::new() });
         let mut live = lock(comms());
         for (rank, &dev) in devs.iter().enumerate() {
-            let c = Arc::new(Comm { clique: clique.clone(), rank, dev, next: AtomicU64::new(0), async_error: Mutex::new(OK) });
+            let c = Arc::new(Comm {
+                clique: clique.clone(),
+                rank,
+                dev,
+                next: AtomicU64::new(0),
+                async_error: Mutex::new(OK),
+                world: None,
+                last_error: Mutex::new(CString::default()),
+            });
             let h = Arc::as_ptr(&c) as *mut c_void;
             live.insert(h as usize, c);
             *out.add(rank) = h;
         }
+        OK
+    }
+}
+
+/// `ncclUniqueId`: 128 opaque bytes.
+#[repr(C)]
+pub struct UniqueId {
+    internal: [u8; world::ID_BYTES],
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGetUniqueId(id: *mut UniqueId) -> NcclResult {
+    unsafe {
+        if id.is_null() {
+            return fail(INVALID_ARGUMENT, "ncclGetUniqueId: null pointer".into());
+        }
+        if injected_failure("ncclGetUniqueId") {
+            return fail(SYSTEM_ERROR, "ncclGetUniqueId: failing as KILN_CUDASIM_FAIL asks".into());
+        }
+        (*id).internal = world::unique_id();
+        OK
+    }
+}
+
+/// Joins the communicator `id` names as `rank` of `nranks`, on the current
+/// device; blocks until every rank has joined (or the timeout).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommInitRank(out: *mut *mut c_void, nranks: c_int, id: UniqueId, rank: c_int) -> NcclResult {
+    unsafe {
+        if out.is_null() || nranks < 1 || !(0..nranks).contains(&rank) {
+            return fail(INVALID_ARGUMENT, format!("ncclCommInitRank: comm {out:?}, nranks {nranks}, rank {rank}"));
+        }
+        if sim().is_none() {
+            return fail(UNHANDLED_CUDA_ERROR, "ncclCommInitRank: no CUDA device (cudasim: KILN_CUDASIM=1 is not set)".into());
+        }
+        let _ = cuInit(0);
+        let Some(dev) = crate::context::current_device() else {
+            return fail(INVALID_USAGE, "ncclCommInitRank: no current device (call cudaSetDevice or make a context current first)".into());
+        };
+        if injected_failure("ncclCommInitRank") {
+            return fail(SYSTEM_ERROR, "ncclCommInitRank: failing as KILN_CUDASIM_FAIL asks".into());
+        }
+        let world = match world::World::join(&id.internal, nranks as usize, rank as usize) {
+            Ok(w) => Arc::new(w),
+            Err(msg) => return fail(SYSTEM_ERROR, msg),
+        };
+        let clique = Arc::new(Clique { devs: vec![dev], meetings: Mutex::new(HashMap::new()), cv: Condvar::new() });
+        let c = Arc::new(Comm {
+            clique,
+            rank: rank as usize,
+            dev,
+            next: AtomicU64::new(0),
+            async_error: Mutex::new(OK),
+            world: Some(world),
+            last_error: Mutex::new(CString::default()),
+        });
+        let h = Arc::as_ptr(&c) as *mut c_void;
+        lock(comms()).insert(h as usize, c);
+        *out = h;
         OK
     }
 }
@@ -176,13 +271,23 @@ pub unsafe extern "C" fn ncclCommInitAll(out: *mut *mut c_void, ndev: c_int, dev
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommDestroy(c: *mut c_void) -> NcclResult {
     match lock(comms()).remove(&(c as usize)) {
-        Some(_) => OK,
+        Some(comm) => {
+            if let Some(w) = &comm.world {
+                w.leave();
+            }
+            OK
+        }
         None => fail(INVALID_ARGUMENT, format!("ncclCommDestroy: invalid communicator {c:?}")),
     }
 }
 
+/// Destroys a communicator; a collective of it waiting for other processes
+/// gives up (its context faults).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommAbort(c: *mut c_void) -> NcclResult {
+    if let Some(w) = lock(comms()).get(&(c as usize)).and_then(|c| c.world.clone()) {
+        w.aborted.store(true, Ordering::SeqCst);
+    }
     unsafe { ncclCommDestroy(c) }
 }
 
@@ -204,7 +309,7 @@ unsafe fn query<T>(c: *mut c_void, out: *mut T, what: &str, value: impl FnOnce(&
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommCount(c: *mut c_void, count: *mut c_int) -> NcclResult {
-    unsafe { query(c, count, "ncclCommCount", |c| c.clique.devs.len() as c_int) }
+    unsafe { query(c, count, "ncclCommCount", |c| c.size() as c_int) }
 }
 
 #[unsafe(no_mangle)]
@@ -396,7 +501,7 @@ unsafe fn collective(
     let name = kind.name();
     let checked = (|| -> Result<(Arc<Stream>, Task), (NcclResult, String)> {
         let comm = lock(comms()).get(&(c as usize)).cloned().ok_or((INVALID_ARGUMENT, format!("{name}: invalid communicator {c:?}")))?;
-        let n = comm.clique.devs.len();
+        let n = comm.size();
         let ty = Ty::from_code(ty).ok_or((INVALID_ARGUMENT, format!("{name}: invalid data type {ty} (cudasim has no fp8)")))?;
         let op = match op {
             Some(code) => Some(RedOp::from_code(code).ok_or((INVALID_ARGUMENT, format!("{name}: invalid reduction operation {code}")))?),

@@ -23,7 +23,7 @@ pub(super) struct Meeting {
 }
 
 /// How long a rank waits for the others (`KILN_CUDASIM_NCCL_TIMEOUT`).
-fn timeout() -> Duration {
+pub(super) fn timeout() -> Duration {
     static T: OnceLock<Duration> = OnceLock::new();
     *T.get_or_init(|| {
         Duration::from_secs(std::env::var("KILN_CUDASIM_NCCL_TIMEOUT").ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(120))
@@ -34,11 +34,17 @@ impl Task {
     /// This rank's stream reached the collective: waits for every rank,
     /// the last of which runs it.
     pub(crate) fn run(self, sim: &Sim) -> Result<(), (crate::CUresult, String)> {
-        let outcome = self.meet(sim, Some((self.call, self.send, self.recv)));
+        let part = Some((self.call, self.send, self.recv));
+        let outcome = match &self.comm.world {
+            Some(world) => world.meet(sim, self.comm.dev, self.seq, part),
+            None => self.meet(sim, part),
+        };
         outcome.map_err(|e| {
+            // The message first: a caller that sees the error reads it.
+            *lock(&self.comm.last_error) = std::ffi::CString::new(e.replace('\0', " ")).unwrap_or_default();
             let mut err = lock(&self.comm.async_error);
             if *err == OK {
-                *err = UNHANDLED_CUDA_ERROR;
+                *err = if self.comm.world.is_some() { super::REMOTE_ERROR } else { UNHANDLED_CUDA_ERROR };
             }
             (LAUNCH_FAILED, e)
         })
@@ -47,7 +53,10 @@ impl Task {
     /// This rank's context faulted before the collective: the others learn
     /// it instead of waiting.
     pub(crate) fn abandon(self, sim: &Sim) {
-        let _ = self.meet(sim, None);
+        let _ = match &self.comm.world {
+            Some(world) => world.meet(sim, self.comm.dev, self.seq, None),
+            None => self.meet(sim, None),
+        };
     }
 
     fn meet(&self, sim: &Sim, call: Arrival) -> Result<(), String> {
@@ -176,7 +185,7 @@ fn run_collective(sim: &Sim, devs: &[usize], calls: &[Option<Arrival>]) -> Resul
 }
 
 /// `acc = op(acc, x)` elementwise over values of `ty` (native byte order).
-fn combine(ty: Ty, op: RedOp, acc: &mut [u8], x: &[u8]) {
+pub(super) fn combine(ty: Ty, op: RedOp, acc: &mut [u8], x: &[u8]) {
     macro_rules! ints {
         ($t:ty) => {{
             const S: usize = std::mem::size_of::<$t>();
@@ -225,7 +234,7 @@ fn combine(ty: Ty, op: RedOp, acc: &mut [u8], x: &[u8]) {
 }
 
 /// `acc /= n` elementwise (ncclAvg; integers divide towards zero).
-fn divide(ty: Ty, acc: &mut [u8], n: usize) {
+pub(super) fn divide(ty: Ty, acc: &mut [u8], n: usize) {
     macro_rules! each {
         ($t:ty, $acc:ty, $to:expr, $from:expr) => {{
             const S: usize = std::mem::size_of::<$t>();

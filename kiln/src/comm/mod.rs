@@ -73,7 +73,7 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
-    fn combine(self) -> Combine {
+    pub(crate) fn combine(self) -> Combine {
         match self {
             ReduceOp::Sum | ReduceOp::Mean => Combine::Sum,
             ReduceOp::Max => Combine::Max,

@@ -26,6 +26,20 @@ pub(crate) trait Engine: Send + Sync {
     fn run(&self, call: Call) -> Result<HostBuf> {
         self.submit(call)?.wait()
     }
+    /// Runs `kind` on this rank's tensor `t` where it is, without the host,
+    /// when the engine can (NCCL, on this rank's CUDA device): the result as
+    /// a tensor of `dims` on `t`'s device, written into `into` when given
+    /// (a mean is not divided yet). `None`: the call goes through host
+    /// memory ([`submit`](Self::submit)).
+    fn on_device(
+        &self,
+        _kind: CallKind,
+        _t: &crate::Tensor,
+        _dims: &[usize],
+        _into: Option<&crate::Tensor>,
+    ) -> Option<Result<crate::Tensor>> {
+        None
+    }
     /// How long a call waits for the other ranks before it is an error.
     fn timeout(&self) -> Duration;
     /// Sets that wait.

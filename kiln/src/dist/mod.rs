@@ -51,6 +51,7 @@ mod engine;
 mod launch;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod nccl;
 mod sampler;
 mod wire;
 
@@ -67,6 +68,7 @@ use wire::{dist_error, Call, CallKind, HostBuf, HostView, Payload};
 /// The engines, in the order they are tried for a launch. A new engine is a
 /// folder under `dist/` plus one line here.
 const ENGINES: &[(&str, Open)] = &[
+    ("nccl", nccl::open),
     #[cfg(feature = "mpi")]
     ("mpi", mpi::open),
     ("single", engine::open_single),
@@ -194,7 +196,7 @@ pub fn launch() -> Result<Launch> {
 }
 
 /// The names of the engines compiled into this build, in the order they
-/// are tried (`"mpi"` with the `mpi` feature, then `"single"`).
+/// are tried (`"nccl"`, `"mpi"` with the `mpi` feature, then `"single"`).
 pub fn engines() -> Vec<&'static str> {
     ENGINES.iter().map(|(name, _)| *name).collect()
 }
@@ -240,9 +242,10 @@ fn open_world() -> Result<Group> {
              otherwise every rank would train alone on all the data"
         )
     } else {
+        let why = nccl::describe(&launch).err().unwrap_or_else(|| "NCCL did not start".into());
         format!(
-            "this process is {launch}: torchrun-style launches need NCCL across processes, which this build does not have; \
-             launch with mpirun or srun and build with `--features mpi`"
+            "this process is {launch}: torchrun-style launches need NCCL across processes on this rank's CUDA device, and \
+             {why}; launch with mpirun or srun and build with `--features mpi` (which also moves CPU tensors)"
         )
     };
     Err(dist_error(launch.rank, launch.size, "dist::init", why))
@@ -253,9 +256,10 @@ fn open_world() -> Result<Group> {
 pub fn describe() -> String {
     let engines = engines().join(", ");
     let this = match launch() {
-        Ok(l) if l.size > 1 => match ENGINES.iter().find(|(name, _)| *name != "single") {
-            Some((name, _)) => format!("{l}: engine {name}"),
-            None => format!("{l}: no engine in this build (rebuild with `--features mpi`)"),
+        Ok(l) if l.size > 1 => match (nccl::describe(&l), ENGINES.iter().find(|(name, _)| !matches!(*name, "single" | "nccl"))) {
+            (Ok(nccl), _) => format!("{l}: engine nccl ({nccl})"),
+            (Err(_), Some((name, _))) => format!("{l}: engine {name}"),
+            (Err(why), None) => format!("{l}: no engine in this build for it ({why}; rebuild with `--features mpi`)"),
         },
         Ok(l) => format!("{l}"),
         Err(e) => e.to_string(),
@@ -307,7 +311,7 @@ impl Group {
         self.device
     }
 
-    /// The engine's name (`"mpi"`, `"single"`).
+    /// The engine's name (`"nccl"`, `"mpi"`, `"single"`).
     pub fn engine(&self) -> &'static str {
         self.engine.name()
     }
@@ -387,6 +391,9 @@ impl Group {
     /// so f16 and bf16 are rounded once).
     fn collective(&self, kind: CallKind, t: &Tensor, dims: &[usize]) -> Result<Tensor> {
         let _g = no_grad();
+        if let Some(out) = self.on_device(kind, t, dims, None) {
+            return out;
+        }
         let out = self.run(kind, self.payload(kind, t)?)?;
         out.into_tensor(t.dtype(), dims, &t.device(), self.mean_divisor(kind))
     }
@@ -395,7 +402,61 @@ impl Group {
     /// [`Work`] makes a tensor of `dims` on `t`'s device from the result.
     fn collective_async(&self, kind: CallKind, t: &Tensor, dims: &[usize]) -> Result<Work> {
         let _g = no_grad();
+        if let Some(out) = self.on_device(kind, t, dims, None) {
+            return Ok(self.done_work(kind, out?, t));
+        }
         self.submit(kind, Payload::Staged(HostBuf::of(t)?), t, dims, None)
+    }
+
+    /// `kind` on `t` on its device through the engine, booked as a call,
+    /// when the engine runs it there (see [`Engine::on_device`]): the
+    /// result, a mean divided (written into `into` when given). A mean of
+    /// f16 or bf16 is summed and divided in f32 and rounded once, as the
+    /// staged path does.
+    fn on_device(&self, kind: CallKind, t: &Tensor, dims: &[usize], into: Option<&Tensor>) -> Option<Result<Tensor>> {
+        let start = Instant::now();
+        let divisor = self.mean_divisor(kind);
+        let half_mean = divisor.is_some() && matches!(t.dtype(), DType::F16 | DType::BF16);
+        let wide;
+        let (input, engine_into) = if half_mean {
+            wide = match t.to_dtype(DType::F32) {
+                Ok(w) => w,
+                Err(e) => return Some(Err(e)),
+            };
+            (&wide, None)
+        } else {
+            (t, into)
+        };
+        let out = self.engine.on_device(kind, input, dims, engine_into)?;
+        let out = out.and_then(|out| match (half_mean, divisor) {
+            (true, Some(n)) => {
+                let mean = out.div_scalar(n as f64)?.to_dtype(t.dtype())?;
+                match into {
+                    Some(dst) => dst.assign(&mean).map(|()| dst.clone()),
+                    None => Ok(mean),
+                }
+            }
+            _ => divide_in_place(&out, divisor).map(|()| out),
+        });
+        let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        s.calls += 1;
+        s.bytes += (t.elem_count() * t.dtype().size_in_bytes()) as u64;
+        s.seconds += start.elapsed().as_secs_f64();
+        Some(out)
+    }
+
+    /// The [`Work`] of a call already done on the device: `out`.
+    fn done_work(&self, kind: CallKind, out: Tensor, t: &Tensor) -> Work {
+        Work {
+            pending: Box::new(engine::Done(Ok(HostBuf::U8(Vec::new())))),
+            op: kind.name(),
+            dtype: t.dtype(),
+            dims: out.dims().to_vec(),
+            device: t.device(),
+            divisor: None,
+            stats: self.stats.clone(),
+            into: Some(out),
+        }
     }
 
     /// [`all_reduce_`](Self::all_reduce_), started: the engine writes the
@@ -410,6 +471,9 @@ impl Group {
         self.check_mean("all_reduce_async_in_place", t, op)?;
         let _g = no_grad();
         let kind = CallKind::AllReduce(op);
+        if let Some(out) = self.on_device(kind, t, t.dims(), Some(t)) {
+            return Ok(self.done_work(kind, out?, t));
+        }
         match HostView::of(t, true).filter(|_| self.size() > 1) {
             Some(view) => self.submit(kind, Payload::InPlace(view), t, t.dims(), Some(t.clone())),
             None => self.submit(kind, Payload::Staged(HostBuf::of(t)?), t, t.dims(), None),
@@ -451,6 +515,9 @@ impl Group {
     fn collective_into(&self, kind: CallKind, t: &Tensor) -> Result<()> {
         let _g = no_grad();
         let divisor = self.mean_divisor(kind);
+        if let Some(out) = self.on_device(kind, t, t.dims(), Some(t)) {
+            return out.map(drop);
+        }
         if let Some(view) = HostView::of(t, true) {
             self.run(kind, Payload::InPlace(view))?;
             return divide_in_place(t, divisor);

@@ -135,3 +135,45 @@ mod tests {
         assert_eq!(ring_all_reduce_sent(&chunk_bounds(12, 1), 0), 0);
     }
 }
+
+/// One rank's collective across processes, on device memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RankCall {
+    /// Every rank's input combined; `len` elements in and out.
+    AllReduce(Combine),
+    /// The root's input on every rank.
+    Broadcast { root: usize },
+    /// Every rank's `len` elements, rank 0's first: the output holds
+    /// `size · len`.
+    AllGather,
+    /// The combination's `rank`-th piece of `len` elements: the input holds
+    /// `size · len`.
+    ReduceScatter(Combine),
+}
+
+/// Communicators across processes on one kind of device (NCCL on CUDA):
+/// the [`Backend::process_comms`](crate::kernel::Backend::process_comms)
+/// of a backend that has them.
+pub(crate) trait ProcessComms: Send + Sync {
+    /// What runs the calls ("NCCL 2.21.5").
+    fn name(&self) -> String;
+    /// Whether it combines `dtype` with `op` as kiln does.
+    fn reduces(&self, dtype: DType, op: Combine) -> bool;
+    /// A new id for a communicator (rank 0 makes it and hands it to the
+    /// others), or the one the environment names (`NCCL_COMM_ID`).
+    fn unique_id(&self) -> Result<Vec<u8>>;
+    /// Joins the communicator `id` names as `rank` of `size`, on `device`
+    /// (one of this backend's): blocks until every rank has joined.
+    fn join(&self, device: &'static dyn crate::kernel::Backend, id: &[u8], size: usize, rank: usize) -> Result<Box<dyn RankComm>>;
+}
+
+/// This process's rank of a communicator across processes.
+pub(crate) trait RankComm: Send + Sync {
+    /// Queues `call` on the device after the work queued so far: reads
+    /// `input`, writes `output` (each contiguous on this rank's device).
+    fn queue(&self, call: RankCall, input: &Part, output: &Part) -> Result<()>;
+    /// Waits until the calls queued so far are done: an error names a
+    /// failed call, or the wait that passed `timeout` (the communicator is
+    /// then aborted, so the device is not left waiting for a dead rank).
+    fn wait(&self, timeout: std::time::Duration) -> Result<()>;
+}

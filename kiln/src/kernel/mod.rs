@@ -414,6 +414,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn communicator(&self) -> Option<&'static dyn crate::kernel::comm::Communicator> {
         None
     }
+    /// Communicators across processes on this backend's devices (NCCL on
+    /// CUDA), or why there are none; the engine `dist` uses for tensors on
+    /// such a device, never staged through the host.
+    fn process_comms(&self) -> std::result::Result<&'static dyn crate::kernel::comm::ProcessComms, String> {
+        Err(format!("{} has no communicator across processes", self.kind()))
+    }
     /// Where the device's queues spent their time, when it keeps count.
     fn queue_times(&self) -> Option<QueueTimes> {
         None

@@ -49,9 +49,11 @@ pub(super) fn broadcast_module(group: &Group, net: &mut dyn Module) -> Result<()
     net.visit_buffers_mut(&mut |_, b| group.broadcast_(b, 0))
 }
 
-/// Rank 0's shuffling seed, on every rank.
+/// Rank 0's shuffling seed, on every rank. (On the group's device, as the
+/// epoch's sums: an engine that moves only device tensors, NCCL under
+/// torchrun-style variables, takes it.)
 pub(super) fn broadcast_seed(group: &Group, seed: u64) -> Result<u64> {
-    let t = Tensor::new(&[seed as i64], &Device::Cpu)?;
+    let t = Tensor::new(&[seed as i64], &group.device())?;
     Ok(group.broadcast(&t, 0)?.to_vec::<i64>()?[0] as u64)
 }
 
@@ -259,7 +261,7 @@ impl Trainer {
 /// host.
 pub(super) fn reduce_epoch_sums(group: &Group, values: Vec<f64>) -> Result<Vec<f64>> {
     let len = values.len();
-    group.all_reduce(&Tensor::from_vec(values, len, &Device::Cpu)?, ReduceOp::Sum)?.to_vec::<f64>()
+    group.all_reduce(&Tensor::from_vec(values, len, &group.device())?, ReduceOp::Sum)?.to_vec::<f64>()
 }
 
 #[cfg(test)]

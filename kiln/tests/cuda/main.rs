@@ -23,6 +23,7 @@ mod dnn;
 mod faults;
 mod no_gpu;
 mod ops;
+mod processes;
 
 use cnn_fuzz::*;
 use collectives::*;
@@ -31,6 +32,7 @@ use dnn::*;
 use faults::*;
 use no_gpu::*;
 use ops::*;
+use processes::*;
 
 use common::{Ran, Skip};
 use kiln::{cpu, DType, Device, DeviceKind, Error, FallbackReason, Result, Tensor};
@@ -39,6 +41,8 @@ use std::sync::RwLock;
 fn main() -> std::process::ExitCode {
     common::run_suite(trials![
         gpu_count_is_cuda_devices_then_simulated_ones,
+        two_processes_on_one_cuda_device_each_run_nccl_collectives_and_train_lenet_as_one_process,
+        a_rank_that_exits_or_calls_another_collective_is_named_by_the_other_through_nccl,
         without_a_driver_try_gpu_falls_back_and_says_why,
         with_a_driver_but_no_device_try_gpu_says_so,
         nvrtc_compiles_every_kernel_family_for_sm90,

@@ -593,6 +593,9 @@ impl Backend for CudaBackend {
     fn why_no_communicator(&self) -> Option<String> {
         nccl::get().err().map(str::to_string)
     }
+    fn process_comms(&self) -> std::result::Result<&'static dyn crate::kernel::comm::ProcessComms, String> {
+        nccl::get().map(|n| n as &'static dyn crate::kernel::comm::ProcessComms).map_err(str::to_string)
+    }
     fn synchronize(&self) -> Result<()> {
         let mark = self.written.mark();
         self.guarded("cuStreamSynchronize", || {

@@ -41,7 +41,7 @@ use super::nvrtc::{dl, fn_ptr, open_library};
 use super::{ck, dev_ptr, CudaBackend, Raw};
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
-use crate::kernel::comm::{Combine, Communicator, Part};
+use crate::kernel::comm::{Combine, Communicator, Part, ProcessComms, RankCall, RankComm};
 use crate::kernel::storage::Storage;
 use crate::kernel::Backend;
 use cudarc::driver::sys as cu;
@@ -75,6 +75,23 @@ struct Api {
     error_string: unsafe extern "C" fn(Res) -> *const c_char,
     /// `ncclGetLastError` (NCCL 2.13 and later).
     last_error: Option<unsafe extern "C" fn(Comm) -> *const c_char>,
+    /// Communicators across processes, where the library has them.
+    ranks: Option<RankApi>,
+}
+
+/// `ncclUniqueId`: 128 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct UniqueId {
+    internal: [u8; 128],
+}
+
+/// The NCCL functions of communicators across processes.
+struct RankApi {
+    get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> Res,
+    comm_init_rank: unsafe extern "C" fn(*mut Comm, c_int, UniqueId, c_int) -> Res,
+    comm_get_async_error: unsafe extern "C" fn(Comm, *mut Res) -> Res,
+    comm_abort: unsafe extern "C" fn(Comm) -> Res,
 }
 
 impl Api {
@@ -104,6 +121,15 @@ impl Api {
                 reduce_scatter: fn_ptr(need("ncclReduceScatter")?),
                 error_string: fn_ptr(need("ncclGetErrorString")?),
                 last_error: sym("ncclGetLastError").map(|p| fn_ptr(p)),
+                ranks: match (sym("ncclGetUniqueId"), sym("ncclCommInitRank"), sym("ncclCommGetAsyncError"), sym("ncclCommAbort")) {
+                    (Some(a), Some(b), Some(c), Some(d)) => Some(RankApi {
+                        get_unique_id: fn_ptr(a),
+                        comm_init_rank: fn_ptr(b),
+                        comm_get_async_error: fn_ptr(c),
+                        comm_abort: fn_ptr(d),
+                    }),
+                    _ => None,
+                },
             })
         }
     }
@@ -466,6 +492,184 @@ impl Communicator for Nccl {
             drop(released);
         }
         Ok(())
+    }
+}
+
+impl ProcessComms for Nccl {
+    fn name(&self) -> String {
+        Communicator::name(self)
+    }
+
+    fn reduces(&self, dtype: DType, op: Combine) -> bool {
+        reduces_like_kiln(dtype, op)
+    }
+
+    fn unique_id(&self) -> Result<Vec<u8>> {
+        let api = self.rank_api()?;
+        let mut id = UniqueId { internal: [0; 128] };
+        // SAFETY: out-pointer to a local of ncclUniqueId's layout.
+        let r =
+            catch_unwind(AssertUnwindSafe(|| unsafe { (api.get_unique_id)(&mut id) })).unwrap_or(nc::ncclResult_t::ncclSystemError as Res);
+        if r != OK {
+            return Err(Error::Backend {
+                device: crate::Device::Cpu,
+                msg: format!("ncclGetUniqueId failed: {} (NCCL_DEBUG=WARN for NCCL's report)", self.api.describe(r, std::ptr::null_mut())),
+            });
+        }
+        Ok(id.internal.to_vec())
+    }
+
+    fn join(&self, device: &'static dyn Backend, id: &[u8], size: usize, rank: usize) -> Result<Box<dyn RankComm>> {
+        let api = self.rank_api()?;
+        let dev = cuda_of(device)?;
+        let mut unique = UniqueId { internal: [0; 128] };
+        if id.len() != unique.internal.len() {
+            return Err(dev.err(format!("an NCCL unique id is 128 bytes, not {}", id.len())));
+        }
+        unique.internal.copy_from_slice(id);
+        dev.bind()?;
+        let mut comm: Comm = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; the id is passed by value; the
+        // device's context is current (NCCL takes the current device).
+        let r = catch_unwind(AssertUnwindSafe(|| unsafe { (api.comm_init_rank)(&mut comm, size as c_int, unique, rank as c_int) }))
+            .unwrap_or(nc::ncclResult_t::ncclSystemError as Res);
+        if r != OK {
+            return Err(dev.err(format!(
+                "ncclCommInitRank (rank {rank} of {size}) failed: {}; check that every rank started and that NCCL can reach \
+                 the others (NCCL_SOCKET_IFNAME, NCCL_DEBUG=WARN for NCCL's report)",
+                self.api.describe(r, std::ptr::null_mut())
+            )));
+        }
+        // The process's NCCL (`self` is it): kept for the life of the process.
+        let nccl = get().map_err(|e| dev.err(e))?;
+        Ok(Box::new(NcclRank { nccl, dev, comm: Raw(comm), rank, size, lock: Mutex::new(Vec::new()) }))
+    }
+}
+
+impl Nccl {
+    fn rank_api(&self) -> Result<&RankApi> {
+        self.api.ranks.as_ref().ok_or_else(|| Error::Backend {
+            device: crate::Device::Cpu,
+            msg: "this NCCL library lacks ncclGetUniqueId, ncclCommInitRank, ncclCommGetAsyncError or ncclCommAbort \
+                  (too old?): upgrade NCCL for collectives across processes"
+                .into(),
+        })
+    }
+}
+
+/// This process's rank of an NCCL communicator across processes. Its calls
+/// run on the device's compute stream, in the order they are queued.
+struct NcclRank {
+    nccl: &'static Nccl,
+    dev: &'static CudaBackend,
+    comm: Raw<Comm>,
+    rank: usize,
+    size: usize,
+    /// Held while a call is issued (every rank must issue its calls in the
+    /// same order): the storages of the calls queued since the last wait.
+    lock: Mutex<Vec<Arc<Storage>>>,
+}
+
+impl NcclRank {
+    fn fail(&self, msg: String) -> Error {
+        self.dev.err(format!("rank {} of {} through NCCL: {msg}", self.rank, self.size))
+    }
+}
+
+impl RankComm for NcclRank {
+    fn queue(&self, call: RankCall, input: &Part, output: &Part) -> Result<()> {
+        if let Some(fault) = input.storage.fault() {
+            output.storage.poison(&fault);
+            return Ok(());
+        }
+        let api = &self.nccl.api;
+        let size = input.storage.dtype.size_in_bytes();
+        let dt = datatype(input.storage.dtype);
+        let send = (dev_ptr(self.dev, &input.storage)? + (input.offset * size) as u64) as *const c_void;
+        let recv = (dev_ptr(self.dev, &output.storage)? + (output.offset * size) as u64) as *mut c_void;
+        let mut held = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.dev.bind()?;
+        let (stream, comm) = (self.dev.stream.0 as NcclStream, self.comm.0);
+        let (name, r) = catch_unwind(AssertUnwindSafe(|| unsafe {
+            // SAFETY: device addresses of live storages (kept in `held` until
+            // the next wait) on this rank's device, `len` elements each as
+            // the call needs (checked by the front end); the stream and the
+            // communicator are this rank's.
+            match call {
+                RankCall::AllReduce(op) => ("ncclAllReduce", (api.all_reduce)(send, recv, input.len, dt, red_op(op), comm, stream)),
+                RankCall::Broadcast { root } => ("ncclBroadcast", (api.broadcast)(send, recv, input.len, dt, root as c_int, comm, stream)),
+                RankCall::AllGather => ("ncclAllGather", (api.all_gather)(send, recv, input.len, dt, comm, stream)),
+                RankCall::ReduceScatter(op) => {
+                    ("ncclReduceScatter", (api.reduce_scatter)(send, recv, output.len, dt, red_op(op), comm, stream))
+                }
+            }
+        }))
+        .unwrap_or(("an NCCL call", nc::ncclResult_t::ncclSystemError as Res));
+        if r != OK {
+            return Err(self.fail(format!("{name} refused: {}; nothing was queued", api.describe(r, comm))));
+        }
+        held.extend([input.storage.clone(), output.storage.clone()]);
+        self.dev.written.push(&output.storage);
+        Ok(())
+    }
+
+    fn wait(&self, timeout: std::time::Duration) -> Result<()> {
+        let ranks = self.nccl.rank_api()?;
+        let held = std::mem::take(&mut *self.lock.lock().unwrap_or_else(|e| e.into_inner()));
+        self.dev.bind()?;
+        let mut ev: cu::CUevent = std::ptr::null_mut();
+        // SAFETY: an event of this device's context, recorded on its stream,
+        // queried, then destroyed.
+        unsafe {
+            ck(cu::cuEventCreate(&mut ev, 2), "cuEventCreate").map_err(|e| self.dev.err(e))?;
+            if let Err(e) = ck(cu::cuEventRecord(ev, self.dev.stream.0), "cuEventRecord") {
+                let _ = cu::cuEventDestroy_v2(ev);
+                return Err(self.dev.err(e));
+            }
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        let mut pause = std::time::Duration::from_micros(10);
+        let outcome = loop {
+            // SAFETY: the event above; the communicator is live.
+            let q = unsafe { cu::cuEventQuery(ev) };
+            if q == cu::CUresult::CUDA_SUCCESS {
+                break Ok(());
+            }
+            let mut async_err: Res = OK;
+            // SAFETY: out-pointer to a local; a live communicator.
+            let r = unsafe { (ranks.comm_get_async_error)(self.comm.0, &mut async_err) };
+            if r != OK || async_err != OK {
+                let code = if r != OK { r } else { async_err };
+                // NCCL's words first: the abort frees the communicator.
+                let words = self.nccl.api.describe(code, self.comm.0);
+                // SAFETY: a live communicator, aborted once.
+                unsafe { (ranks.comm_abort)(self.comm.0) };
+                break Err(self.fail(format!(
+                    "a collective failed: {words}; the communicator was aborted, so this group is broken \
+                     (NCCL_DEBUG=WARN for NCCL's report)"
+                )));
+            }
+            if q != cu::CUresult::CUDA_ERROR_NOT_READY {
+                break Err(self.fail(format!("waiting for its collectives: {q:?}")));
+            }
+            if std::time::Instant::now() >= deadline {
+                // SAFETY: as above.
+                unsafe { (ranks.comm_abort)(self.comm.0) };
+                break Err(self.fail(format!(
+                    "its collectives did not finish within {:.0} s (KILN_DIST_TIMEOUT): another rank is dead or hung, or \
+                     called other collectives; the communicator was aborted",
+                    timeout.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(1));
+        };
+        // SAFETY: the event is no longer used.
+        unsafe {
+            let _ = cu::cuEventDestroy_v2(ev);
+        }
+        drop(held);
+        outcome
     }
 }
 
