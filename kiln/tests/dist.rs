@@ -247,10 +247,20 @@ fn collectives_and_lenet_through_nccl_bootstrapped_over_mpi() -> Ran {
             "needs a simulated CUDA device per rank: run under `KILN_CUDASIM_DEVICES=2 scripts/cudasim.sh` (CI does)",
         ));
     }
-    let env = [("KILN_TEST_DIST_ENGINE", "nccl".to_string())];
+    // The simulator's NCCL meets in a folder of this test's own.
+    let meet = temp_dir("nccl");
+    let dir = ("KILN_CUDASIM_NCCL_DIR", meet.display().to_string());
+    let env = [("KILN_TEST_DIST_ENGINE", "nccl".to_string()), dir.clone()];
     let run = mpirun(2, "collectives", &env, Duration::from_secs(600))?;
     assert!(run.ok, "{}", run.output);
-    compare_training(2, Setup::ThreeEpochs, &env, 1e-4, 1e-5)
+    compare_training(2, Setup::ThreeEpochs, &env, 1e-4, 1e-5)?;
+    // Different NCCL calls: the fingerprints (over MPI) name both, before NCCL runs either.
+    let env = [("KILN_TEST_DIST_ENGINE", "nccl".to_string()), ("KILN_TEST_DIST_ON_DEVICE", "1".to_string()), dir];
+    let run = mpirun(2, "mismatch", &env, Duration::from_secs(120))?;
+    assert!(!run.ok, "the job must end with an error:\n{}", run.output);
+    assert!(run.output.contains("rank 0 all_reduce (sum) of 4 f32 elements, rank 1 all_reduce (sum) of 5 f32 elements"), "{}", run.output);
+    let _ = std::fs::remove_dir_all(meet);
+    Ok(())
 }
 
 fn a_checkpoint_of_two_ranks_resumes_in_a_world_of_one() -> Ran {
@@ -281,7 +291,8 @@ fn ranks_calling_different_collectives_get_an_error_naming_both() -> Ran {
     let run = mpirun(2, "mismatch", &[], Duration::from_secs(120))?;
     assert!(!run.ok, "the job must end with an error:\n{}", run.output);
     assert!(
-        run.output.contains("rank 0 called #2 all_reduce (sum) of 4 f32 elements, rank 1 called #2 all_reduce (sum) of 5 f32 elements"),
+        // #3: init agrees on NCCL (#1), the barrier is #2.
+        run.output.contains("rank 0 called #3 all_reduce (sum) of 4 f32 elements, rank 1 called #3 all_reduce (sum) of 5 f32 elements"),
         "{}",
         run.output
     );
@@ -294,7 +305,7 @@ fn a_hung_rank_is_named_by_the_others_within_the_timeout() -> Ran {
     for r in [0, 2] {
         assert!(
             run.output.contains(&format!(
-                "rank {r} of 3: all_reduce: rank 1 (its last collective: #1 all_reduce (sum) of 2 f32 elements) did not reach #2 all_reduce"
+                "rank {r} of 3: all_reduce: rank 1 (its last collective: #2 all_reduce (sum) of 2 f32 elements) did not reach #3 all_reduce"
             )),
             "rank {r} names rank 1:\n{}",
             run.output
@@ -828,9 +839,11 @@ fn worker_train() -> Result<()> {
 
 fn worker_mismatch() -> Result<()> {
     let g = dist::init()?;
+    check_engine(&g)?;
     g.barrier()?;
     let len = if g.rank() == 0 { 4 } else { 5 };
-    let x = Tensor::zeros(len, DType::F32, &cpu())?;
+    let device = if std::env::var_os("KILN_TEST_DIST_ON_DEVICE").is_some() { g.device() } else { cpu() };
+    let x = Tensor::zeros(len, DType::F32, &device)?;
     match g.all_reduce(&x, ReduceOp::Sum) {
         Ok(_) => Err(fail("dist test", "different collectives gave a result")),
         Err(e) => {

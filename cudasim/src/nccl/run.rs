@@ -41,7 +41,12 @@ impl Task {
         };
         outcome.map_err(|e| {
             // The message first: a caller that sees the error reads it.
-            *lock(&self.comm.last_error) = std::ffi::CString::new(e.replace('\0', " ")).unwrap_or_default();
+            // Kept once: a pointer ncclGetLastError gave stays valid.
+            let mut last = lock(&self.comm.last_error);
+            if last.as_bytes().is_empty() {
+                *last = std::ffi::CString::new(e.replace('\0', " ")).unwrap_or_default();
+            }
+            drop(last);
             let mut err = lock(&self.comm.async_error);
             if *err == OK {
                 *err = if self.comm.world.is_some() { super::REMOTE_ERROR } else { UNHANDLED_CUDA_ERROR };

@@ -90,7 +90,13 @@ fn alive(pid: u32) -> bool {
 
 /// Polls `ready` until it gives a value, a rank exits (its pid is gone),
 /// `stop` is set, or the timeout passes.
-fn poll<T>(what: &str, pids: &[u32], stop: &AtomicBool, mut ready: impl FnMut() -> Result<Option<T>, String>) -> Result<T, String> {
+fn poll<T>(
+    what: &str,
+    pids: &[u32],
+    stop: &AtomicBool,
+    missing: impl Fn() -> String,
+    mut ready: impl FnMut() -> Result<Option<T>, String>,
+) -> Result<T, String> {
     let deadline = Instant::now() + timeout();
     let mut pause = Duration::from_micros(20);
     loop {
@@ -105,7 +111,8 @@ fn poll<T>(what: &str, pids: &[u32], stop: &AtomicBool, mut ready: impl FnMut() 
         }
         if Instant::now() >= deadline {
             return Err(format!(
-                "{what}: not every rank arrived within {} s (KILN_CUDASIM_NCCL_TIMEOUT); on a GPU this hangs",
+                "{what}: {} did not arrive within {} s (KILN_CUDASIM_NCCL_TIMEOUT); on a GPU this hangs",
+                missing(),
                 timeout().as_secs()
             ));
         }
@@ -134,7 +141,11 @@ impl World {
         publish(&root.join(format!("join.{rank}")), me.to_string().as_bytes())?;
         let what = format!("ncclCommInitRank (rank {rank} of {size})");
         let never = AtomicBool::new(false);
-        let pids = poll(&what, &[], &never, || {
+        let missing = || {
+            let gone: Vec<usize> = (0..size).filter(|r| !root.join(format!("join.{r}")).exists()).collect();
+            format!("ranks {gone:?}")
+        };
+        let pids = poll(&what, &[], &never, missing, || {
             let mut pids = Vec::with_capacity(size);
             for r in 0..size {
                 let Ok(text) = std::fs::read_to_string(root.join(format!("join.{r}"))) else { return Ok(None) };
@@ -178,7 +189,11 @@ impl World {
             None => mine.push(FAULTED),
         }
         publish(&self.file(seq, self.rank), &mine).map_err(|e| format!("{what}: {e}"))?;
-        let inputs = poll(&what, &self.pids, &self.aborted, || {
+        let missing = || {
+            let gone: Vec<usize> = (0..n).filter(|&r| !self.file(seq, r).exists()).collect();
+            format!("ranks {gone:?}")
+        };
+        let inputs = poll(&what, &self.pids, &self.aborted, missing, || {
             let mut all = Vec::with_capacity(n);
             for r in 0..n {
                 match std::fs::read(self.file(seq, r)) {
@@ -217,7 +232,7 @@ impl World {
 
     /// Removes this rank's files (at `ncclCommDestroy`). An aborted
     /// communicator keeps its last collective's file: a rank still on its
-    /// way there reads it (and so finds a mismatch itself).
+    /// way there reads it (a mismatch is then found there too).
     pub(super) fn leave(&self) {
         let last = self.last.load(Ordering::SeqCst);
         if last != u64::MAX && !self.aborted.load(Ordering::SeqCst) {

@@ -28,15 +28,17 @@ pub(crate) trait Engine: Send + Sync {
     }
     /// Runs `kind` on this rank's tensor `t` where it is, without the host,
     /// when the engine can (NCCL, on this rank's CUDA device): the result as
-    /// a tensor of `dims` on `t`'s device, written into `into` when given
-    /// (a mean is not divided yet). `None`: the call goes through host
-    /// memory ([`submit`](Self::submit)).
+    /// a tensor of `dims` on `t`'s device, written into `into` when given,
+    /// a mean divided by `divisor`. `None`: the call goes through host
+    /// memory ([`submit`](Self::submit)). The choice depends only on what
+    /// every rank shares (the call, the dtype, the kind of device).
     fn on_device(
         &self,
         _kind: CallKind,
         _t: &crate::Tensor,
         _dims: &[usize],
         _into: Option<&crate::Tensor>,
+        _divisor: Option<usize>,
     ) -> Option<Result<crate::Tensor>> {
         None
     }

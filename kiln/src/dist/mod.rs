@@ -410,34 +410,10 @@ impl Group {
 
     /// `kind` on `t` on its device through the engine, booked as a call,
     /// when the engine runs it there (see [`Engine::on_device`]): the
-    /// result, a mean divided (written into `into` when given). A mean of
-    /// f16 or bf16 is summed and divided in f32 and rounded once, as the
-    /// staged path does.
+    /// result, a mean divided (written into `into` when given).
     fn on_device(&self, kind: CallKind, t: &Tensor, dims: &[usize], into: Option<&Tensor>) -> Option<Result<Tensor>> {
         let start = Instant::now();
-        let divisor = self.mean_divisor(kind);
-        let half_mean = divisor.is_some() && matches!(t.dtype(), DType::F16 | DType::BF16);
-        let wide;
-        let (input, engine_into) = if half_mean {
-            wide = match t.to_dtype(DType::F32) {
-                Ok(w) => w,
-                Err(e) => return Some(Err(e)),
-            };
-            (&wide, None)
-        } else {
-            (t, into)
-        };
-        let out = self.engine.on_device(kind, input, dims, engine_into)?;
-        let out = out.and_then(|out| match (half_mean, divisor) {
-            (true, Some(n)) => {
-                let mean = out.div_scalar(n as f64)?.to_dtype(t.dtype())?;
-                match into {
-                    Some(dst) => dst.assign(&mean).map(|()| dst.clone()),
-                    None => Ok(mean),
-                }
-            }
-            _ => divide_in_place(&out, divisor).map(|()| out),
-        });
+        let out = self.engine.on_device(kind, t, dims, into, self.mean_divisor(kind))?;
         let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
         s.calls += 1;
         s.bytes += (t.elem_count() * t.dtype().size_in_bytes()) as u64;
@@ -737,7 +713,7 @@ impl Group {
 /// Divides `t`, which a collective wrote in place, by `divisor` (a mean),
 /// in place; a failed division leaves `t` poisoned, since it then holds the
 /// sum and not the mean.
-fn divide_in_place(t: &Tensor, divisor: Option<usize>) -> Result<()> {
+pub(crate) fn divide_in_place(t: &Tensor, divisor: Option<usize>) -> Result<()> {
     if let Some(n) = divisor
         && let Err(e) = t.div_scalar(n as f64).and_then(|m| t.assign(&m))
     {

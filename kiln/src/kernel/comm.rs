@@ -176,4 +176,8 @@ pub(crate) trait RankComm: Send + Sync {
     /// failed call, or the wait that passed `timeout` (the communicator is
     /// then aborted, so the device is not left waiting for a dead rank).
     fn wait(&self, timeout: std::time::Duration) -> Result<()>;
+    /// Aborts the communicator after this rank failed on its own side of a
+    /// call (its calls from now on are `err`): the other ranks then fail or
+    /// time out rather than pair their next call with this rank's.
+    fn abort(&self, err: &crate::Error);
 }

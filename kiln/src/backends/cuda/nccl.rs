@@ -542,7 +542,7 @@ impl ProcessComms for Nccl {
         }
         // The process's NCCL (`self` is it): kept for the life of the process.
         let nccl = get().map_err(|e| dev.err(e))?;
-        Ok(Box::new(NcclRank { nccl, dev, comm: Raw(comm), rank, size, lock: Mutex::new(Vec::new()) }))
+        Ok(Box::new(NcclRank { nccl, dev, comm: Raw(comm), rank, size, lock: Mutex::new(Vec::new()), broken: Mutex::new(None) }))
     }
 }
 
@@ -566,21 +566,51 @@ struct NcclRank {
     rank: usize,
     size: usize,
     /// Held while a call is issued (every rank must issue its calls in the
-    /// same order): the storages of the calls queued since the last wait.
-    lock: Mutex<Vec<Arc<Storage>>>,
+    /// same order): the (input, output) storages of the calls queued since
+    /// the last wait.
+    lock: Mutex<Vec<(Arc<Storage>, Arc<Storage>)>>,
+    /// Why the communicator was aborted: it is freed, so every later call
+    /// is this error.
+    broken: Mutex<Option<Error>>,
 }
 
 impl NcclRank {
     fn fail(&self, msg: String) -> Error {
         self.dev.err(format!("rank {} of {} through NCCL: {msg}", self.rank, self.size))
     }
+
+    fn check_open(&self) -> Result<()> {
+        match &*self.broken.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(e) => Err(self.fail(format!("the communicator was aborted after an earlier failure ({e}); start a new job"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Aborts the communicator once (the other ranks' calls then fail or
+    /// time out instead of waiting for this one) and records why.
+    fn break_with(&self, err: &Error) {
+        let mut broken = self.broken.lock().unwrap_or_else(|e| e.into_inner());
+        if broken.is_none() {
+            if let Ok(ranks) = self.nccl.rank_api() {
+                // SAFETY: a live communicator, aborted once (`broken` guards it).
+                let _ = catch_unwind(AssertUnwindSafe(|| unsafe { (ranks.comm_abort)(self.comm.0) }));
+            }
+            *broken = Some(err.clone());
+        }
+    }
 }
 
 impl RankComm for NcclRank {
     fn queue(&self, call: RankCall, input: &Part, output: &Part) -> Result<()> {
+        self.check_open()?;
+        // The other ranks make this call whatever happens here: a rank that
+        // cannot take part breaks the communicator (they then fail too)
+        // rather than skip it and pair its next call with their current one.
         if let Some(fault) = input.storage.fault() {
-            output.storage.poison(&fault);
-            return Ok(());
+            let err = self.fail(format!("the input of this rank's collective was not computed ({fault}); the group is broken"));
+            output.storage.poison(&err);
+            self.break_with(&err);
+            return Err(err);
         }
         let api = &self.nccl.api;
         let size = input.storage.dtype.size_in_bytes();
@@ -606,16 +636,41 @@ impl RankComm for NcclRank {
         }))
         .unwrap_or(("an NCCL call", nc::ncclResult_t::ncclSystemError as Res));
         if r != OK {
-            return Err(self.fail(format!("{name} refused: {}; nothing was queued", api.describe(r, comm))));
+            let err = self.fail(format!("{name} refused: {}; nothing was queued, and the group is broken", api.describe(r, comm)));
+            drop(held);
+            self.break_with(&err);
+            return Err(err);
         }
-        held.extend([input.storage.clone(), output.storage.clone()]);
+        held.push((input.storage.clone(), output.storage.clone()));
         self.dev.written.push(&output.storage);
         Ok(())
     }
 
+    fn abort(&self, err: &Error) {
+        self.break_with(err);
+    }
+
     fn wait(&self, timeout: std::time::Duration) -> Result<()> {
+        self.check_open()?;
         let ranks = self.nccl.rank_api()?;
         let held = std::mem::take(&mut *self.lock.lock().unwrap_or_else(|e| e.into_inner()));
+        let outcome = self.wait_for_stream(ranks, timeout);
+        if let Err(e) = &outcome {
+            // Written part-way, or not at all: reading an output is the error.
+            for (_, out) in &held {
+                out.poison(e);
+            }
+            self.break_with(e);
+        }
+        drop(held);
+        outcome
+    }
+}
+
+impl NcclRank {
+    /// Waits for the work queued on the device's stream so far, watching the
+    /// communicator's asynchronous error and the timeout.
+    fn wait_for_stream(&self, ranks: &RankApi, timeout: std::time::Duration) -> Result<()> {
         self.dev.bind()?;
         let mut ev: cu::CUevent = std::ptr::null_mut();
         // SAFETY: an event of this device's context, recorded on its stream,
@@ -640,10 +695,8 @@ impl RankComm for NcclRank {
             let r = unsafe { (ranks.comm_get_async_error)(self.comm.0, &mut async_err) };
             if r != OK || async_err != OK {
                 let code = if r != OK { r } else { async_err };
-                // NCCL's words first: the abort frees the communicator.
+                // NCCL's words before the abort (in `wait`) frees the communicator.
                 let words = self.nccl.api.describe(code, self.comm.0);
-                // SAFETY: a live communicator, aborted once.
-                unsafe { (ranks.comm_abort)(self.comm.0) };
                 break Err(self.fail(format!(
                     "a collective failed: {words}; the communicator was aborted, so this group is broken \
                      (NCCL_DEBUG=WARN for NCCL's report)"
@@ -653,8 +706,6 @@ impl RankComm for NcclRank {
                 break Err(self.fail(format!("waiting for its collectives: {q:?}")));
             }
             if std::time::Instant::now() >= deadline {
-                // SAFETY: as above.
-                unsafe { (ranks.comm_abort)(self.comm.0) };
                 break Err(self.fail(format!(
                     "its collectives did not finish within {:.0} s (KILN_DIST_TIMEOUT): another rank is dead or hung, or \
                      called other collectives; the communicator was aborted",
@@ -668,7 +719,6 @@ impl RankComm for NcclRank {
         unsafe {
             let _ = cu::cuEventDestroy_v2(ev);
         }
-        drop(held);
         outcome
     }
 }

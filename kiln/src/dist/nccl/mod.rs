@@ -32,21 +32,33 @@ use std::time::Duration;
 
 /// Opens the engine when this process computes on a device whose backend
 /// has communicators across processes and the launch can bootstrap them.
+/// Under an MPI launcher every rank must agree: NCCL serves the launch only
+/// when each rank has such a device (an `srun` that shows each task one GPU
+/// leaves local ranks past 0 on the CPU); otherwise every rank takes the
+/// MPI engine, as before.
 pub(crate) fn open(launch: &Launch, timeout: Duration) -> Option<Result<Box<dyn Engine>>> {
-    if launch.size < 2 || launch.local_rank >= crate::num_gpus() {
+    if launch.size < 2 {
+        return None;
+    }
+    let local = local_comms(launch);
+    if launch.launcher.is_mpi() {
+        let mpi = match mpi_engine(launch, timeout)? {
+            Ok(e) => e,
+            Err(e) => return Some(Err(e)),
+        };
+        return Some(start_over_mpi(launch, timeout, local, mpi));
+    }
+    let (device, comms) = local?;
+    Some(start_from_env(launch, timeout, device, comms))
+}
+
+/// This process's device and its backend's communicators across processes.
+fn local_comms(launch: &Launch) -> Option<(Device, &'static dyn ProcessComms)> {
+    if launch.local_rank >= crate::num_gpus() {
         return None;
     }
     let device = Device::Gpu(launch.local_rank);
-    let comms = registry::backend(device).ok()?.process_comms().ok()?;
-    let inner = if launch.launcher.is_mpi() {
-        match mpi_engine(launch, timeout)? {
-            Ok(e) => Some(e),
-            Err(e) => return Some(Err(e)),
-        }
-    } else {
-        None
-    };
-    Some(start(launch, timeout, device, comms, inner))
+    Some((device, registry::backend(device).ok()?.process_comms().ok()?))
 }
 
 /// What serves this launch's device tensors across processes ("NCCL
@@ -72,42 +84,70 @@ fn mpi_engine(_: &Launch, _: Duration) -> Option<Result<Box<dyn Engine>>> {
     None
 }
 
-fn start(
+/// Under MPI: the ranks agree (through MPI) whether every one can use NCCL
+/// and rank 0 has an id; then MPI broadcasts the id. Any "no" gives every
+/// rank the MPI engine itself.
+fn start_over_mpi(
     launch: &Launch,
     timeout: Duration,
-    device: Device,
-    comms: &'static dyn ProcessComms,
-    inner: Option<Box<dyn Engine>>,
+    local: Option<(Device, &'static dyn ProcessComms)>,
+    mpi: Box<dyn Engine>,
 ) -> Result<Box<dyn Engine>> {
     let (rank, size) = (launch.rank, launch.size);
-    let err = |msg: String| dist_error(rank, size, "dist::init", msg);
-    let id = match &inner {
-        Some(mpi) => {
-            let mine = if rank == 0 { comms.unique_id()? } else { vec![0u8; 128] };
-            let call = Call { kind: CallKind::Broadcast { root: 0 }, data: Payload::Staged(HostBuf::U8(mine)) };
-            match mpi.run(call)? {
-                HostBuf::U8(id) => id,
-                _ => return Err(err("the NCCL id came back as another type (a kiln bug: please report it)".into())),
-            }
-        }
-        None => {
-            if std::env::var_os("NCCL_COMM_ID").is_none() {
-                let (Ok(addr), Ok(port)) = (std::env::var("MASTER_ADDR"), std::env::var("MASTER_PORT")) else {
-                    return Err(err(format!(
-                        "this process is {launch}: NCCL's bootstrap needs MASTER_ADDR and MASTER_PORT (or NCCL_COMM_ID) set to \
-                         rank 0's address and a free port, or launch with mpirun or srun (build with `--features mpi`)"
-                    )));
-                };
-                // SAFETY: set once, while the group is made, before this
-                // process starts NCCL (which reads it) or other threads of
-                // kiln's that read the environment.
-                unsafe { std::env::set_var("NCCL_COMM_ID", format!("{addr}:{port}")) };
-            }
-            comms.unique_id()?
-        }
+    let id = match (rank, local) {
+        (0, Some((_, comms))) => comms.unique_id().ok(),
+        _ => None,
+    };
+    let can = i64::from(local.is_some() && (rank != 0 || id.is_some()));
+    let all = mpi.run(Call { kind: CallKind::AllReduce(ReduceOp::Min), data: Payload::Staged(HostBuf::I64(vec![can])) })?;
+    let (HostBuf::I64(all), Some((device, comms))) = (all, local) else { return Ok(mpi) };
+    if all != [1] {
+        return Ok(mpi);
+    }
+    let mine = id.unwrap_or_else(|| vec![0u8; 128]);
+    let id = match mpi.run(Call { kind: CallKind::Broadcast { root: 0 }, data: Payload::Staged(HostBuf::U8(mine)) })? {
+        HostBuf::U8(id) => id,
+        _ => return Err(dist_error(rank, size, "dist::init", "the NCCL id came back as another type (a kiln bug: please report it)")),
     };
     let rank_comm = comms.join(registry::backend(device)?, &id, size, rank)?;
-    Ok(Box::new(NcclEngine { rank, size, device, comms, rank_comm, inner, timeout: Mutex::new(timeout) }))
+    Ok(Box::new(NcclEngine::new(launch, device, comms, rank_comm, Some(mpi), timeout)))
+}
+
+/// Under torchrun-style variables: NCCL's own bootstrap. `NCCL_COMM_ID`,
+/// when unset, is `MASTER_ADDR` and `KILN_NCCL_PORT` (default
+/// `MASTER_PORT + 1`: torchrun's agent keeps its store on `MASTER_PORT`),
+/// set for the bootstrap and removed after it.
+fn start_from_env(launch: &Launch, timeout: Duration, device: Device, comms: &'static dyn ProcessComms) -> Result<Box<dyn Engine>> {
+    let (rank, size) = (launch.rank, launch.size);
+    let err = |msg: String| dist_error(rank, size, "dist::init", msg);
+    let set_here = if std::env::var_os("NCCL_COMM_ID").is_none() {
+        let addr = std::env::var("MASTER_ADDR").ok();
+        let port = match std::env::var("KILN_NCCL_PORT") {
+            Ok(p) => p.trim().parse::<u16>().ok(),
+            Err(_) => std::env::var("MASTER_PORT").ok().and_then(|p| p.trim().parse::<u16>().ok()).and_then(|p| p.checked_add(1)),
+        };
+        let (Some(addr), Some(port)) = (addr, port) else {
+            return Err(err(format!(
+                "this process is {launch}: NCCL's bootstrap needs MASTER_ADDR and MASTER_PORT (or KILN_NCCL_PORT, or \
+                 NCCL_COMM_ID) naming rank 0's address and a port; or launch with mpirun or srun (build with `--features mpi`)"
+            )));
+        };
+        let host = if addr.contains(':') && !addr.starts_with('[') { format!("[{addr}]") } else { addr };
+        // SAFETY: the environment is written while the group is made, which
+        // programs do first; a thread reading the environment meanwhile (in
+        // C, getenv) could see it torn. NCCL reads it in ncclGetUniqueId and,
+        // on rank 0, in ncclCommInitRank; it is removed after.
+        unsafe { std::env::set_var("NCCL_COMM_ID", format!("{host}:{port}")) };
+        true
+    } else {
+        false
+    };
+    let joined = comms.unique_id().and_then(|id| comms.join(registry::backend(device)?, &id, size, rank));
+    if set_here {
+        // SAFETY: as above.
+        unsafe { std::env::remove_var("NCCL_COMM_ID") };
+    }
+    Ok(Box::new(NcclEngine::new(launch, device, comms, joined?, None, timeout)))
 }
 
 struct NcclEngine {
@@ -119,6 +159,31 @@ struct NcclEngine {
     /// The MPI engine of an MPI launch: host tensors and fingerprints.
     inner: Option<Box<dyn Engine>>,
     timeout: Mutex<Duration>,
+    /// Held from a call's fingerprint to its end, so that two threads'
+    /// calls reach NCCL in the order they passed the check, on every rank.
+    calls: Mutex<()>,
+}
+
+impl NcclEngine {
+    fn new(
+        launch: &Launch,
+        device: Device,
+        comms: &'static dyn ProcessComms,
+        rank_comm: Box<dyn RankComm>,
+        inner: Option<Box<dyn Engine>>,
+        timeout: Duration,
+    ) -> NcclEngine {
+        NcclEngine {
+            rank: launch.rank,
+            size: launch.size,
+            device,
+            comms,
+            rank_comm,
+            inner,
+            timeout: Mutex::new(timeout),
+            calls: Mutex::new(()),
+        }
+    }
 }
 
 impl NcclEngine {
@@ -137,32 +202,35 @@ impl NcclEngine {
 
     /// Checks across the ranks that each called `kind` on `len` elements
     /// of `dtype`, through the MPI engine when there is one.
-    fn check_fingerprint(&self, kind: CallKind, dtype: crate::DType, len: usize) -> Result<()> {
-        let Some(mpi) = &self.inner else { return Ok(()) };
-        let (code, root) = match kind {
-            CallKind::AllReduce(op) => (1 + op as i64, 0),
-            CallKind::ReduceScatter(op) => (10 + op as i64, 0),
-            CallKind::Broadcast { root } => (20, root as i64),
-            CallKind::AllGather => (30, 0),
-            CallKind::Reduce { .. } | CallKind::Barrier | CallKind::Send { .. } | CallKind::Recv { .. } => (40, 0),
+    fn check_fingerprint(&self, kind: CallKind, dtype: crate::DType, len: usize, failed: Option<&str>) -> Result<()> {
+        let Some(mpi) = &self.inner else {
+            return match failed {
+                Some(why) => Err(dist_error(self.rank, self.size, kind.name(), why.to_string())),
+                None => Ok(()),
+            };
         };
-        let mine = vec![code, dtype as i64, len as i64, root];
+        let mine = vec![fingerprint_code(kind), dtype as i64, len as i64, root_of(kind), i64::from(failed.is_some())];
         let all = match mpi.run(Call { kind: CallKind::AllGather, data: Payload::Staged(HostBuf::I64(mine.clone())) })? {
             HostBuf::I64(v) => v,
             _ => return Err(dist_error(self.rank, self.size, kind.name(), "fingerprints came back as another type (a kiln bug)")),
         };
-        for (r, theirs) in all.chunks(4).enumerate() {
-            if theirs != mine.as_slice() {
-                return Err(dist_error(
+        let err = |msg: String| Err(dist_error(self.rank, self.size, kind.name(), msg));
+        if let Some(why) = failed {
+            return err(why.to_string());
+        }
+        for (r, theirs) in all.chunks(5).enumerate() {
+            if theirs.get(4) == Some(&1) {
+                return err(format!(
+                    "rank {r} could not take part in this collective (its error is in its own output); the call was not made"
+                ));
+            }
+            if theirs[..4] != mine[..4] {
+                return err(format!(
+                    "the ranks called different collectives through NCCL: rank {} {}, rank {r} {}; every rank must make the same \
+                     calls in the same order",
                     self.rank,
-                    self.size,
-                    kind.name(),
-                    format!(
-                        "the ranks called different collectives through NCCL: rank {} {} of {len} {dtype} elements \
-                         (fingerprint {mine:?}), rank {r} fingerprint {theirs:?}; every rank must make the same calls in the same order",
-                        self.rank,
-                        kind.name()
-                    ),
+                    describe_fingerprint(&mine),
+                    describe_fingerprint(theirs)
                 ));
             }
         }
@@ -191,7 +259,7 @@ impl Engine for NcclEngine {
         if matches!(call.kind, CallKind::Barrier) {
             // A one-element all-reduce on the device, waited for.
             let one = Tensor::zeros(1, crate::DType::U8, &self.device)?;
-            let done = self.on_device(CallKind::AllReduce(ReduceOp::Sum), &one, &[1], None).unwrap_or_else(|| Ok(one.clone()));
+            let done = self.on_device(CallKind::AllReduce(ReduceOp::Sum), &one, &[1], None, None).unwrap_or_else(|| Ok(one.clone()));
             return Ok(Box::new(Done(done.map(|_| HostBuf::U8(Vec::new())))));
         }
         Err(dist_error(
@@ -207,26 +275,21 @@ impl Engine for NcclEngine {
         ))
     }
 
-    fn on_device(&self, kind: CallKind, t: &Tensor, dims: &[usize], into: Option<&Tensor>) -> Option<Result<Tensor>> {
+    fn on_device(
+        &self,
+        kind: CallKind,
+        t: &Tensor,
+        dims: &[usize],
+        into: Option<&Tensor>,
+        divisor: Option<usize>,
+    ) -> Option<Result<Tensor>> {
         // Chosen by the tensor's kind of device, dtype and call, which every
-        // rank shares (a rank's own device differs from the others'): a
-        // tensor on another device of this kind is moved to this rank's.
+        // rank shares (a rank's own device differs from the others').
         if registry::backend(t.device()).ok()?.process_comms().is_err() {
             return None;
         }
         let call = self.rank_call(kind, t.dtype())?;
-        if t.device() == self.device {
-            return Some(self.run_on_device(kind, call, t, dims, into));
-        }
-        let moved = (|| {
-            let here = t.to(&self.device)?;
-            let out = self.run_on_device(kind, call, &here, dims, None)?.to(&t.device())?;
-            match into {
-                Some(dst) => dst.assign(&out).map(|()| dst.clone()),
-                None => Ok(out),
-            }
-        })();
-        Some(moved)
+        Some(self.run_on_device(kind, call, t, dims, into, divisor))
     }
 
     fn timeout(&self) -> Duration {
@@ -242,33 +305,137 @@ impl Engine for NcclEngine {
 }
 
 impl NcclEngine {
-    fn run_on_device(&self, kind: CallKind, call: RankCall, t: &Tensor, dims: &[usize], into: Option<&Tensor>) -> Result<Tensor> {
-        self.check_fingerprint(kind, t.dtype(), t.elem_count())?;
-        let input = t.contiguous()?;
-        let out = match into {
-            // In place: NCCL reads and writes the same elements.
-            Some(dst) if dst.is_contiguous() && dst.same_storage(&input) && dst.layout.offset() == input.layout.offset() => dst.clone(),
-            _ => {
-                let len: usize = dims.iter().product();
-                let b = registry::backend(self.device)?;
-                Tensor::from_storage(backends::alloc_on(b, self.device, t.dtype(), len)?, crate::Shape::from(dims.to_vec()))
+    /// This rank's part of `call`: prepared here (a tensor on another device
+    /// of this kind moved to this rank's, a half-precision mean widened to
+    /// f32 so that it is rounded once, as on the staged path, the output
+    /// allocated), then every rank's fingerprint checked (with whether each
+    /// could prepare: a rank that could not makes every rank fail, not skip
+    /// the call), then the NCCL call, waited for; then the mean divided.
+    fn run_on_device(
+        &self,
+        kind: CallKind,
+        call: RankCall,
+        t: &Tensor,
+        dims: &[usize],
+        into: Option<&Tensor>,
+        divisor: Option<usize>,
+    ) -> Result<Tensor> {
+        let _order = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        let half_mean = divisor.is_some() && matches!(t.dtype(), crate::DType::F16 | crate::DType::BF16);
+        let prepared = self.prepare(t, dims, into, half_mean);
+        let failed = prepared.as_ref().err().map(|e| e.to_string());
+        let shared = self.check_fingerprint(kind, t.dtype(), t.elem_count(), failed.as_deref());
+        let (input, out) = match (prepared, shared) {
+            (Ok(p), Ok(())) => p,
+            (Err(e), _) | (Ok(_), Err(e)) => {
+                // The other ranks learn it (fingerprints), or, without MPI,
+                // their calls fail or time out on the aborted communicator.
+                self.rank_comm.abort(&e);
+                return Err(e);
             }
         };
         let part = |x: &Tensor| Part { storage: (*x.storage).clone(), offset: x.layout.offset(), len: x.elem_count() };
-        let (inp, outp) = (part(&input), part(&out));
-        // A reduce-scatter's part is each rank's piece.
-        let outp = match call {
-            RankCall::ReduceScatter(_) => Part { len: out.elem_count(), ..outp },
-            RankCall::AllReduce(_) | RankCall::Broadcast { .. } | RankCall::AllGather => outp,
-        };
-        self.rank_comm.queue(call, &inp, &outp)?;
+        self.rank_comm.queue(call, &part(&input), &part(&out))?;
         self.rank_comm.wait(self.timeout()).map_err(|e| dist_error(self.rank, self.size, kind.name(), e.to_string()))?;
+        drop(_order);
+        // The result in `t`'s dtype and device, divided for a mean.
+        let result = match (half_mean, divisor) {
+            (true, Some(n)) => out.div_scalar(n as f64)?.to_dtype(t.dtype())?,
+            _ => {
+                super::divide_in_place(&out, divisor)?;
+                out
+            }
+        };
+        let result = if result.device() == t.device() { result } else { result.to(&t.device())? };
         match into {
-            Some(dst) if !dst.same_storage(&out) => {
-                dst.assign(&out)?;
+            Some(dst) if !dst.same_storage(&result) => {
+                dst.assign(&result)?;
                 Ok(dst.clone())
             }
-            _ => Ok(out),
+            _ => Ok(result),
         }
     }
+
+    /// The input on this rank's device and the tensor NCCL writes: `into`
+    /// itself when NCCL can work there in place.
+    fn prepare(&self, t: &Tensor, dims: &[usize], into: Option<&Tensor>, half_mean: bool) -> Result<(Tensor, Tensor)> {
+        let mut input = if t.device() == self.device { t.contiguous()? } else { t.to(&self.device)?.contiguous()? };
+        if half_mean {
+            input = input.to_dtype(crate::DType::F32)?;
+        }
+        let in_place = !half_mean
+            && t.device() == self.device
+            && into.is_some_and(|dst| dst.is_contiguous() && dst.same_storage(&input) && dst.layout.offset() == input.layout.offset());
+        let out = match into {
+            Some(dst) if in_place => dst.clone(),
+            _ => {
+                let len: usize = dims.iter().product();
+                let b = registry::backend(self.device)?;
+                Tensor::from_storage(backends::alloc_on(b, self.device, input.dtype(), len)?, crate::Shape::from(dims.to_vec()))
+            }
+        };
+        Ok((input, out))
+    }
+}
+
+/// A call's number in a fingerprint.
+fn fingerprint_code(kind: CallKind) -> i64 {
+    match kind {
+        CallKind::AllReduce(op) => 1 + op as i64,
+        CallKind::ReduceScatter(op) => 10 + op as i64,
+        CallKind::Broadcast { .. } => 20,
+        CallKind::AllGather => 30,
+        CallKind::Reduce { .. } | CallKind::Barrier | CallKind::Send { .. } | CallKind::Recv { .. } => 40,
+    }
+}
+
+fn root_of(kind: CallKind) -> i64 {
+    match kind {
+        CallKind::Broadcast { root } | CallKind::Reduce { root, .. } => root as i64,
+        CallKind::AllReduce(_)
+        | CallKind::ReduceScatter(_)
+        | CallKind::AllGather
+        | CallKind::Barrier
+        | CallKind::Send { .. }
+        | CallKind::Recv { .. } => 0,
+    }
+}
+
+/// A fingerprint in words: "all_reduce (op 0) of 4 elements of dtype 1".
+fn describe_fingerprint(f: &[i64]) -> String {
+    let call = match f.first().copied().unwrap_or(-1) {
+        c @ 1..=9 => format!("all_reduce ({})", reduction(c - 1)),
+        c @ 10..=19 => format!("reduce_scatter ({})", reduction(c - 10)),
+        20 => format!("broadcast from rank {}", f.get(3).copied().unwrap_or(-1)),
+        30 => "all_gather".to_string(),
+        c => format!("call {c}"),
+    };
+    let dtype = [
+        crate::DType::U8,
+        crate::DType::I32,
+        crate::DType::I64,
+        crate::DType::F16,
+        crate::DType::BF16,
+        crate::DType::F32,
+        crate::DType::F64,
+    ]
+    .into_iter()
+    .find(|d| *d as i64 == f.get(1).copied().unwrap_or(-1))
+    .map(|d| d.to_string())
+    .unwrap_or_else(|| "?".into());
+    format!("{call} of {} {dtype} elements", f.get(2).copied().unwrap_or(-1))
+}
+
+/// A `ReduceOp`'s name from its number.
+fn reduction(code: i64) -> &'static str {
+    [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min]
+        .into_iter()
+        .find(|op| *op as i64 == code)
+        .map(|op| match op {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "mean",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+        })
+        .unwrap_or("?")
 }
