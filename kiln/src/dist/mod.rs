@@ -113,7 +113,9 @@ impl std::fmt::Debug for Group {
 /// A collective started by one of the `*_async` calls of a [`Group`]
 /// (PyTorch's `async_op=True` handle): the call runs on the engine in the
 /// order the calls were made, while this thread goes on; [`Work::wait`]
-/// gives the result. The input was copied when the call was made, so
+/// gives the result. (On the `nccl` engine a call of device tensors has
+/// already run when its `Work` is returned: each is waited for, so that a
+/// dead rank is caught.) The input was copied when the call was made, so
 /// writing it afterwards does not change the result. Dropping a `Work`
 /// unwaited is allowed: the call still runs (the other ranks take part in
 /// it), and its result is dropped.
@@ -257,7 +259,10 @@ pub fn describe() -> String {
     let engines = engines().join(", ");
     let this = match launch() {
         Ok(l) if l.size > 1 => match (nccl::describe(&l), ENGINES.iter().find(|(name, _)| !matches!(*name, "single" | "nccl"))) {
-            (Ok(nccl), _) => format!("{l}: engine nccl ({nccl})"),
+            // Under an MPI launcher NCCL's id travels over MPI: without it, no NCCL.
+            (Ok(nccl), _) if !l.launcher.is_mpi() || cfg!(feature = "mpi") => format!("{l}: engine nccl ({nccl}) if every rank has one"),
+            (Ok(_), None) => format!("{l}: no engine in this build for it (rebuild with `--features mpi`)"),
+            (Ok(_), Some((name, _))) => format!("{l}: engine {name}"),
             (Err(_), Some((name, _))) => format!("{l}: engine {name}"),
             (Err(why), None) => format!("{l}: no engine in this build for it ({why}; rebuild with `--features mpi`)"),
         },

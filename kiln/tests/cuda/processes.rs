@@ -48,6 +48,9 @@ fn spawn(role: &str, rank: Option<(usize, usize)>, dir: &Path, port: u16) -> Chi
         .env(ROLE, role)
         .env("KILN_TEST_NCCL_DIR", dir)
         .env("KILN_CUDASIM_DEVICES", "1")
+        // The processes meet through NCCL whatever the caller's setting (CI
+        // also runs this suite with KILN_DISABLE_NCCL=1, for peer copies).
+        .env("KILN_DISABLE_NCCL", "0")
         .env("KILN_CUDASIM_NCCL_DIR", dir)
         .env("KILN_CUDASIM_NCCL_TIMEOUT", "60")
         .env("KILN_DIST_TIMEOUT", "60")
