@@ -251,7 +251,7 @@ fn backends_of(tensors: &[Tensor]) -> Vec<&'static dyn Backend> {
 }
 
 /// A dense tensor's elements as a collective's part.
-fn part(t: &Tensor) -> Part {
+pub(crate) fn part(t: &Tensor) -> Part {
     Part { storage: (*t.storage).clone(), offset: t.layout.offset(), len: t.elem_count() }
 }
 

@@ -351,14 +351,19 @@ impl Group {
         Ok(())
     }
 
-    fn run(&self, kind: CallKind, data: Payload) -> Result<HostBuf> {
-        let start = Instant::now();
-        let bytes = data.bytes() as u64;
-        let out = self.engine.run(Call { kind, data });
+    /// Books one call of `bytes` that started at `start` in the stats.
+    fn book(&self, bytes: u64, start: Instant) {
         let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
         s.calls += 1;
         s.bytes += bytes;
         s.seconds += start.elapsed().as_secs_f64();
+    }
+
+    fn run(&self, kind: CallKind, data: Payload) -> Result<HostBuf> {
+        let start = Instant::now();
+        let bytes = data.bytes() as u64;
+        let out = self.engine.run(Call { kind, data });
+        self.book(bytes, start);
         out
     }
 
@@ -419,10 +424,7 @@ impl Group {
     fn on_device(&self, kind: CallKind, t: &Tensor, dims: &[usize], into: Option<&Tensor>) -> Option<Result<Tensor>> {
         let start = Instant::now();
         let out = self.engine.on_device(kind, t, dims, into, self.mean_divisor(kind))?;
-        let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        s.calls += 1;
-        s.bytes += (t.elem_count() * t.dtype().size_in_bytes()) as u64;
-        s.seconds += start.elapsed().as_secs_f64();
+        self.book((t.elem_count() * t.dtype().size_in_bytes()) as u64, start);
         Some(out)
     }
 
@@ -469,12 +471,7 @@ impl Group {
         let start = Instant::now();
         let bytes = data.bytes() as u64;
         let submitted = self.engine.submit(Call { kind, data });
-        {
-            let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-            s.calls += 1;
-            s.bytes += bytes;
-            s.seconds += start.elapsed().as_secs_f64();
-        }
+        self.book(bytes, start);
         let pending = submitted?;
         Ok(Work {
             pending,

@@ -100,6 +100,14 @@ fn wait_all(children: Vec<Child>, limit: Duration) -> Vec<(bool, String)> {
         .collect()
 }
 
+/// Runs this child's role (`KILN_TEST_NCCL_ROLE`), failing the child on its
+/// error; `CHILD-OK` tells the parent it got through.
+fn as_child(role: impl FnOnce(&str) -> Result<()>) -> Ran {
+    role(&std::env::var(ROLE).unwrap_or_default()).unwrap_or_else(|e| panic!("{e}"));
+    println!("CHILD-OK");
+    Ok(())
+}
+
 /// A port number of this run (NCCL_COMM_ID names the communicator).
 fn port() -> u16 {
     20000 + (std::process::id() % 20000) as u16
@@ -107,14 +115,11 @@ fn port() -> u16 {
 
 pub fn two_processes_on_one_cuda_device_each_run_nccl_collectives_and_train_lenet_as_one_process() -> Ran {
     if common::is_child() {
-        match std::env::var(ROLE).as_deref() {
-            Ok("reference") => write_training(None),
-            Ok("ranks") => rank_collectives_and_training(),
+        return as_child(|role| match role {
+            "reference" => write_training(None),
+            "ranks" => rank_collectives_and_training(),
             other => panic!("no role {other:?}"),
-        }
-        .unwrap_or_else(|e| panic!("{e}"));
-        println!("CHILD-OK");
-        return Ok(());
+        });
     }
     let d = simulated_cuda()?;
     let dir = scratch("train");
@@ -142,14 +147,11 @@ pub fn two_processes_on_one_cuda_device_each_run_nccl_collectives_and_train_lene
 
 pub fn a_rank_that_exits_or_calls_another_collective_is_named_by_the_other_through_nccl() -> Ran {
     if common::is_child() {
-        match std::env::var(ROLE).as_deref() {
-            Ok("exits") => rank_that_exits(),
-            Ok("mismatch") => rank_that_mismatches(),
+        return as_child(|role| match role {
+            "exits" => rank_that_exits(),
+            "mismatch" => rank_that_mismatches(),
             other => panic!("no role {other:?}"),
-        }
-        .unwrap_or_else(|e| panic!("{e}"));
-        println!("CHILD-OK");
-        return Ok(());
+        });
     }
     let d = simulated_cuda()?;
     for role in ["exits", "mismatch"] {

@@ -24,8 +24,8 @@
 use super::engine::{Done, Engine, Pending};
 use super::launch::Launch;
 use super::wire::{dist_error, Call, CallKind, HostBuf, Payload};
-use crate::comm::ReduceOp;
-use crate::kernel::comm::{Part, ProcessComms, RankCall, RankComm};
+use crate::comm::{part, ReduceOp};
+use crate::kernel::comm::{ProcessComms, RankCall, RankComm};
 use crate::{backends, registry, Device, Result, Tensor};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -334,7 +334,6 @@ impl NcclEngine {
                 return Err(e);
             }
         };
-        let part = |x: &Tensor| Part { storage: (*x.storage).clone(), offset: x.layout.offset(), len: x.elem_count() };
         self.rank_comm.queue(call, &part(&input), &part(&out))?;
         self.rank_comm.wait(self.timeout()).map_err(|e| dist_error(self.rank, self.size, kind.name(), e.to_string()))?;
         drop(_order);
