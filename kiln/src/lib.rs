@@ -47,6 +47,7 @@ mod ops;
 pub mod optim;
 mod registry;
 mod runtime;
+pub mod sim;
 mod tensor;
 pub mod trainer;
 

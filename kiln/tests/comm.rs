@@ -100,6 +100,40 @@ fn check(what: &str, group: &[Device], dtype: DType, got: &Tensor, device: Devic
     }
 }
 
+/// A mean of f16 whose sum leaves f16's range (its largest is 65,504) but
+/// whose mean does not: summed in f32 and rounded once, so finite, in every
+/// call that means, on every group (NCCL's too). (bf16 has f32's range:
+/// widening it buys one rounding, not range.)
+#[test]
+fn a_half_mean_whose_sum_overflows_is_finite() -> Result<()> {
+    for group in groups().into_iter().filter(|g| g.len() >= 2) {
+        {
+            let (dtype, big) = (DType::F16, 40000.0);
+            let parts = || -> Result<Vec<Tensor>> { group.iter().map(|d| Tensor::full(big, 4, dtype, d)).collect() };
+            let want = vec![big; 4];
+            let what = |call: &str| format!("{call} mean of {dtype} on {group:?}");
+            for t in comm::all_reduce(&parts()?, ReduceOp::Mean)? {
+                check(&what("all_reduce"), &group, dtype, &t, t.device(), &want);
+            }
+            let inputs = parts()?;
+            comm::all_reduce_(&inputs, ReduceOp::Mean)?;
+            for t in &inputs {
+                check(&what("all_reduce_"), &group, dtype, t, t.device(), &want);
+            }
+            let root = comm::reduce(&parts()?, group.len() - 1, ReduceOp::Mean)?;
+            check(&what("reduce"), &group, dtype, &root, group[group.len() - 1], &want);
+            let blocks = comm::reduce_scatter(
+                &group.iter().map(|d| Tensor::full(big, 2 * group.len(), dtype, d)).collect::<Result<Vec<_>>>()?,
+                ReduceOp::Mean,
+            )?;
+            for (r, t) in blocks.iter().enumerate() {
+                check(&what("reduce_scatter"), &group, dtype, t, group[r], &[big; 2]);
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn every_collective_equals_the_one_device_computation_for_every_dtype_and_group() -> Result<()> {
     for group in groups() {

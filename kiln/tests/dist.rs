@@ -13,11 +13,14 @@
 //!   calls; a rank that hangs is named by the others' watchdog within the
 //!   timeout, and the job ends; a killed rank ends the job;
 //! - under the CUDA simulator with a CUDA device per rank, the NCCL engine
-//!   (its id broadcast over MPI) gives the same values and curve.
+//!   (its id broadcast over MPI) gives the same values and curve;
+//! - an in-process group (one thread per simulated GPU) gives the same
+//!   values, passes the same fuzzer, trains LeNet as one process does, and
+//!   names a mismatched call, a silent rank and a rank whose thread ended.
 //!
-//! Needs the `mpi` feature and Open MPI's `mpirun`
-//! (`cargo test -p kiln --features mpi --test dist`); otherwise each test
-//! reports itself ignored with the reason.
+//! The runs under `mpirun` need the `mpi` feature and Open MPI
+//! (`cargo test -p kiln --features mpi --test dist`); otherwise each of them
+//! reports itself ignored with the reason. The in-process ones run always.
 
 #[path = "common/mod.rs"]
 #[macro_use]
@@ -52,6 +55,13 @@ fn main() -> ExitCode {
         a_killed_rank_ends_the_job,
         started_calls_in_a_world_of_one,
         collectives_and_lenet_through_nccl_bootstrapped_over_mpi,
+        collectives_of_threads_give_the_values_of_processes,
+        collectives_of_threads_through_nccl_within_one_process,
+        random_calls_on_three_threads_match_a_reference,
+        lenet_on_threads_follows_one_process,
+        threads_calling_different_collectives_get_an_error_naming_both,
+        a_silent_thread_is_named_by_the_others_within_the_timeout,
+        a_thread_that_ends_is_named_by_the_others_at_once,
     ])
 }
 
@@ -324,6 +334,161 @@ fn a_killed_rank_ends_the_job() -> Ran {
     Ok(())
 }
 
+// ---------------------------------------------------------------- threads
+
+/// Runs `body` on every rank of an in-process group over `devices`, each on
+/// a thread of its own; the ranks' results, in rank order. A rank that
+/// panics fails the test after every rank has ended.
+fn on_threads<T: Send>(devices: &[kiln::Device], body: impl Fn(dist::Group) -> Result<T> + Sync) -> Vec<Result<T>> {
+    let groups = dist::Group::in_process(devices).expect("an in-process group");
+    let body = &body;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = groups.into_iter().map(|g| s.spawn(move || body(g))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| panic!("a rank's thread panicked"))).collect()
+    })
+}
+
+fn collectives_of_threads_give_the_values_of_processes() -> Ran {
+    let gpus = kiln::ensure_simulated_gpus(4, 256 << 20);
+    // 2 and 4 simulated GPUs (their ring), and the CPU beside a GPU (peer copies).
+    for devices in [&gpus[..2], &gpus[..4], &[cpu(), gpus[1]][..]] {
+        for (r, result) in on_threads(devices, |g| {
+            assert_eq!(g.engine(), "in-process");
+            collectives_on(&g, g.device())
+        })
+        .into_iter()
+        .enumerate()
+        {
+            result.unwrap_or_else(|e| panic!("rank {r} of {devices:?}: {e}"));
+        }
+    }
+    Ok(())
+}
+
+/// One thread per CUDA device: the calls run in NCCL within the process
+/// (under `KILN_CUDASIM_DEVICES=2 scripts/cudasim.sh`, the simulator's; CI
+/// runs it so), with the same values, and LeNet follows one process.
+fn collectives_of_threads_through_nccl_within_one_process() -> Ran {
+    let cuda = common::cuda_devices();
+    if cuda.len() < 2 {
+        return Err(common::skip("needs two CUDA devices: run under `KILN_CUDASIM_DEVICES=2 scripts/cudasim.sh` (CI does)"));
+    }
+    for (r, result) in on_threads(&cuda[..2], |g| collectives_on(&g, g.device())).into_iter().enumerate() {
+        result.unwrap_or_else(|e| panic!("rank {r} on {}: {e}", cuda[r]));
+    }
+    let results = on_threads(&cuda[..2], |g| train_on(Setup::ThreeEpochs, Some(g), None, None));
+    let (one_losses, one_params) = train(Setup::ThreeEpochs, None).expect("one process trains");
+    for (r, result) in results.into_iter().enumerate() {
+        let (losses, params) = result.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        let (dl, dp) = (max_rel(&losses, &one_losses), max_rel(&params, &one_params));
+        println!("2 threads on {:?}, rank {r}: max relative difference: losses {dl:.2e}, parameters {dp:.2e}", &cuda[..2]);
+        assert!(dl <= 1e-4 && dp <= 1e-5, "rank {r}: losses {dl:e}, parameters {dp:e}");
+    }
+    Ok(())
+}
+
+fn random_calls_on_three_threads_match_a_reference() -> Ran {
+    let gpus = kiln::ensure_simulated_gpus(3, 256 << 20);
+    for (r, result) in on_threads(&gpus[..3], |g| fuzz_on(&g, g.device())).into_iter().enumerate() {
+        result.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+    Ok(())
+}
+
+/// The Trainer with an in-process group (one thread per simulated GPU) takes
+/// the path of one process per GPU, and follows one process: one step gives
+/// its parameters; three epochs (2 ranks) and many small buckets with a
+/// rank without rows in the last batch (4 ranks) its curve.
+fn lenet_on_threads_follows_one_process() -> Ran {
+    let gpus = kiln::ensure_simulated_gpus(4, 256 << 20);
+    for (setup, ranks, loss_tol, param_tol) in
+        [(Setup::OneStep, 2, 1e-6, 1e-6), (Setup::ThreeEpochs, 2, 1e-4, 1e-5), (Setup::Uneven, 4, 1e-4, 1e-5)]
+    {
+        let results = on_threads(&gpus[..ranks], |g| {
+            let device = g.device();
+            let (losses, params) = train_on(setup, Some(g.clone()), None, None)?;
+            Ok((losses, params, device, g.stats()))
+        });
+        let (one_losses, one_params) = train(setup, None).expect("one process trains");
+        for (r, result) in results.into_iter().enumerate() {
+            let (losses, params, device, stats) = result.unwrap_or_else(|e| panic!("rank {r} of {ranks}: {e}"));
+            assert_eq!(device, gpus[r]);
+            assert!(stats.calls > 0 && stats.bytes > 0, "rank {r}: {stats:?}");
+            let (dl, dp) = (max_rel(&losses, &one_losses), max_rel(&params, &one_params));
+            println!("{ranks} threads, {}, rank {r}: max relative difference: losses {dl:.2e}, parameters {dp:.2e}", setup.name());
+            assert!(dl <= loss_tol, "rank {r}: losses differ by {dl:e}: {losses:?} against {one_losses:?}");
+            assert!(dp <= param_tol, "rank {r}: parameters differ by {dp:e}");
+        }
+    }
+    Ok(())
+}
+
+fn threads_calling_different_collectives_get_an_error_naming_both() -> Ran {
+    let gpus = kiln::ensure_simulated_gpus(2, 256 << 20);
+    let results = on_threads(&gpus[..2], |g| {
+        g.barrier()?;
+        let x = Tensor::zeros(if g.rank() == 0 { 4 } else { 5 }, DType::F32, &g.device())?;
+        let e = g.all_reduce(&x, ReduceOp::Sum).err().map(|e| e.to_string()).unwrap_or_default();
+        // The group is broken: the next call fails at once with the same story.
+        let again = g.barrier().err().map(|e| e.to_string()).unwrap_or_default();
+        Ok((e, again))
+    });
+    for (r, result) in results.into_iter().enumerate() {
+        let (e, again) = result.expect("the ranks return their errors");
+        assert!(
+            e.contains(&format!("rank {r} of 2"))
+                && e.contains("rank 0 called #1 all_reduce (sum) of 4 f32 elements, rank 1 called #1 all_reduce (sum) of 5 f32 elements"),
+            "rank {r}: {e}"
+        );
+        assert!(again.contains("ranks called different collectives"), "rank {r}: {again}");
+    }
+    Ok(())
+}
+
+fn a_silent_thread_is_named_by_the_others_within_the_timeout() -> Ran {
+    let gpus = kiln::ensure_simulated_gpus(3, 256 << 20);
+    let start = Instant::now();
+    let results = on_threads(&gpus[..3], |g| {
+        g.set_timeout(Duration::from_millis(500))?;
+        let x = Tensor::new(&[1f32, 2.], &g.device())?;
+        g.all_reduce(&x, ReduceOp::Sum)?;
+        if g.rank() == 1 {
+            // Silent past the timeout, its group still held.
+            std::thread::sleep(Duration::from_secs(3));
+        }
+        Ok(g.all_reduce(&x, ReduceOp::Sum).err().map(|e| e.to_string()).unwrap_or_default())
+    });
+    for (r, result) in results.into_iter().enumerate() {
+        let e = result.expect("the ranks return their errors");
+        if r == 1 {
+            assert!(e.contains("broken"), "the late rank finds the group broken: {e}");
+        } else {
+            assert!(e.contains("rank 1 did not call #1 all_reduce (sum) of 2 f32 elements within 0.5 s"), "rank {r}: {e}");
+        }
+    }
+    // A watchdog's bound, not a timing: the late rank's 3 s sleep dominates.
+    assert!(start.elapsed() < Duration::from_secs(60));
+    Ok(())
+}
+
+fn a_thread_that_ends_is_named_by_the_others_at_once() -> Ran {
+    let gpus = kiln::ensure_simulated_gpus(2, 256 << 20);
+    let results = on_threads(&gpus[..2], |g| {
+        // A timeout no run reaches: the rank that left is named without it.
+        g.set_timeout(Duration::from_secs(600))?;
+        if g.rank() == 1 {
+            return Ok(String::new()); // its group is dropped here
+        }
+        let x = Tensor::new(&[1f32], &g.device())?;
+        let e = g.all_reduce(&x, ReduceOp::Sum).err().map(|e| e.to_string()).unwrap_or_default();
+        let r = g.recv(&[1], DType::F32, 1).err().map(|e| e.to_string()).unwrap_or_default();
+        Ok(format!("{e}\n{r}"))
+    });
+    let e = results.into_iter().next().expect("rank 0").expect("rank 0 returns its error");
+    assert!(e.contains("rank 1 left the group") && e.contains("#0 all_reduce (sum) of 1 f32 elements"), "{e}");
+    Ok(())
+}
+
 // ---------------------------------------------------------------- training
 
 #[derive(Clone, Copy)]
@@ -459,10 +624,16 @@ fn worker_collectives() -> Result<()> {
     kiln::ensure_simulated_gpus(1, 64 << 20);
     let g = dist::init()?;
     check_engine(&g)?;
+    collectives_on(&g, kiln::gpu(0))
+}
+
+/// Every collective of `g`, on the CPU and on `gpu`, against values worked
+/// out by hand.
+fn collectives_on(g: &dist::Group, gpu: kiln::Device) -> Result<()> {
     let (r, n) = (g.rank(), g.size());
     let (rf, nf) = (r as f64, n as f64);
     let tri = nf * (nf - 1.0) / 2.0;
-    for device in [cpu(), kiln::gpu(0)] {
+    for device in [cpu(), gpu] {
         let x = Tensor::new(&[rf as f32 + 1.0, 10.0 * rf as f32], &device)?;
         let sum = g.all_reduce(&x, ReduceOp::Sum)?;
         if sum.device() != device {
@@ -512,8 +683,8 @@ fn worker_collectives() -> Result<()> {
             got
         };
         check("recv", got.to_vec_f64()?, vec![prev as f64; 3])?;
-        in_place(&g, &device)?;
-        started(&g, &device)?;
+        in_place(g, &device)?;
+        started(g, &device)?;
         g.barrier()?;
     }
     // Refusals name the problem before anything is sent.
@@ -660,6 +831,12 @@ fn fuzz_value(case: u64, rank: usize, i: usize, dtype: DType) -> f64 {
 fn worker_fuzz() -> Result<()> {
     kiln::ensure_simulated_gpus(1, 64 << 20);
     let g = dist::init()?;
+    fuzz_on(&g, kiln::gpu(0))
+}
+
+/// Seeded random calls of `g` on the CPU and on `gpu`, each checked against
+/// the reference computed from every rank's inputs.
+fn fuzz_on(g: &dist::Group, gpu: kiln::Device) -> Result<()> {
     let (r, n) = (g.rank(), g.size());
     let seed: u64 = std::env::var("KILN_DIST_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
     let cases: u64 = std::env::var("KILN_DIST_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(150);
@@ -670,7 +847,7 @@ fn worker_fuzz() -> Result<()> {
         let pick = |k: u64, m: usize| (mix(case ^ k) % m as u64) as usize;
         let dtype = dtypes[pick(1, dtypes.len())];
         let op = ops[pick(2, ops.len())];
-        let device = if pick(3, 2) == 0 { cpu() } else { kiln::gpu(0) };
+        let device = if pick(3, 2) == 0 { cpu() } else { gpu };
         let rank_count = pick(4, 4);
         let mut dims: Vec<usize> = (0..rank_count).map(|d| pick(10 + d as u64, 4)).collect();
         if let Some(d0) = dims.first_mut() {

@@ -5,7 +5,7 @@
 //!   lib.rs (re-exports, cuda_check)                       top
 //!   trainer
 //!   optim   checkpoint   io   models   dist
-//!   nn   data   comm
+//!   nn   data   comm   sim
 //!   ops          the front end's operations (one op, one file)
 //!   autograd     the tape and backward
 //!   tensor   host_nn
@@ -79,7 +79,7 @@ const LAYERS: &[&[&str]] = &[
     &["tensor", "host_nn"],
     &["autograd"],
     &["ops"],
-    &["nn", "data", "comm"],
+    &["nn", "data", "comm", "sim"],
     &["optim", "checkpoint", "io", "models", "dist"],
     &["trainer"],
     // lib.rs's own items and its inline module of NVRTC checks.
@@ -89,7 +89,8 @@ const LAYERS: &[&[&str]] = &[
 /// Modules below the front end: they must not import it.
 const BELOW_FRONT_END: &[&str] = &["base", "runtime", "kernel", "backends"];
 /// The front end (and the registry above the backends).
-const FRONT_END: &[&str] = &["registry", "tensor", "autograd", "ops", "nn", "optim", "data", "comm", "dist", "trainer", "checkpoint", "io"];
+const FRONT_END: &[&str] =
+    &["registry", "tensor", "autograd", "ops", "nn", "optim", "data", "comm", "sim", "dist", "trainer", "checkpoint", "io"];
 
 /// A module path from the crate root: `[]` is the root, `[backends, cuda]`
 /// is `crate::backends::cuda`.

@@ -1,4 +1,4 @@
-//! The simulated GPUs' device clocks (`kiln::comm::simulated_elapsed`):
+//! The simulated GPUs' device clocks (`kiln::sim::elapsed`):
 //! every collective of the ring takes, on them, exactly the time its
 //! schedule of modelled transfers gives (the textbook ring cost), on any
 //! link, size, dtype and group, however slow this host's own copies are;
@@ -11,7 +11,8 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use kiln::comm::{self, ReduceOp, SimLink};
+use kiln::comm::{self, ReduceOp};
+use kiln::sim::{self, SimLink};
 use kiln::{DType, Device, Error, Result, Tensor};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -28,7 +29,7 @@ fn sims() -> &'static [Device] {
 /// latency.
 fn links() -> [SimLink; 3] {
     [
-        SimLink { bandwidth: kiln::comm::DEFAULT_LINK_BANDWIDTH, latency: kiln::comm::DEFAULT_LINK_LATENCY },
+        SimLink { bandwidth: kiln::sim::DEFAULT_LINK_BANDWIDTH, latency: kiln::sim::DEFAULT_LINK_LATENCY },
         SimLink { bandwidth: 40e9, latency: Duration::ZERO },
         SimLink { bandwidth: 0.5e9, latency: Duration::from_micros(250) },
     ]
@@ -36,10 +37,10 @@ fn links() -> [SimLink; 3] {
 
 /// Runs `f` with `link` set, and the link before restored.
 fn with_link<R>(link: SimLink, f: impl FnOnce() -> Result<R>) -> Result<R> {
-    let before = comm::simulated_link();
-    comm::set_simulated_link(link)?;
+    let before = sim::link();
+    sim::set_link(link)?;
     let result = f();
-    comm::set_simulated_link(before)?;
+    sim::set_link(before)?;
     result
 }
 
@@ -79,7 +80,7 @@ fn every_collective_takes_its_rings_modelled_time_on_the_device_clocks() -> Resu
                     let (lo, hi) = (len / n * size, len.div_ceil(n) * size);
 
                     let parts = ones(len, dtype, group)?;
-                    let ((), took) = comm::simulated_elapsed(group, || comm::all_reduce_(&parts, ReduceOp::Sum))?;
+                    let ((), took) = sim::elapsed(group, || comm::all_reduce_(&parts, ReduceOp::Sum))?;
                     // Reduce-scatter, then all-gather: n − 1 steps each.
                     // With fewer elements than devices some chunks are
                     // empty and some sends in a step are skipped, so the
@@ -92,13 +93,13 @@ fn every_collective_takes_its_rings_modelled_time_on_the_device_clocks() -> Resu
                     assert_within(&what("all_reduce"), took, ring);
                     assert_eq!(parts[n - 1].to_vec_f64()?, vec![n as f64; len], "{}", what("all_reduce"));
 
-                    let ((), took) = comm::simulated_elapsed(group, || comm::broadcast_(&parts, 1))?;
+                    let ((), took) = sim::elapsed(group, || comm::broadcast_(&parts, 1))?;
                     // A pipelined chain of n − 1 hops carrying n chunks (as
                     // many as are not empty).
                     let chain = if len < n { bounds(link, len + n - 2, size, size) } else { bounds(link, 2 * n - 2, lo, hi) };
                     assert_within(&what("broadcast"), took, chain);
 
-                    let (gathered, took) = comm::simulated_elapsed(group, || comm::all_gather(&parts))?;
+                    let (gathered, took) = sim::elapsed(group, || comm::all_gather(&parts))?;
                     // n − 1 steps, each of one whole input.
                     assert_within(&what("all_gather"), took, bounds(link, n - 1, len * size, len * size));
                     assert_eq!(gathered[0].elem_count(), n * len);
@@ -109,7 +110,7 @@ fn every_collective_takes_its_rings_modelled_time_on_the_device_clocks() -> Resu
                         // adds to the ring's, and is at most the call's
                         // wall time.
                         let wall = Instant::now();
-                        let (scattered, took) = comm::simulated_elapsed(group, || comm::reduce_scatter(&parts, ReduceOp::Sum))?;
+                        let (scattered, took) = sim::elapsed(group, || comm::reduce_scatter(&parts, ReduceOp::Sum))?;
                         let ring = bounds(link, n - 1, lo, lo);
                         assert_within(&what("reduce_scatter"), took, (ring.0, ring.1 + wall.elapsed()));
                         assert_eq!(scattered[1].to_vec_f64()?, vec![(n * n) as f64; len / n]);
@@ -133,7 +134,7 @@ fn the_ring_is_what_takes_the_time_not_a_gather_on_one_device() -> Result<()> {
         let group = sims();
         let bytes = 4 << 20;
         let parts = ones(bytes / 4, DType::F32, group)?;
-        let ((), took) = comm::simulated_elapsed(group, || comm::all_reduce_(&parts, ReduceOp::Sum))?;
+        let ((), took) = sim::elapsed(group, || comm::all_reduce_(&parts, ReduceOp::Sum))?;
         let ring = link.transfer_time(bytes / 4) * 6;
         let naive = link.transfer_time(bytes) * 6;
         assert!(took.abs_diff(ring) < Duration::from_micros(10), "{took:?}, the ring's cost {ring:?}, a gather's {naive:?}");
@@ -150,7 +151,7 @@ fn kernels_take_their_host_time_and_no_clock_runs_ahead_of_the_wall() -> Result<
     // wall time around the call.
     let a = Tensor::ones((256, 256), DType::F32, &group[0])?;
     let wall = Instant::now();
-    let (c, took) = comm::simulated_elapsed(group, || {
+    let (c, took) = sim::elapsed(group, || {
         let mut c = a.clone();
         for _ in 0..8 {
             c = c.matmul(&a)?.mul_scalar(1.0 / 256.0)?;
@@ -163,7 +164,7 @@ fn kernels_take_their_host_time_and_no_clock_runs_ahead_of_the_wall() -> Result<
 
     // Nothing queued: nothing elapses on the devices, however long the
     // host takes.
-    let ((), idle) = comm::simulated_elapsed(group, || {
+    let ((), idle) = sim::elapsed(group, || {
         std::thread::sleep(Duration::from_millis(20));
         Ok(())
     })?;
@@ -174,9 +175,9 @@ fn kernels_take_their_host_time_and_no_clock_runs_ahead_of_the_wall() -> Result<
     with_link(SimLink { bandwidth: 0.1e9, latency: Duration::from_micros(100) }, || {
         let parts = ones(1 << 18, DType::F32, group)?;
         let wall = Instant::now();
-        let ((), took) = comm::simulated_elapsed(group, || comm::all_reduce_(&parts, ReduceOp::Sum))?;
+        let ((), took) = sim::elapsed(group, || comm::all_reduce_(&parts, ReduceOp::Sum))?;
         let wall = wall.elapsed();
-        let ring = comm::simulated_link().transfer_time(1 << 19) * 2;
+        let ring = sim::link().transfer_time(1 << 19) * 2;
         assert!(took.abs_diff(ring) < Duration::from_micros(2) && wall >= took, "device {took:?}, ring {ring:?}, wall {wall:?}");
         Ok(())
     })
@@ -190,11 +191,11 @@ fn a_failed_kernel_is_reported_and_the_clocks_go_on() -> Result<()> {
     // reports it when it waits for the devices, as synchronize does.
     let table = Tensor::ones((4, 3), DType::F32, &group[1])?;
     let bad = Tensor::new(&[0i64, 9], &group[1])?;
-    let err = comm::simulated_elapsed(group, || table.index_select(&bad, 0)).unwrap_err();
+    let err = sim::elapsed(group, || table.index_select(&bad, 0)).unwrap_err();
     assert!(matches!(err, Error::KernelFailed { device, .. } if device == group[1]), "{err}");
     // The failure was reported once; the next interval is clean.
     let parts = ones(1000, DType::F32, group)?;
-    let ((), took) = comm::simulated_elapsed(group, || comm::all_reduce_(&parts, ReduceOp::Sum))?;
+    let ((), took) = sim::elapsed(group, || comm::all_reduce_(&parts, ReduceOp::Sum))?;
     assert!(took > Duration::ZERO);
     Ok(())
 }
@@ -210,7 +211,7 @@ fn devices_without_a_modelled_clock_are_typed_errors() {
         (vec![s[0], kiln::cpu()], "only simulated GPUs keep a modelled clock"),
         (vec![Device::Gpu(97)], "97"),
     ] {
-        let err = comm::simulated_elapsed(&devices, || {
+        let err = sim::elapsed(&devices, || {
             ran.set(true);
             Ok(())
         })

@@ -6,10 +6,11 @@
 
 use super::{keep, round, Ctx, Row};
 use crate::util::{CliError, Result};
-use kiln::comm::{self, ReduceOp, SimLink};
+use kiln::comm::{self, ReduceOp};
 use kiln::models::{lenet, resnet18, synthetic_image_task};
 use kiln::nn::Loss;
 use kiln::optim::OptimizerConfig;
+use kiln::sim::{self, SimLink};
 use kiln::trainer::{Learner, Progress, Trainer};
 use kiln::{Device, DeviceKind, Tensor};
 use std::sync::mpsc;
@@ -37,7 +38,7 @@ fn ring_model(n: usize, bytes: usize, link: SimLink) -> Duration {
 }
 
 pub(super) fn comm_bench(ctx: &mut Ctx) -> Result<()> {
-    let before = comm::simulated_link();
+    let before = sim::link();
     let sizes: &[usize] = if ctx.quick { &[1 << 20] } else { &[1 << 20, 16 << 20, 64 << 20] };
     // The default link, and two slow ones on which the link (not this
     // host's own copies) is the bottleneck, so the ring's cost shows.
@@ -48,18 +49,18 @@ pub(super) fn comm_bench(ctx: &mut Ctx) -> Result<()> {
     ];
     let result = (|| -> Result<()> {
         for link in links {
-            comm::set_simulated_link(link)?;
+            sim::set_link(link)?;
             for n in [2, 4] {
                 let devices = sims(n);
                 for &bytes in sizes {
                     let parts: Vec<Tensor> =
                         devices.iter().map(|d| Tensor::ones(bytes / 4, kiln::DType::F32, d)).collect::<kiln::Result<_>>()?;
                     // The wall time, and the time on the devices' own
-                    // clocks (`simulated_elapsed`: transfers at the modelled
+                    // clocks (`sim::elapsed`: transfers at the modelled
                     // link's pace, whatever this host's copies take).
                     let mut on_devices = Vec::new();
                     let stats = ctx.measure(&format!("all_reduce {} MiB on {n} simulated GPUs", bytes >> 20), 1, ctx.runs(5), || {
-                        let ((), took) = comm::simulated_elapsed(&devices, || comm::all_reduce_(&parts, ReduceOp::Sum))?;
+                        let ((), took) = sim::elapsed(&devices, || comm::all_reduce_(&parts, ReduceOp::Sum))?;
                         on_devices.push(took.as_secs_f64() * 1e3);
                         Ok(())
                     })?;
@@ -86,7 +87,7 @@ pub(super) fn comm_bench(ctx: &mut Ctx) -> Result<()> {
         }
         Ok(())
     })();
-    comm::set_simulated_link(before)?;
+    sim::set_link(before)?;
     result?;
     let cuda = cuda_devices();
     if cuda.len() >= 2 {
@@ -272,7 +273,7 @@ pub(super) fn dp_bench(ctx: &mut Ctx) -> Result<()> {
                 ctx.progress.set(format!("{} {} on {} device(s): round {}/{runs}", ctx.label, m.name, s.devices.len(), r + 1));
                 let start = std::time::Instant::now();
                 if s.kind == DeviceKind::Simulated {
-                    let (history, took) = comm::simulated_elapsed(&s.devices, || s.trainer.fit(&mut s.model, &s.data))?;
+                    let (history, took) = sim::elapsed(&s.devices, || s.trainer.fit(&mut s.model, &s.data))?;
                     s.samples.push(start.elapsed().as_secs_f64() * 1e3);
                     s.device_samples.push(took.as_secs_f64() * 1e3);
                     s.last = Some(history);

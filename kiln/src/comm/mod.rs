@@ -15,7 +15,7 @@
 //!
 //! How the data moves depends on the devices: simulated GPUs run a real
 //! chunked ring across their collective queues over a modelled link
-//! ([`SimLink`], [`set_simulated_link`]); CUDA devices run NCCL, loaded at
+//! ([`crate::sim::SimLink`], [`crate::sim::set_link`]); CUDA devices run NCCL, loaded at
 //! run time (`libnccl.so.2`: `pip install nvidia-nccl-cu12` and put its
 //! `nvidia/nccl/lib` folder on `LD_LIBRARY_PATH`, or name the library with
 //! `KILN_NCCL_LIB`), on a stream of its own per device that waits for the
@@ -47,12 +47,13 @@
 
 mod generic;
 
-use crate::backends::sim::ring;
-pub use crate::backends::sim::ring::{SimLink, DEFAULT_LINK_BANDWIDTH, DEFAULT_LINK_LATENCY};
+// Moved to `kiln::sim`; kept here so that older code still builds.
 use crate::base::error::{Error, Result};
 use crate::kernel::comm::{chunk_bounds, ring_all_reduce_sent, Combine, Communicator, Part};
 use crate::kernel::Backend;
 use crate::runtime::ledger::{self, site_scope, Ticket};
+#[doc(hidden)]
+pub use crate::sim::{SimLink, DEFAULT_LINK_BANDWIDTH, DEFAULT_LINK_LATENCY};
 use crate::{DType, Device, Tensor};
 use std::panic::Location;
 
@@ -64,7 +65,8 @@ pub enum ReduceOp {
     /// Elementwise sum; integers wrap.
     Sum,
     /// Elementwise mean: the sum divided by the number of devices (float
-    /// dtypes only).
+    /// dtypes only; f16 and bf16 are summed in f32 and rounded once, so a
+    /// sum past their range still gives a finite mean).
     Mean,
     /// Elementwise maximum; a NaN wins.
     Max,
@@ -82,120 +84,22 @@ impl ReduceOp {
     }
 }
 
-/// The modelled link between neighbouring simulated GPUs that their
-/// collectives run over now (`KILN_SIM_LINK_BANDWIDTH`,
-/// `KILN_SIM_LINK_LATENCY`, or [`set_simulated_link`]).
-///
-/// ```
-/// let link = kiln::comm::simulated_link();
-/// assert!(link.bandwidth > 0.0);
-/// ```
+/// Moved to [`crate::sim::link`] (the simulated GPUs' own controls).
+#[deprecated(since = "0.2.0", note = "moved to `kiln::sim::link`")]
 pub fn simulated_link() -> SimLink {
-    ring::link()
+    crate::sim::link()
 }
 
-/// Sets the link simulated GPUs' collectives model from now on, for every
-/// thread: a ring all-reduce of S bytes over n simulated GPUs then takes
-/// about 2(n − 1)·(latency + S / (n·bandwidth)).
-///
-/// ```
-/// use kiln::comm::{set_simulated_link, simulated_link, SimLink};
-/// use std::time::Duration;
-/// let before = simulated_link();
-/// set_simulated_link(SimLink { bandwidth: 1e9, latency: Duration::from_micros(5) })?;
-/// assert_eq!(simulated_link().bandwidth, 1e9);
-/// assert!(set_simulated_link(SimLink { bandwidth: 0.0, latency: Duration::ZERO }).is_err());
-/// set_simulated_link(before)?;
-/// # Ok::<(), kiln::Error>(())
-/// ```
+/// Moved to [`crate::sim::set_link`].
+#[deprecated(since = "0.2.0", note = "moved to `kiln::sim::set_link`")]
 pub fn set_simulated_link(link: SimLink) -> Result<()> {
-    ring::set_link(link)
+    crate::sim::set_link(link)
 }
 
-/// Runs `work` and returns, with its result, how long the work it queued
-/// on the simulated GPUs `devices` took on their own clocks: what GPUs of
-/// their own would take, free of this host's cores and memory.
-///
-/// A simulated GPU computes on the host, so its wall time is the host's:
-/// on a machine with fewer cores than simulated GPUs, or when the host
-/// copies a collective's chunks slower than the modelled link would carry
-/// them, the wall time is the host's limit, not the GPUs'. Each simulated
-/// GPU therefore also keeps a device clock: a kernel advances it by the
-/// time it ran for (for a kernel that reads and writes 256K elements or
-/// more, its CPU time: one core's time, leaving out any wait for a core
-/// that other simulated GPUs held); a transfer between devices by the link's
-/// modelled time ([`SimLink::transfer_time`]) alone; a wait for another
-/// device by moving it to when that device got there. The host's own
-/// delays (a late launch, a descheduled thread) do not count. So an
-/// all-reduce of S bytes over n devices takes exactly the ring's
-/// 2(n − 1)·(latency + ⌈S/n⌉ / bandwidth) on these clocks, and a
-/// training step its compute plus the communication it does not hide.
-///
-/// The clocks of all `devices` start together when `work` starts; the
-/// interval ends when the last of them has finished the work queued on it
-/// by then (this call waits for it, and reports a failed kernel as
-/// [`crate::synchronize`] does). List every device the work uses: a wait
-/// for a device outside the list reads a clock that did not start with
-/// them. Errors when `devices` is empty, names a device twice, or names
-/// one that is not a simulated GPU (time CUDA work with
-/// [`crate::synchronize`] and [`std::time::Instant`]).
-///
-/// ```
-/// use kiln::comm::{self, ReduceOp, SimLink};
-/// use kiln::{DType, Tensor};
-/// use std::time::Duration;
-///
-/// let gpus = kiln::ensure_simulated_gpus(2, 256 << 20);
-/// let before = comm::simulated_link();
-/// let link = SimLink { bandwidth: 12e9, latency: Duration::from_micros(10) };
-/// comm::set_simulated_link(link)?;
-/// let grads = [Tensor::ones(1 << 20, DType::F32, &gpus[0])?, Tensor::ones(1 << 20, DType::F32, &gpus[1])?];
-/// let ((), took) = comm::simulated_elapsed(&gpus, || comm::all_reduce_(&grads, ReduceOp::Sum))?;
-/// // A ring over 2 devices: 2 steps of one 2 MiB half each.
-/// let ring = 2 * link.transfer_time(2 << 20);
-/// assert!(took >= ring && took < ring + Duration::from_micros(20), "{took:?} against {ring:?}");
-/// comm::set_simulated_link(before)?;
-/// # Ok::<(), kiln::Error>(())
-/// ```
+/// Moved to [`crate::sim::elapsed`].
+#[deprecated(since = "0.2.0", note = "moved to `kiln::sim::elapsed`")]
 pub fn simulated_elapsed<R>(devices: &[Device], work: impl FnOnce() -> Result<R>) -> Result<(R, std::time::Duration)> {
-    const OP: &str = "simulated_elapsed";
-    check_devices(OP, devices)?;
-    let mut sims = Vec::with_capacity(devices.len());
-    for d in devices {
-        let backend = crate::registry::backend(*d)?;
-        let Some(sim) = backend.as_any().downcast_ref::<crate::backends::sim::SimBackend>() else {
-            return Err(Error::invalid(
-                OP,
-                format!(
-                    "{d} is a {} device, and only simulated GPUs keep a modelled clock; time other devices' work on the wall clock: \
-                     `let t = std::time::Instant::now(); work()?; kiln::synchronize(&device)?; let took = t.elapsed();`",
-                    backend.kind()
-                ),
-            ));
-        };
-        sims.push(sim);
-    }
-    for d in devices {
-        crate::synchronize(d)?;
-    }
-    let start = crate::backends::sim::now_ns();
-    for sim in &sims {
-        sim.mark_clocks(Some(start))?;
-    }
-    let result = work();
-    let ends: Result<Vec<_>> = sims.iter().map(|sim| sim.mark_clocks(None)).collect();
-    // Wait for every device even after a failure, then report the first.
-    let mut synced: Result<()> = Ok(());
-    for d in devices {
-        let next = crate::synchronize(d);
-        if synced.is_ok() {
-            synced = next;
-        }
-    }
-    let (result, ends) = (result?, ends?);
-    synced?;
-    let end = ends.iter().flatten().map(|slot| slot.load(std::sync::atomic::Ordering::Acquire)).max().unwrap_or(start);
-    Ok((result, std::time::Duration::from_nanos(end.saturating_sub(start))))
+    crate::sim::elapsed(devices, work)
 }
 
 /// The group's checks: at least one tensor, one per device, one dtype, and
@@ -304,6 +208,19 @@ fn mean_of(sum: &Tensor, n: usize) -> Result<Tensor> {
     }
 }
 
+/// For a mean of f16 or bf16, the tensors widened to f32: the sum is taken
+/// there and rounded once with the division, so a sum past the half type's
+/// range (two f16 40,000s) gives a finite mean, as the process groups'
+/// engines give. `None` for any other call.
+fn widened_for_mean(tensors: &[Tensor], op: ReduceOp) -> Result<Option<Vec<Tensor>>> {
+    match tensors.first().map(|t| t.dtype()) {
+        Some(DType::F16 | DType::BF16) if op == ReduceOp::Mean => {
+            Ok(Some(tensors.iter().map(|t| t.to_dtype(DType::F32)).collect::<Result<_>>()?))
+        }
+        _ => Ok(None),
+    }
+}
+
 /// Each device's tensor becomes the mean: the sum divided by `n`.
 fn divide_in_place(tensors: &[Tensor], n: usize) -> Result<()> {
     for t in tensors {
@@ -333,6 +250,13 @@ pub fn all_reduce_(tensors: &[Tensor], op: ReduceOp) -> Result<()> {
     check_group("all_reduce_", tensors, true)?;
     refuse_integer_mean("all_reduce_", tensors, op)?;
     let _g = crate::no_grad();
+    if let Some(wide) = widened_for_mean(tensors, op)? {
+        let means = all_reduce(&wide, op)?;
+        for (t, m) in tensors.iter().zip(&means) {
+            t.assign(&m.to_dtype(t.dtype())?)?;
+        }
+        return Ok(());
+    }
     if let Some(comm) = native_reducing(tensors, op).filter(|_| tensors.iter().all(writable_in_place)) {
         let (n, t0) = (tensors.len(), &tensors[0]);
         let tickets = tickets(tensors, &ring_traffic(n, t0.elem_count(), t0.dtype()), site)?;
@@ -376,6 +300,9 @@ pub fn all_reduce(tensors: &[Tensor], op: ReduceOp) -> Result<Vec<Tensor>> {
     check_group("all_reduce", tensors, true)?;
     refuse_integer_mean("all_reduce", tensors, op)?;
     let _g = crate::no_grad();
+    if let Some(wide) = widened_for_mean(tensors, op)? {
+        return all_reduce(&wide, op)?.iter().zip(tensors).map(|(m, t)| m.to_dtype(t.dtype())).collect();
+    }
     let out = match native_reducing(tensors, op) {
         Some(comm) => {
             let (n, t0) = (tensors.len(), &tensors[0]);
@@ -480,6 +407,9 @@ pub fn reduce(tensors: &[Tensor], root: usize, op: ReduceOp) -> Result<Tensor> {
     check_root("reduce", tensors, root)?;
     refuse_integer_mean("reduce", tensors, op)?;
     let _g = crate::no_grad();
+    if let Some(wide) = widened_for_mean(tensors, op)? {
+        return reduce(&wide, root, op)?.to_dtype(tensors[0].dtype());
+    }
     let out = match native_reducing(tensors, op) {
         Some(comm) => {
             let (n, t0) = (tensors.len(), &tensors[0]);
@@ -580,6 +510,9 @@ pub fn reduce_scatter(tensors: &[Tensor], op: ReduceOp) -> Result<Vec<Tensor>> {
         ));
     }
     let _g = crate::no_grad();
+    if let Some(wide) = widened_for_mean(tensors, op)? {
+        return reduce_scatter(&wide, op)?.iter().map(|m| m.to_dtype(t0.dtype())).collect();
+    }
     let mut dims = t0.dims().to_vec();
     dims[0] /= n;
     let out = match native_reducing(tensors, op) {

@@ -48,6 +48,7 @@
 //! ```
 
 mod engine;
+mod in_process;
 mod launch;
 #[cfg(feature = "mpi")]
 mod mpi;
@@ -290,6 +291,54 @@ impl Group {
         Group { engine: Arc::new(engine::Single), device, local_rank: 0, stats: Arc::default() }
     }
 
+    /// A group whose ranks are threads of this process, rank r computing on
+    /// `devices[r]`: one [`Group`] per device, each to be used from a thread
+    /// of its own, as a process of a launch uses its group. Code written for
+    /// one process per device — a [`Trainer`](crate::trainer::Trainer) with
+    /// [`process_group`](crate::trainer::TrainerBuilder::process_group), a
+    /// loop of `all_reduce_` calls — then runs with one thread per device.
+    ///
+    /// Each rank's tensor is moved to its device; the last rank to arrive
+    /// at a collective runs it once over every rank's tensor as
+    /// [`crate::comm`] does (the simulated GPUs' ring, NCCL within one
+    /// process, or peer copies: the same bytes and results), booked in the
+    /// ledger at that rank's call. A rank that does not arrive within the
+    /// timeout (`KILN_DIST_TIMEOUT`, [`Group::set_timeout`]: one for the
+    /// whole group), or whose every handle is dropped (its thread ended or
+    /// panicked), is named in an error on every waiting rank, and the group
+    /// breaks; ranks that call different collectives get an error naming
+    /// both calls. Errors when `devices` is empty or names a device twice.
+    ///
+    /// ```
+    /// use kiln::{comm::ReduceOp, dist::Group, Tensor};
+    /// let gpus = kiln::ensure_simulated_gpus(2, 64 << 20);
+    /// let groups = Group::in_process(&gpus)?;
+    /// let sums = std::thread::scope(|s| {
+    ///     let handles: Vec<_> = groups
+    ///         .into_iter()
+    ///         .map(|g| {
+    ///             s.spawn(move || -> kiln::Result<Vec<f32>> {
+    ///                 let x = Tensor::new(&[g.rank() as f32 + 1.0], &g.device())?;
+    ///                 g.all_reduce_(&x, ReduceOp::Sum)?; // every rank's x, summed
+    ///                 x.to_vec::<f32>()
+    ///             })
+    ///         })
+    ///         .collect();
+    ///     handles.into_iter().map(|h| h.join().expect("a rank panicked")).collect::<kiln::Result<Vec<_>>>()
+    /// })?;
+    /// assert_eq!(sums, vec![vec![3.0], vec![3.0]]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn in_process(devices: &[Device]) -> Result<Vec<Group>> {
+        let engines = in_process::open(devices, timeout_from_env()?)?;
+        Ok(engines
+            .into_iter()
+            .zip(devices)
+            .enumerate()
+            .map(|(rank, (engine, &device))| Group { engine, device, local_rank: rank, stats: Arc::default() })
+            .collect())
+    }
+
     /// This process's rank, 0 to `size() - 1`.
     pub fn rank(&self) -> usize {
         self.engine.rank()
@@ -316,7 +365,7 @@ impl Group {
         self.device
     }
 
-    /// The engine's name (`"nccl"`, `"mpi"`, `"single"`).
+    /// The engine's name (`"nccl"`, `"mpi"`, `"single"`, `"in-process"`).
     pub fn engine(&self) -> &'static str {
         self.engine.name()
     }

@@ -14,7 +14,7 @@
 //! device time. Waiting in wall time (a queue
 //! whose host thread is late, a hold) does not advance it. So an interval
 //! between two [`Job::Mark`]s is what the devices would take, free of this
-//! host's core count: `comm::simulated_elapsed` reads it.
+//! host's core count: `sim::elapsed` reads it.
 
 use super::super::host;
 use crate::base::buffer::CpuBuffer;

@@ -21,7 +21,7 @@
 //! `kiln bench Comm` measures. Where the host's own copies take longer than
 //! the modelled link (a fast link, a large buffer), the host's time shows
 //! in wall time; the devices' clocks (`queue.rs`) charge a transfer its
-//! modelled time only, so `comm::simulated_elapsed` gives the ring's time
+//! modelled time only, so `sim::elapsed` gives the ring's time
 //! on GPUs of their own, whatever this host's cores and memory allow.
 //!
 //! The link is `KILN_SIM_LINK_BANDWIDTH` (default 12 GB/s, a PCIe 3.0 ×16
@@ -99,7 +99,7 @@ pub(crate) fn link() -> SimLink {
 pub(crate) fn set_link(link: SimLink) -> Result<()> {
     if !(link.bandwidth.is_finite() && link.bandwidth > 0.0) || link.latency > Duration::from_secs(1) {
         return Err(Error::invalid(
-            "set_simulated_link",
+            "sim::set_link",
             format!("bandwidth must be a finite number of bytes per second above 0 and latency at most 1 s, got {link:?}"),
         ));
     }
