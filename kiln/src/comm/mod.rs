@@ -66,7 +66,8 @@ pub enum ReduceOp {
     Sum,
     /// Elementwise mean: the sum divided by the number of devices (float
     /// dtypes only; f16 and bf16 are summed in f32 and rounded once, so a
-    /// sum past their range still gives a finite mean).
+    /// sum past f16's range still gives a finite mean, and the devices
+    /// exchange f32: twice the bytes of a sum of the same tensor).
     Mean,
     /// Elementwise maximum; a NaN wins.
     Max,
@@ -251,8 +252,9 @@ pub fn all_reduce_(tensors: &[Tensor], op: ReduceOp) -> Result<()> {
     refuse_integer_mean("all_reduce_", tensors, op)?;
     let _g = crate::no_grad();
     if let Some(wide) = widened_for_mean(tensors, op)? {
-        let means = all_reduce(&wide, op)?;
-        for (t, m) in tensors.iter().zip(&means) {
+        // The widened copies are the call's own: reduced where they are.
+        all_reduce_(&wide, op)?;
+        for (t, m) in tensors.iter().zip(&wide) {
             t.assign(&m.to_dtype(t.dtype())?)?;
         }
         return Ok(());

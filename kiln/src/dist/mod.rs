@@ -60,6 +60,7 @@ pub use launch::{Launch, Launcher};
 pub use sampler::DistributedSampler;
 
 use crate::comm::ReduceOp;
+use crate::runtime::ledger::site_scope;
 use crate::{no_grad, DType, Device, Error, Result, Tensor};
 use engine::{Engine, Open, Pending};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -116,7 +117,8 @@ impl std::fmt::Debug for Group {
 /// order the calls were made, while this thread goes on; [`Work::wait`]
 /// gives the result. (On the `nccl` engine a call of device tensors has
 /// already run when its `Work` is returned: each is waited for, so that a
-/// dead rank is caught.) The input was copied when the call was made, so
+/// dead rank is caught. On an in-process group the call returns once every
+/// rank has arrived and the work is queued on the devices.) The input was copied when the call was made, so
 /// writing it afterwards does not change the result. Dropping a `Work`
 /// unwaited is allowed: the call still runs (the other ranks take part in
 /// it), and its result is dropped.
@@ -218,19 +220,19 @@ pub fn init() -> Result<Group> {
     WORLD.get_or_init(|| open_world().map_err(|e| e.to_string())).clone().map_err(|msg| dist_error(0, 1, "dist::init", msg))
 }
 
-fn timeout_from_env() -> Result<Duration> {
+fn timeout_from_env(op: &str) -> Result<Duration> {
     match std::env::var("KILN_DIST_TIMEOUT") {
         Err(_) => Ok(DEFAULT_TIMEOUT),
-        Ok(v) => match v.trim().parse::<f64>() {
-            Ok(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s)),
-            _ => Err(dist_error(0, 1, "dist::init", format!("KILN_DIST_TIMEOUT={v:?} is not a positive number of seconds"))),
+        Ok(v) => match v.trim().parse::<f64>().ok().filter(|s| *s > 0.0).and_then(|s| Duration::try_from_secs_f64(s).ok()) {
+            Some(d) => Ok(d),
+            None => Err(dist_error(0, 1, op, format!("KILN_DIST_TIMEOUT={v:?} is not a positive number of seconds"))),
         },
     }
 }
 
 fn open_world() -> Result<Group> {
     let launch = launch()?;
-    let timeout = timeout_from_env()?;
+    let timeout = timeout_from_env("dist::init")?;
     for (_, open) in ENGINES {
         if let Some(engine) = open(&launch, timeout) {
             let engine: Arc<dyn Engine> = Arc::from(engine?);
@@ -330,7 +332,7 @@ impl Group {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn in_process(devices: &[Device]) -> Result<Vec<Group>> {
-        let engines = in_process::open(devices, timeout_from_env()?)?;
+        let engines = in_process::open(devices, timeout_from_env("Group::in_process")?)?;
         Ok(engines
             .into_iter()
             .zip(devices)
@@ -570,7 +572,9 @@ impl Group {
     /// assert_eq!(g.all_reduce(&x, ReduceOp::Mean)?.to_vec::<f32>()?, vec![1., 2.]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
+    #[track_caller]
     pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        let _site = site_scope(std::panic::Location::caller());
         self.check_mean("all_reduce", t, op)?;
         self.collective(CallKind::AllReduce(op), t, t.dims())
     }
@@ -594,7 +598,9 @@ impl Group {
     /// assert_eq!(grads.to_vec::<f32>()?, vec![1., 2.]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
+    #[track_caller]
     pub fn all_reduce_(&self, t: &Tensor, op: ReduceOp) -> Result<()> {
+        let _site = site_scope(std::panic::Location::caller());
         self.check_mean("all_reduce_", t, op)?;
         self.check_writable("all_reduce_", t)?;
         if self.size() == 1 {
@@ -617,7 +623,9 @@ impl Group {
     /// assert_eq!(w.to_vec::<f32>()?, vec![0.5, -1.]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
+    #[track_caller]
     pub fn broadcast_(&self, t: &Tensor, root: usize) -> Result<()> {
+        let _site = site_scope(std::panic::Location::caller());
         self.check_rank("broadcast_", "root", root)?;
         self.check_writable("broadcast_", t)?;
         if self.size() == 1 {
@@ -643,14 +651,18 @@ impl Group {
 
     /// `root`'s `t` on every rank; the others' `t` gives the dtype and shape
     /// (the same as root's).
+    #[track_caller]
     pub fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
+        let _site = site_scope(std::panic::Location::caller());
         self.check_rank("broadcast", "root", root)?;
         self.collective(CallKind::Broadcast { root }, t, t.dims())
     }
 
     /// Every rank's `t` combined by `op` on `root`; the other ranks get
     /// their own `t` back.
+    #[track_caller]
     pub fn reduce(&self, t: &Tensor, root: usize, op: ReduceOp) -> Result<Tensor> {
+        let _site = site_scope(std::panic::Location::caller());
         self.check_rank("reduce", "root", root)?;
         self.check_mean("reduce", t, op)?;
         self.collective(CallKind::Reduce { root, op }, t, t.dims())
@@ -659,7 +671,9 @@ impl Group {
     /// Every rank's `t`, concatenated along dimension 0 in rank order
     /// (PyTorch's `all_gather_into_tensor`); a scalar gives a vector of
     /// `size()` elements.
+    #[track_caller]
     pub fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
+        let _site = site_scope(std::panic::Location::caller());
         self.collective(CallKind::AllGather, t, &self.gathered_dims(t))
     }
 
@@ -675,7 +689,9 @@ impl Group {
     /// `t` cut along dimension 0 into `size()` equal pieces; rank r gets
     /// piece r combined by `op` across ranks (PyTorch's
     /// `reduce_scatter_tensor`). Dimension 0 must divide by `size()`.
+    #[track_caller]
     pub fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        let _site = site_scope(std::panic::Location::caller());
         let dims = self.scattered_dims("reduce_scatter", t, op)?;
         self.collective(CallKind::ReduceScatter(op), t, &dims)
     }
@@ -696,21 +712,27 @@ impl Group {
     /// [`all_reduce`](Self::all_reduce), started: returns at once with a
     /// [`Work`] whose [`wait`](Work::wait) gives the result. `t` is copied
     /// at the call (a CPU tensor too), so it may be written meanwhile.
+    #[track_caller]
     pub fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        let _site = site_scope(std::panic::Location::caller());
         self.check_mean("all_reduce_async", t, op)?;
         self.collective_async(CallKind::AllReduce(op), t, t.dims())
     }
 
     /// [`broadcast`](Self::broadcast), started (see
     /// [`all_reduce_async`](Self::all_reduce_async)).
+    #[track_caller]
     pub fn broadcast_async(&self, t: &Tensor, root: usize) -> Result<Work> {
+        let _site = site_scope(std::panic::Location::caller());
         self.check_rank("broadcast_async", "root", root)?;
         self.collective_async(CallKind::Broadcast { root }, t, t.dims())
     }
 
     /// [`reduce`](Self::reduce), started (see
     /// [`all_reduce_async`](Self::all_reduce_async)).
+    #[track_caller]
     pub fn reduce_async(&self, t: &Tensor, root: usize, op: ReduceOp) -> Result<Work> {
+        let _site = site_scope(std::panic::Location::caller());
         self.check_rank("reduce_async", "root", root)?;
         self.check_mean("reduce_async", t, op)?;
         self.collective_async(CallKind::Reduce { root, op }, t, t.dims())
@@ -718,25 +740,33 @@ impl Group {
 
     /// [`all_gather`](Self::all_gather), started (see
     /// [`all_reduce_async`](Self::all_reduce_async)).
+    #[track_caller]
     pub fn all_gather_async(&self, t: &Tensor) -> Result<Work> {
+        let _site = site_scope(std::panic::Location::caller());
         self.collective_async(CallKind::AllGather, t, &self.gathered_dims(t))
     }
 
     /// [`reduce_scatter`](Self::reduce_scatter), started (see
     /// [`all_reduce_async`](Self::all_reduce_async)).
+    #[track_caller]
     pub fn reduce_scatter_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        let _site = site_scope(std::panic::Location::caller());
         let dims = self.scattered_dims("reduce_scatter_async", t, op)?;
         self.collective_async(CallKind::ReduceScatter(op), t, &dims)
     }
 
     /// Returns when every rank has called it.
+    #[track_caller]
     pub fn barrier(&self) -> Result<()> {
+        let _site = site_scope(std::panic::Location::caller());
         self.run(CallKind::Barrier, Payload::Staged(HostBuf::U8(Vec::new()))).map(drop)
     }
 
     /// Sends `t` to rank `dst`, which calls [`Group::recv`] with its shape
     /// and dtype.
+    #[track_caller]
     pub fn send(&self, t: &Tensor, dst: usize) -> Result<()> {
+        let _site = site_scope(std::panic::Location::caller());
         self.check_rank("send", "destination", dst)?;
         if dst == self.rank() {
             return Err(self.error("send", "a rank cannot send to itself"));
@@ -747,7 +777,9 @@ impl Group {
 
     /// A tensor of `dims` and `dtype` on this group's device, received from
     /// rank `src`'s [`Group::send`].
+    #[track_caller]
     pub fn recv(&self, dims: &[usize], dtype: DType, src: usize) -> Result<Tensor> {
+        let _site = site_scope(std::panic::Location::caller());
         self.check_rank("recv", "source", src)?;
         if src == self.rank() {
             return Err(self.error("recv", "a rank cannot receive from itself"));

@@ -166,6 +166,11 @@ pub(crate) fn site_scope(site: &'static Location<'static>) -> SiteScope {
     })
 }
 
+/// The call site this thread's transfers are attributed to now, if any.
+pub(crate) fn current_site() -> Option<&'static Location<'static>> {
+    SITE.with(|s| s.get())
+}
+
 /// Attributes the transfers of this thread to the caller's line until the
 /// returned scope drops: what [`crate::println!`] expands to.
 #[doc(hidden)]

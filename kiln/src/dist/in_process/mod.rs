@@ -18,10 +18,12 @@
 //!   are an error on every rank naming both, not a wrong result.
 //! - **Failures**: a rank that does not arrive within the group's timeout,
 //!   or whose every handle was dropped (its thread ended or panicked), is
-//!   named in an error on every waiting rank; the group is then broken and
-//!   every later call fails at once. A rank that could not prepare its part
-//!   (its tensor could not move to its device) fails the call on every
-//!   rank, instead of leaving the others to wait.
+//!   named in an error on every waiting rank, and so is a run that does not
+//!   return within it; the group is then broken and every later call fails
+//!   at once. A rank that could not prepare its part (its tensor could not
+//!   move to its device) fails the call on every rank, instead of leaving
+//!   the others to wait. A call that failed while it ran leaves an in-place
+//!   destination poisoned, as the other engines do.
 //! - **Send and receive** go through a mailbox per (sender, receiver): a
 //!   send returns at once; a receive waits, as a call does, for the
 //!   sender's buffer, checked against the shape and dtype it expects.
@@ -29,6 +31,7 @@
 use super::engine::{Done, Engine, Pending};
 use super::wire::{dist_error, Call, CallKind, HostBuf, Payload};
 use crate::comm;
+use crate::runtime::ledger;
 use crate::{no_grad, DType, Device, Error, Result, Tensor};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,7 +65,7 @@ pub(crate) fn open(devices: &[Device], timeout: Duration) -> Result<Vec<Arc<dyn 
         state: Mutex::new(State {
             seq: 0,
             arrived: (0..n).map(|_| None).collect(),
-            running: false,
+            running: None,
             results: (0..n).map(|_| None).collect(),
             broken: None,
             left: vec![false; n],
@@ -94,8 +97,8 @@ struct State {
     seq: u64,
     /// Each rank's part of call `seq`, once it arrived.
     arrived: Vec<Option<Arrival>>,
-    /// Every rank arrived at call `seq` and its last rank is running it.
-    running: bool,
+    /// The rank running call `seq` (every rank arrived; it came last).
+    running: Option<usize>,
     /// Each rank's result of a finished call, until it takes it: (call
     /// number, result).
     results: Vec<Option<(u64, Result<Option<Tensor>>)>>,
@@ -117,6 +120,8 @@ struct Arrival {
     part: std::result::Result<Option<Tensor>, String>,
     /// The tensor the rank's result is written into, for an in-place call.
     into: Option<Tensor>,
+    /// The call site the rank's thread books transfers to, if any.
+    site: Option<&'static std::panic::Location<'static>>,
 }
 
 impl Arrival {
@@ -180,97 +185,121 @@ impl InProcessRank {
         dist_error(self.rank, self.world.size(), op, msg)
     }
 
-    /// Takes part in the next collective with `arrival` and returns this
-    /// rank's result (flat, on this rank's device; `None` for a barrier or a
-    /// result written into `arrival.into`).
-    fn collective(&self, arrival: Arrival) -> Result<Option<Tensor>> {
+    /// Takes part in the next collective with `arrival`: this rank's result
+    /// (flat, on this rank's device; `None` for a barrier or a result
+    /// written into `arrival.into`), or why the call did not run.
+    fn collective(&self, arrival: Arrival) -> Outcome {
         let _order = self.order.lock().unwrap_or_else(|e| e.into_inner());
         let op = arrival.kind.name();
         let world = &*self.world;
+        let n = world.size();
         let mut st = world.lock();
         if let Some(why) = &st.broken {
-            return Err(self.error(op, why.clone()));
+            return Outcome::NotRun(self.error(op, why.clone()));
         }
         let seq = st.seq;
         st.arrived[self.rank] = Some(arrival);
         if st.arrived.iter().all(Option::is_some) {
-            let arrivals: Vec<Arrival> = st.arrived.iter_mut().map(|a| a.take().expect("every rank arrived")).collect();
+            let arrivals: Vec<Arrival> = st.arrived.iter_mut().filter_map(Option::take).collect();
             if let Some(why) = mismatch(seq, &arrivals) {
-                st.broken = Some(why.clone());
+                break_group(&mut st, why.clone());
                 drop(st);
                 world.changed.notify_all();
-                return Err(self.error(op, why));
+                return Outcome::NotRun(self.error(op, why));
             }
-            st.running = true;
+            let described = arrivals[0].describe(seq);
+            st.running = Some(self.rank);
             drop(st);
+            // Booked at a rank's call (the first that has a site: inside
+            // `Trainer::fit`, the caller's line), unless this thread has one.
+            let _site = arrivals.iter().find_map(|a| a.site).map(ledger::site_scope);
             // Run outside the lock: the waiting ranks sleep, mail still moves.
             // A panic inside is an error on every rank, not a wait forever.
             let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&world.devices, arrivals))).unwrap_or_else(|_| {
                 Err(self
-                    .error(op, format!("kiln bug: running {op} over the ranks' tensors panicked; the call's results were not computed")))
+                    .error(op, format!("kiln bug: running {described} over the ranks' tensors panicked; its results were not computed")))
             });
             let mut st = world.lock();
-            let mine = match results {
-                Ok(mut outs) => {
-                    for (r, out) in outs.iter_mut().enumerate() {
-                        st.results[r] = Some((seq, Ok(out.take())));
+            st.seq += 1;
+            st.running = None;
+            let mine = if let Some(why) = &st.broken {
+                // A waiting rank gave up on this run (past the timeout).
+                Err(self.error(op, format!("{described} finished after the other ranks gave up on it: {why}")))
+            } else {
+                match results {
+                    Ok(mut outs) => {
+                        for (r, out) in outs.iter_mut().enumerate() {
+                            st.results[r] = Some((seq, Ok(out.take())));
+                        }
+                        st.results[self.rank].take().map_or(Ok(None), |(_, out)| out)
                     }
-                    st.results[self.rank].take().map_or(Ok(None), |(_, out)| out)
-                }
-                Err(e) => {
-                    for r in 0..world.size() {
-                        st.results[r] = Some((seq, Err(e.clone())));
+                    Err(e) => {
+                        for r in (0..n).filter(|&r| r != self.rank) {
+                            let why = format!("{described} failed while rank {} ran it over every rank's tensors: {e}", self.rank);
+                            st.results[r] = Some((seq, Err(dist_error(r, n, op, why))));
+                        }
+                        Err(e)
                     }
-                    st.results[self.rank] = None;
-                    Err(e)
                 }
             };
-            st.seq += 1;
-            st.running = false;
             drop(st);
             world.changed.notify_all();
-            return mine;
+            return Outcome::Ran(mine);
         }
         let deadline = Instant::now() + world.timeout();
         loop {
             if let Some((done, _)) = &st.results[self.rank]
                 && *done == seq
             {
-                return st.results[self.rank].take().map_or(Ok(None), |(_, out)| out);
+                return Outcome::Ran(st.results[self.rank].take().map_or(Ok(None), |(_, out)| out));
             }
             if let Some(why) = &st.broken {
-                return Err(self.error(op, why.clone()));
+                return Outcome::NotRun(self.error(op, why.clone()));
             }
-            if !st.running {
-                let described = st.arrived[self.rank].as_ref().map(|a| a.describe(seq)).unwrap_or_default();
-                let missing: Vec<usize> = (0..world.size()).filter(|&r| st.arrived[r].is_none()).collect();
-                let gone: Vec<usize> = missing.iter().copied().filter(|&r| st.left[r]).collect();
-                let why = if !gone.is_empty() {
-                    Some(format!(
-                        "{} left the group (every handle of its Group was dropped: its thread ended or panicked) before calling {described}; the group is broken",
-                        ranks(&gone)
-                    ))
-                } else if Instant::now() >= deadline {
-                    Some(format!(
-                        "{} did not call {described} within {:.1} s (ranks that did: {}); the group is broken. \
-                         A rank that is slow on purpose needs a longer `Group::set_timeout` (or `KILN_DIST_TIMEOUT`)",
-                        ranks(&missing),
-                        world.timeout().as_secs_f64(),
-                        (0..world.size()).filter(|r| !missing.contains(r)).map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
-                    ))
-                } else {
-                    None
-                };
-                if let Some(why) = why {
-                    st.arrived[self.rank] = None;
-                    st.broken = Some(why.clone());
-                    drop(st);
-                    world.changed.notify_all();
-                    return Err(self.error(op, why));
+            let mine = st.arrived[self.rank].as_ref();
+            let described = mine.map(|a| a.describe(seq)).unwrap_or_default();
+            // This rank's own part, when it could not make it: said too.
+            let own = match mine.map(|a| &a.part) {
+                Some(Err(e)) => format!(" (and this rank could not make its part: {e})"),
+                _ => String::new(),
+            };
+            let why = match st.running {
+                Some(runner) if Instant::now() >= deadline => Some(format!(
+                    "{described} did not finish within {}: rank {runner} runs it over every rank's tensors and has not returned \
+                     (a device that does not finish its work?); the group is broken",
+                    secs(world.timeout())
+                )),
+                Some(_) => None,
+                None => {
+                    let missing: Vec<usize> = (0..n).filter(|&r| st.arrived[r].is_none()).collect();
+                    let gone: Vec<usize> = missing.iter().copied().filter(|&r| st.left[r]).collect();
+                    if !gone.is_empty() {
+                        Some(format!(
+                            "{} left the group (every handle of its Group was dropped: its thread ended or panicked) before calling {described}{own}; \
+                             the group is broken",
+                            ranks(&gone)
+                        ))
+                    } else if Instant::now() >= deadline {
+                        Some(format!(
+                            "{} did not call {described} within {} (ranks that did: {}){own}; the group is broken. \
+                             A rank that is slow on purpose needs a longer `Group::set_timeout` (or `KILN_DIST_TIMEOUT`)",
+                            ranks(&missing),
+                            secs(world.timeout()),
+                            (0..n).filter(|r| !missing.contains(r)).map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+                        ))
+                    } else {
+                        None
+                    }
                 }
+            };
+            if let Some(why) = why {
+                break_group(&mut st, why.clone());
+                drop(st);
+                world.changed.notify_all();
+                return Outcome::NotRun(self.error(op, why));
             }
-            let wait = if st.running { Duration::from_millis(100) } else { deadline.saturating_duration_since(Instant::now()) };
-            st = world.changed.wait_timeout(st, wait.max(Duration::from_millis(1))).unwrap_or_else(|e| e.into_inner()).0;
+            let wait = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+            st = world.changed.wait_timeout(st, wait).unwrap_or_else(|e| e.into_inner()).0;
         }
     }
 
@@ -287,8 +316,9 @@ impl InProcessRank {
     }
 
     /// The next buffer `peer` sent this rank, which must be like `want`.
+    /// (Not ordered with this rank's collectives: a receive waits for its
+    /// sender only.)
     fn recv(&self, peer: usize, want: &HostBuf) -> Result<HostBuf> {
-        let _order = self.order.lock().unwrap_or_else(|e| e.into_inner());
         let world = &*self.world;
         let deadline = Instant::now() + world.timeout();
         let mut st = world.lock();
@@ -296,38 +326,59 @@ impl InProcessRank {
             if let Some(why) = &st.broken {
                 return Err(self.error("recv", why.clone()));
             }
-            if let Some(buf) = st.mail.get_mut(&(peer, self.rank)).and_then(VecDeque::pop_front) {
-                if buf.len() != want.len() || buf.wire() != want.wire() {
-                    return Err(self.error(
-                        "recv",
-                        format!(
-                            "rank {peer} sent {} elements as {:?}, and this rank receives {} as {:?}: pass the shape and dtype of the tensor it sends",
-                            buf.len(),
-                            buf.wire(),
-                            want.len(),
-                            want.wire()
-                        ),
-                    ));
+            let why = match st.mail.get_mut(&(peer, self.rank)).and_then(VecDeque::pop_front) {
+                Some(buf) if buf.len() == want.len() && buf.wire() == want.wire() => return Ok(buf),
+                Some(buf) => format!(
+                    "rank {peer} sent {} elements as {:?}, and rank {} receives {} as {:?}: pass the shape and dtype of the tensor it sends; \
+                     the group is broken",
+                    buf.len(),
+                    buf.wire(),
+                    self.rank,
+                    want.len(),
+                    want.wire()
+                ),
+                None if st.left[peer] => {
+                    format!("rank {peer} left the group (every handle of its Group was dropped) without sending; the group is broken")
                 }
-                return Ok(buf);
-            }
-            let why = if st.left[peer] {
-                Some(format!("rank {peer} left the group (every handle of its Group was dropped) without sending; the group is broken"))
-            } else if Instant::now() >= deadline {
-                Some(format!("rank {peer} sent nothing within {:.1} s; the group is broken", world.timeout().as_secs_f64()))
-            } else {
-                None
+                None if Instant::now() >= deadline => {
+                    format!("rank {peer} sent nothing within {}; the group is broken", secs(world.timeout()))
+                }
+                None => {
+                    let wait = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+                    st = world.changed.wait_timeout(st, wait).unwrap_or_else(|e| e.into_inner()).0;
+                    continue;
+                }
             };
-            if let Some(why) = why {
-                st.broken = Some(why.clone());
-                drop(st);
-                world.changed.notify_all();
-                return Err(self.error("recv", why));
-            }
-            let wait = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-            st = world.changed.wait_timeout(st, wait).unwrap_or_else(|e| e.into_inner()).0;
+            break_group(&mut st, why.clone());
+            drop(st);
+            world.changed.notify_all();
+            return Err(self.error("recv", why));
         }
     }
+}
+
+/// How a rank's part of a collective ended.
+enum Outcome {
+    /// The call did not run (the group is broken, the calls differ, a rank
+    /// is silent or left): nothing was written.
+    NotRun(Error),
+    /// The call ran: this rank's result, or the error of running it (after
+    /// which a destination may be half written).
+    Ran(Result<Option<Tensor>>),
+}
+
+/// Breaks the group for `why`, and drops the parts waiting in it (device
+/// buffers, kept otherwise until every handle is dropped).
+fn break_group(st: &mut State, why: String) {
+    st.broken = Some(why);
+    for a in &mut st.arrived {
+        *a = None;
+    }
+}
+
+/// A wait in seconds, as the errors say it ("0.5 s", "60 s").
+fn secs(d: Duration) -> String {
+    format!("{} s", d.as_secs_f64())
 }
 
 fn ranks(list: &[usize]) -> String {
@@ -427,9 +478,17 @@ impl Engine for InProcessRank {
             Payload::InPlace(view) => view.staged().map_err(|msg| self.error(op, msg)),
         };
         let out = match call.kind {
-            CallKind::Barrier => self
-                .collective(Arrival { kind: call.kind, dtype: DType::U8, len: 0, part: Ok(None), into: None })
-                .map(|_| HostBuf::U8(Vec::new())),
+            CallKind::Barrier => match self.collective(Arrival {
+                kind: call.kind,
+                dtype: DType::U8,
+                len: 0,
+                part: Ok(None),
+                into: None,
+                site: ledger::current_site(),
+            }) {
+                Outcome::NotRun(e) | Outcome::Ran(Err(e)) => Err(e),
+                Outcome::Ran(Ok(_)) => Ok(HostBuf::U8(Vec::new())),
+            },
             CallKind::Send { peer } => self.send(peer, staged(call.data)?).map(|()| HostBuf::U8(Vec::new())),
             CallKind::Recv { peer } => self.recv(peer, &staged(call.data)?),
             // `on_device` takes every collective of tensors: none is staged.
@@ -480,9 +539,13 @@ impl InProcessRank {
         let _g = no_grad();
         let device = self.world.devices[self.rank];
         let part = t.to(&device).and_then(|p| p.flatten_all()).map(Some).map_err(|e| e.to_string());
-        let arrival = Arrival { kind, dtype: t.dtype(), len: t.elem_count(), part, into: into.cloned() };
-        let out = self.collective(arrival)?;
-        match (out, into) {
+        let arrival = Arrival { kind, dtype: t.dtype(), len: t.elem_count(), part, into: into.cloned(), site: ledger::current_site() };
+        let out = match self.collective(arrival) {
+            // Nothing was written: `into` keeps its value.
+            Outcome::NotRun(e) => return Err(e),
+            Outcome::Ran(out) => out,
+        };
+        let result = out.and_then(|out| match (out, into) {
             (None, Some(into)) => Ok(into.clone()),
             (Some(flat), into) => {
                 let out = flat.reshape(dims)?.to(&t.device())?;
@@ -495,7 +558,12 @@ impl InProcessRank {
                 }
             }
             (None, None) => Err(self.error(kind.name(), "kiln bug: a collective of an in-process group gave no result")),
+        });
+        // The call ran: a destination it failed to finish is not trustworthy.
+        if let (Err(e), Some(into)) = (&result, into) {
+            into.storage.poison(e);
         }
+        result
     }
 }
 
@@ -515,8 +583,8 @@ mod tests {
 
     #[test]
     fn fingerprints_name_both_calls() {
-        let a = Arrival { kind: CallKind::AllReduce(ReduceOp::Sum), dtype: DType::F32, len: 4, part: Ok(None), into: None };
-        let b = Arrival { kind: CallKind::Broadcast { root: 1 }, dtype: DType::F32, len: 4, part: Ok(None), into: None };
+        let a = Arrival { kind: CallKind::AllReduce(ReduceOp::Sum), dtype: DType::F32, len: 4, part: Ok(None), into: None, site: None };
+        let b = Arrival { kind: CallKind::Broadcast { root: 1 }, dtype: DType::F32, len: 4, part: Ok(None), into: None, site: None };
         let why = mismatch(3, &[a, b]).unwrap_or_default();
         assert!(why.contains("rank 0 called #3 all_reduce (sum) of 4 f32 elements"), "{why}");
         assert!(why.contains("rank 1 called #3 broadcast of 4 f32 elements from root 1"), "{why}");
