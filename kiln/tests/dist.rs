@@ -460,13 +460,13 @@ fn a_silent_thread_is_named_by_the_others_within_the_timeout() -> Ran {
     });
     for (r, result) in results.into_iter().enumerate() {
         let e = result.expect("the ranks return their errors");
+        // Rank 1 is named (with rank 2 too, should rank 2 have been held
+        // up past the timeout on a loaded machine).
+        let names_rank_1 = e.contains("rank 1 did not call #1 all_reduce") || e.contains("ranks 1, 2 did not call #1 all_reduce");
         if r == 1 {
-            assert!(e.contains("broken") && e.contains("rank 1 did not call #1 all_reduce"), "the late rank finds the group broken: {e}");
+            assert!(e.contains("broken") && names_rank_1, "the late rank finds the group broken: {e}");
         } else {
-            assert!(
-                e.contains(&format!("rank {r} of 3")) && e.contains("rank 1 did not call #1 all_reduce (sum) of 2 f32 elements within 2 s"),
-                "rank {r}: {e}"
-            );
+            assert!(e.contains(&format!("rank {r} of 3")) && names_rank_1 && e.contains("of 2 f32 elements within 2 s"), "rank {r}: {e}");
         }
     }
     Ok(())

@@ -37,7 +37,7 @@ use run::Meeting;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 pub type NcclResult = c_uint;
@@ -48,6 +48,8 @@ const INVALID_ARGUMENT: NcclResult = 4;
 const INVALID_USAGE: NcclResult = 5;
 /// ncclRemoteError: a peer process exited or could not be reached.
 const REMOTE_ERROR: NcclResult = 6;
+/// ncclInProgress: a non-blocking communicator is still being made.
+const IN_PROGRESS: NcclResult = 7;
 
 /// The NCCL version this stands in for: 2.21.5.
 const VERSION: c_int = 22105;
@@ -92,6 +94,13 @@ pub unsafe extern "C" fn ncclGetErrorString(r: NcclResult) -> *const c_char {
 /// thread's last error.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclGetLastError(comm: *mut c_void) -> *const c_char {
+    if let Some(p) = lock(making()).get(&(comm as usize)) {
+        let last = lock(&p.message);
+        if !last.as_bytes().is_empty() {
+            // Owned by the record, kept until the handle is aborted.
+            return last.as_ptr();
+        }
+    }
     if let Some(c) = lock(comms()).get(&(comm as usize)) {
         let last = lock(&c.last_error);
         if !last.as_bytes().is_empty() {
@@ -245,7 +254,7 @@ pub unsafe extern "C" fn ncclCommInitRank(out: *mut *mut c_void, nranks: c_int, 
         if injected_failure("ncclCommInitRank") {
             return fail(SYSTEM_ERROR, "ncclCommInitRank: failing as KILN_CUDASIM_FAIL asks".into());
         }
-        let world = match world::World::join(&id.internal, nranks as usize, rank as usize) {
+        let world = match world::World::join(&id.internal, nranks as usize, rank as usize, &AtomicBool::new(false)) {
             Ok(w) => Arc::new(w),
             Err(msg) => return fail(SYSTEM_ERROR, msg),
         };
@@ -263,6 +272,127 @@ pub unsafe extern "C" fn ncclCommInitRank(out: *mut *mut c_void, nranks: c_int, 
         lock(comms()).insert(h as usize, c);
         *out = h;
         OK
+    }
+}
+
+/// A non-blocking communicator being made (`ncclCommInitRankConfig` with
+/// `blocking = 0`): its handle is returned at once, its state is
+/// ncclInProgress until every rank has joined, then the communicator is
+/// live under the same handle (or the state is the error).
+struct Making {
+    state: Mutex<NcclResult>,
+    /// Why it failed (`ncclGetLastError`).
+    message: Mutex<CString>,
+    /// Set by `ncclCommAbort`: the wait for the other ranks ends.
+    stop: Arc<AtomicBool>,
+}
+
+/// Communicators being made, by handle.
+fn making() -> &'static Mutex<HashMap<usize, Arc<Making>>> {
+    static M: OnceLock<Mutex<HashMap<usize, Arc<Making>>>> = OnceLock::new();
+    M.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// `ncclConfig_t`'s `blocking` as NCCL reads it: the config's own size and
+/// version say whether it has the field (NCCL 2.14 added it); none (or
+/// undefined) is blocking.
+///
+/// # Safety
+/// `config` is null or points to at least `size` readable bytes, `size`
+/// being its first field.
+unsafe fn blocking(config: *const u8) -> Result<bool, NcclResult> {
+    unsafe {
+        if config.is_null() {
+            return Ok(true);
+        }
+        let size = std::ptr::read_unaligned(config as *const usize);
+        let word = |at: usize| std::ptr::read_unaligned(config.add(at) as *const u32);
+        if size < 16 || word(8) != 0xcafe_beef {
+            return Err(fail(INVALID_ARGUMENT, "ncclCommInitRankConfig: the config was not made by NCCL_CONFIG_INITIALIZER".into()));
+        }
+        if word(12) < 21400 || size < 20 {
+            return Ok(true);
+        }
+        Ok(std::ptr::read_unaligned(config.add(16) as *const c_int) != 0)
+    }
+}
+
+/// `ncclCommInitRank` with a config: with `blocking = 0` the handle is
+/// returned at once with ncclInProgress, and the ranks meet on a thread of
+/// their own (`ncclCommGetAsyncError` says when it is done;
+/// `ncclCommAbort` gives up).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommInitRankConfig(
+    out: *mut *mut c_void,
+    nranks: c_int,
+    id: UniqueId,
+    rank: c_int,
+    config: *mut c_void,
+) -> NcclResult {
+    unsafe {
+        match blocking(config as *const u8) {
+            Err(e) => return e,
+            Ok(true) => return ncclCommInitRank(out, nranks, id, rank),
+            Ok(false) => {}
+        }
+        if out.is_null() || nranks < 1 || !(0..nranks).contains(&rank) {
+            return fail(INVALID_ARGUMENT, format!("ncclCommInitRankConfig: comm {out:?}, nranks {nranks}, rank {rank}"));
+        }
+        if sim().is_none() {
+            return fail(UNHANDLED_CUDA_ERROR, "ncclCommInitRankConfig: no CUDA device (cudasim: KILN_CUDASIM=1 is not set)".into());
+        }
+        let _ = cuInit(0);
+        let Some(dev) = crate::context::current_device() else {
+            return fail(
+                INVALID_USAGE,
+                "ncclCommInitRankConfig: no current device (call cudaSetDevice or make a context current first)".into(),
+            );
+        };
+        if injected_failure("ncclCommInitRank") {
+            return fail(SYSTEM_ERROR, "ncclCommInitRankConfig: failing as KILN_CUDASIM_FAIL asks".into());
+        }
+        let record = Arc::new(Making {
+            state: Mutex::new(IN_PROGRESS),
+            message: Mutex::new(CString::default()),
+            stop: Arc::new(AtomicBool::new(false)),
+        });
+        let handle = Arc::as_ptr(&record) as usize;
+        lock(making()).insert(handle, record.clone());
+        let (size, me) = (nranks as usize, rank as usize);
+        std::thread::spawn(move || {
+            let joined = world::World::join(&id.internal, size, me, &record.stop);
+            let mut all = lock(making());
+            // Aborted meanwhile: the handle is gone, and so is the communicator.
+            if !all.contains_key(&handle) {
+                if let Ok(w) = joined {
+                    w.leave();
+                }
+                return;
+            }
+            match joined {
+                Ok(w) => {
+                    let clique = Arc::new(Clique { devs: vec![dev], meetings: Mutex::new(HashMap::new()), cv: Condvar::new() });
+                    let c = Arc::new(Comm {
+                        clique,
+                        rank: me,
+                        dev,
+                        next: AtomicU64::new(0),
+                        async_error: Mutex::new(OK),
+                        world: Some(Arc::new(w)),
+                        last_error: Mutex::new(CString::default()),
+                    });
+                    lock(comms()).insert(handle, c);
+                    all.remove(&handle);
+                }
+                Err(msg) => {
+                    log(&format!("NCCL: {msg}"));
+                    *lock(&record.message) = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+                    *lock(&record.state) = SYSTEM_ERROR;
+                }
+            }
+        });
+        *out = handle as *mut c_void;
+        IN_PROGRESS
     }
 }
 
@@ -285,6 +415,11 @@ pub unsafe extern "C" fn ncclCommDestroy(c: *mut c_void) -> NcclResult {
 /// gives up (its context faults).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommAbort(c: *mut c_void) -> NcclResult {
+    // One still being made: its wait for the others ends, and the handle goes.
+    if let Some(m) = lock(making()).remove(&(c as usize)) {
+        m.stop.store(true, Ordering::SeqCst);
+        return OK;
+    }
     if let Some(w) = lock(comms()).get(&(c as usize)).and_then(|c| c.world.clone()) {
         w.aborted.store(true, Ordering::SeqCst);
     }
@@ -324,7 +459,16 @@ pub unsafe extern "C" fn ncclCommUserRank(c: *mut c_void, rank: *mut c_int) -> N
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommGetAsyncError(c: *mut c_void, err: *mut NcclResult) -> NcclResult {
-    unsafe { query(c, err, "ncclCommGetAsyncError", |c| *lock(&c.async_error)) }
+    unsafe {
+        if let Some(m) = lock(making()).get(&(c as usize)) {
+            if err.is_null() {
+                return fail(INVALID_ARGUMENT, "ncclCommGetAsyncError: null pointer".into());
+            }
+            *err = *lock(&m.state);
+            return OK;
+        }
+        query(c, err, "ncclCommGetAsyncError", |c| *lock(&c.async_error))
+    }
 }
 
 // ---- groups -----------------------------------------------------------------------

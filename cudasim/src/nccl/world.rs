@@ -129,7 +129,9 @@ fn publish(path: &Path, data: &[u8]) -> Result<(), String> {
 
 impl World {
     /// Joins the communicator the id names as `rank` of `size`.
-    pub(super) fn join(id: &[u8; ID_BYTES], size: usize, rank: usize) -> Result<World, String> {
+    /// `stop` set (by `ncclCommAbort` of a communicator still being made)
+    /// ends the wait for the others.
+    pub(super) fn join(id: &[u8; ID_BYTES], size: usize, rank: usize, stop: &AtomicBool) -> Result<World, String> {
         let end = id.iter().position(|&b| b == 0).unwrap_or(ID_BYTES);
         let text = std::str::from_utf8(&id[..end]).map_err(|_| "ncclCommInitRank: the unique id is not one of cudasim's".to_string())?;
         let token = text.strip_prefix(MAGIC).ok_or_else(|| {
@@ -140,12 +142,11 @@ impl World {
         let me = std::process::id();
         publish(&root.join(format!("join.{rank}")), me.to_string().as_bytes())?;
         let what = format!("ncclCommInitRank (rank {rank} of {size})");
-        let never = AtomicBool::new(false);
         let missing = || {
             let gone: Vec<usize> = (0..size).filter(|r| !root.join(format!("join.{r}")).exists()).collect();
             format!("ranks {gone:?}")
         };
-        let pids = poll(&what, &[], &never, missing, || {
+        let pids = poll(&what, &[], stop, missing, || {
             let mut pids = Vec::with_capacity(size);
             for r in 0..size {
                 let Ok(text) = std::fs::read_to_string(root.join(format!("join.{r}"))) else { return Ok(None) };

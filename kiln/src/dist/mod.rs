@@ -216,8 +216,9 @@ pub fn engines() -> Vec<&'static str> {
 /// build serves it (each rank would otherwise train alone on all the data),
 /// and when the engine fails to start.
 pub fn init() -> Result<Group> {
-    static WORLD: OnceLock<std::result::Result<Group, String>> = OnceLock::new();
-    WORLD.get_or_init(|| open_world().map_err(|e| e.to_string())).clone().map_err(|msg| dist_error(0, 1, "dist::init", msg))
+    // The first call's error as it was (its variant, this rank and size), on every call.
+    static WORLD: OnceLock<Result<Group>> = OnceLock::new();
+    WORLD.get_or_init(open_world).clone()
 }
 
 fn timeout_from_env(op: &str) -> Result<Duration> {

@@ -163,8 +163,18 @@ pub(crate) trait ProcessComms: Send + Sync {
     /// others), or the one the environment names (`NCCL_COMM_ID`).
     fn unique_id(&self) -> Result<Vec<u8>>;
     /// Joins the communicator `id` names as `rank` of `size`, on `device`
-    /// (one of this backend's): blocks until every rank has joined.
-    fn join(&self, device: &'static dyn crate::kernel::Backend, id: &[u8], size: usize, rank: usize) -> Result<Box<dyn RankComm>>;
+    /// (one of this backend's): returns when every rank has joined, or an
+    /// error once `timeout` has passed without them (where the library can
+    /// make communicators without blocking; otherwise it blocks until they
+    /// join or the library gives up).
+    fn join(
+        &self,
+        device: &'static dyn crate::kernel::Backend,
+        id: &[u8],
+        size: usize,
+        rank: usize,
+        timeout: std::time::Duration,
+    ) -> Result<Box<dyn RankComm>>;
 }
 
 /// This process's rank of a communicator across processes.

@@ -43,6 +43,7 @@ fn main() -> std::process::ExitCode {
         gpu_count_is_cuda_devices_then_simulated_ones,
         two_processes_on_one_cuda_device_each_run_nccl_collectives_and_train_lenet_as_one_process,
         a_rank_that_exits_or_calls_another_collective_is_named_by_the_other_through_nccl,
+        a_rank_that_never_starts_is_named_within_the_timeout_through_nccl,
         without_a_driver_try_gpu_falls_back_and_says_why,
         with_a_driver_but_no_device_try_gpu_says_so,
         nvrtc_compiles_every_kernel_family_for_sm90,

@@ -62,6 +62,11 @@ fn spawn(role: &str, rank: Option<(usize, usize)>, dir: &Path, port: u16) -> Chi
     {
         cmd.env_remove(v);
     }
+    if role == "alone" {
+        // The simulator would wait 10 minutes for the missing rank: kiln's
+        // own timeout (a non-blocking communicator) must end it first.
+        cmd.env("KILN_CUDASIM_NCCL_TIMEOUT", "600").env("KILN_DIST_TIMEOUT", "2");
+    }
     if let Some((r, n)) = rank {
         cmd.env("RANK", r.to_string())
             .env("WORLD_SIZE", n.to_string())
@@ -169,6 +174,43 @@ pub fn a_rank_that_exits_or_calls_another_collective_is_named_by_the_other_throu
     }
     common::report_ran(d);
     Ok(())
+}
+
+/// Rank 0 of 2 started alone: its communicator is made without blocking
+/// (`ncclCommInitRankConfig`), so `dist::init` fails within kiln's timeout
+/// (2 s) saying the other rank did not join, instead of hanging in NCCL's
+/// bootstrap.
+pub fn a_rank_that_never_starts_is_named_within_the_timeout_through_nccl() -> Ran {
+    if common::is_child() {
+        return as_child(|role| match role {
+            "alone" => rank_whose_peer_never_starts(),
+            other => panic!("no role {other:?}"),
+        });
+    }
+    let d = simulated_cuda()?;
+    let dir = scratch("alone");
+    let start = Instant::now();
+    let out = wait_all(vec![spawn("alone", Some((0, 2)), &dir, port() + 2)], Duration::from_secs(300));
+    assert!(out[0].0, "rank 0 of 2, alone:\n{}", out[0].1);
+    if let Some(line) = out[0].1.lines().find(|l| l.contains("saw after")) {
+        println!("{line}");
+    }
+    // A watchdog's bound (the simulator's own wait is 600 s), not a timing.
+    assert!(start.elapsed() < Duration::from_secs(200), "{:?}", start.elapsed());
+    common::report_ran(d);
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
+fn rank_whose_peer_never_starts() -> Result<()> {
+    let start = Instant::now();
+    match dist::init() {
+        Err(e) if e.to_string().contains("ncclCommInitRankConfig (rank 0 of 2): the other ranks did not join within 2 s") => {
+            println!("rank 0 saw after {:.1} s: {e}", start.elapsed().as_secs_f64());
+            Ok(())
+        }
+        other => Err(fail(format!("rank 0 of 2, alone: {other:?}"))),
+    }
 }
 
 fn fail(msg: impl Into<String>) -> Error {

@@ -50,6 +50,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 /// An `ncclResult_t` as a plain number: a newer NCCL may return a code
 /// cudarc's enum does not list.
@@ -57,6 +58,8 @@ type Res = c_uint;
 type Comm = nc::ncclComm_t;
 type NcclStream = nc::cudaStream_t;
 const OK: Res = nc::ncclResult_t::ncclSuccess as Res;
+/// `ncclInProgress`: a call on a non-blocking communicator is still going.
+const IN_PROGRESS: Res = 7;
 
 /// The oldest NCCL kiln uses: 2.10 added bfloat16.
 const MIN_VERSION: (i32, i32, i32) = (2, 10, 0);
@@ -86,10 +89,42 @@ struct UniqueId {
     internal: [u8; 128],
 }
 
+/// `ncclConfig_t` as NCCL 2.14 introduced it, with the field after
+/// `blocking` that 2.17 added (left undefined). NCCL reads a config by its
+/// own `size` and `version` and keeps its defaults for the fields a config
+/// does not have, so later libraries take this one.
+#[repr(C)]
+struct Config {
+    size: usize,
+    magic: c_uint,
+    version: c_uint,
+    blocking: c_int,
+    cga_cluster_size: c_int,
+}
+
+impl Config {
+    /// A config of a non-blocking communicator.
+    fn non_blocking() -> Config {
+        Config {
+            size: std::mem::size_of::<Config>(),
+            magic: 0xcafe_beef,
+            // NCCL_VERSION(2, 14, 0): the fields past `blocking` are then NCCL's defaults.
+            version: 21400,
+            blocking: 0,
+            // NCCL_CONFIG_UNDEF_INT
+            cga_cluster_size: c_int::MIN,
+        }
+    }
+}
+
 /// The NCCL functions of communicators across processes.
 struct RankApi {
     get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> Res,
     comm_init_rank: unsafe extern "C" fn(*mut Comm, c_int, UniqueId, c_int) -> Res,
+    /// `ncclCommInitRankConfig` (NCCL 2.14 and later): a communicator made
+    /// without blocking, so that kiln's timeout bounds the wait for the
+    /// other ranks.
+    comm_init_rank_config: Option<unsafe extern "C" fn(*mut Comm, c_int, UniqueId, c_int, *mut Config) -> Res>,
     comm_get_async_error: unsafe extern "C" fn(Comm, *mut Res) -> Res,
     comm_abort: unsafe extern "C" fn(Comm) -> Res,
 }
@@ -125,6 +160,7 @@ impl Api {
                     (Some(a), Some(b), Some(c), Some(d)) => Some(RankApi {
                         get_unique_id: fn_ptr(a),
                         comm_init_rank: fn_ptr(b),
+                        comm_init_rank_config: sym("ncclCommInitRankConfig").map(|p| fn_ptr(p)),
                         comm_get_async_error: fn_ptr(c),
                         comm_abort: fn_ptr(d),
                     }),
@@ -519,7 +555,7 @@ impl ProcessComms for Nccl {
         Ok(id.internal.to_vec())
     }
 
-    fn join(&self, device: &'static dyn Backend, id: &[u8], size: usize, rank: usize) -> Result<Box<dyn RankComm>> {
+    fn join(&self, device: &'static dyn Backend, id: &[u8], size: usize, rank: usize, timeout: Duration) -> Result<Box<dyn RankComm>> {
         let api = self.rank_api()?;
         let dev = cuda_of(device)?;
         let mut unique = UniqueId { internal: [0; 128] };
@@ -529,20 +565,79 @@ impl ProcessComms for Nccl {
         unique.internal.copy_from_slice(id);
         dev.bind()?;
         let mut comm: Comm = std::ptr::null_mut();
-        // SAFETY: out-pointer to a local; the id is passed by value; the
-        // device's context is current (NCCL takes the current device).
-        let r = catch_unwind(AssertUnwindSafe(|| unsafe { (api.comm_init_rank)(&mut comm, size as c_int, unique, rank as c_int) }))
-            .unwrap_or(nc::ncclResult_t::ncclSystemError as Res);
-        if r != OK {
-            return Err(dev.err(format!(
-                "ncclCommInitRank (rank {rank} of {size}) failed: {}; check that every rank started and that NCCL can reach \
+        let mut config = Config::non_blocking();
+        let (what, r) = match api.comm_init_rank_config {
+            // SAFETY: out-pointers to locals (the config lives through the
+            // call; NCCL copies it); the id is passed by value; the device's
+            // context is current (NCCL takes the current device).
+            Some(init) => (
+                "ncclCommInitRankConfig",
+                catch_unwind(AssertUnwindSafe(|| unsafe { init(&mut comm, size as c_int, unique, rank as c_int, &mut config) })),
+            ),
+            // SAFETY: as above, without a config.
+            None => (
+                "ncclCommInitRank",
+                catch_unwind(AssertUnwindSafe(|| unsafe { (api.comm_init_rank)(&mut comm, size as c_int, unique, rank as c_int) })),
+            ),
+        };
+        let r = r.unwrap_or(nc::ncclResult_t::ncclSystemError as Res);
+        let refused = |r: Res, comm: Comm| {
+            dev.err(format!(
+                "{what} (rank {rank} of {size}) failed: {}; check that every rank started and that NCCL can reach \
                  the others (NCCL_SOCKET_IFNAME, NCCL_DEBUG=WARN for NCCL's report)",
-                self.api.describe(r, std::ptr::null_mut())
-            )));
+                self.api.describe(r, comm)
+            ))
+        };
+        if r != OK && r != IN_PROGRESS {
+            return Err(refused(r, std::ptr::null_mut()));
+        }
+        if r == IN_PROGRESS || api.comm_init_rank_config.is_some() {
+            // Non-blocking: joined when the communicator's state leaves
+            // ncclInProgress; past the timeout it is aborted, so no rank
+            // waits forever for one that never starts.
+            let deadline = std::time::Instant::now() + timeout;
+            let mut pause = Duration::from_micros(50);
+            loop {
+                let mut state: Res = OK;
+                // SAFETY: out-pointer to a local; the communicator NCCL returned.
+                let q = unsafe { (api.comm_get_async_error)(comm, &mut state) };
+                let state = if q != OK { q } else { state };
+                if state == OK {
+                    break;
+                }
+                let failed = if state != IN_PROGRESS {
+                    Some(refused(state, comm))
+                } else if std::time::Instant::now() >= deadline {
+                    Some(dev.err(format!(
+                        "{what} (rank {rank} of {size}): the other ranks did not join within {} s (KILN_DIST_TIMEOUT): \
+                         a rank did not start, or cannot reach rank 0 (NCCL_SOCKET_IFNAME, NCCL_DEBUG=WARN for NCCL's report)",
+                        timeout.as_secs_f64()
+                    )))
+                } else {
+                    None
+                };
+                if let Some(e) = failed {
+                    // SAFETY: the communicator NCCL returned, never used after.
+                    let _ = catch_unwind(AssertUnwindSafe(|| unsafe { (api.comm_abort)(comm) }));
+                    return Err(e);
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(5));
+            }
         }
         // The process's NCCL (`self` is it): kept for the life of the process.
         let nccl = get().map_err(|e| dev.err(e))?;
-        Ok(Box::new(NcclRank { nccl, dev, comm: Raw(comm), rank, size, lock: Mutex::new(Vec::new()), broken: Mutex::new(None) }))
+        Ok(Box::new(NcclRank {
+            nccl,
+            dev,
+            comm: Raw(comm),
+            rank,
+            size,
+            non_blocking: api.comm_init_rank_config.is_some(),
+            timeout,
+            lock: Mutex::new(Vec::new()),
+            broken: Mutex::new(None),
+        }))
     }
 }
 
@@ -565,6 +660,11 @@ struct NcclRank {
     comm: Raw<Comm>,
     rank: usize,
     size: usize,
+    /// Made without blocking: a call may return ncclInProgress, and the
+    /// next one waits until the communicator leaves that state.
+    non_blocking: bool,
+    /// How long a call may stay in progress (the group's timeout).
+    timeout: Duration,
     /// Held while a call is issued (every rank must issue its calls in the
     /// same order): the (input, output) storages of the calls queued since
     /// the last wait.
@@ -635,6 +735,9 @@ impl RankComm for NcclRank {
             }
         }))
         .unwrap_or(("an NCCL call", nc::ncclResult_t::ncclSystemError as Res));
+        // A non-blocking communicator may still be enqueuing the call: the
+        // next call waits until it has (NCCL's rule for such communicators).
+        let r = if r == IN_PROGRESS && self.non_blocking { self.settle(comm) } else { r };
         if r != OK {
             let err = self.fail(format!("{name} refused: {}; nothing was queued, and the group is broken", api.describe(r, comm)));
             drop(held);
@@ -668,6 +771,25 @@ impl RankComm for NcclRank {
 }
 
 impl NcclRank {
+    /// Waits until a non-blocking communicator's state leaves
+    /// ncclInProgress (at most the timeout): that state, or the error.
+    fn settle(&self, comm: Comm) -> Res {
+        let Ok(ranks) = self.nccl.rank_api() else { return nc::ncclResult_t::ncclInternalError as Res };
+        let deadline = std::time::Instant::now() + self.timeout;
+        let mut pause = Duration::from_micros(10);
+        loop {
+            let mut state: Res = OK;
+            // SAFETY: out-pointer to a local; a live communicator.
+            let q = unsafe { (ranks.comm_get_async_error)(comm, &mut state) };
+            let state = if q != OK { q } else { state };
+            if state != IN_PROGRESS || std::time::Instant::now() >= deadline {
+                return state;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
     /// Waits for the work queued on the device's stream so far, watching the
     /// communicator's asynchronous error and the timeout.
     fn wait_for_stream(&self, ranks: &RankApi, timeout: std::time::Duration) -> Result<()> {
@@ -693,7 +815,8 @@ impl NcclRank {
             let mut async_err: Res = OK;
             // SAFETY: out-pointer to a local; a live communicator.
             let r = unsafe { (ranks.comm_get_async_error)(self.comm.0, &mut async_err) };
-            if r != OK || async_err != OK {
+            // In progress: a non-blocking communicator still enqueuing.
+            if r != OK || (async_err != OK && async_err != IN_PROGRESS) {
                 let code = if r != OK { r } else { async_err };
                 // NCCL's words before the abort (in `wait`) frees the communicator.
                 let words = self.nccl.api.describe(code, self.comm.0);

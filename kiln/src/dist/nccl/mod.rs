@@ -109,7 +109,7 @@ fn start_over_mpi(
         HostBuf::U8(id) => id,
         _ => return Err(dist_error(rank, size, "dist::init", "the NCCL id came back as another type (a kiln bug: please report it)")),
     };
-    let rank_comm = comms.join(registry::backend(device)?, &id, size, rank)?;
+    let rank_comm = comms.join(registry::backend(device)?, &id, size, rank, timeout)?;
     Ok(Box::new(NcclEngine::new(launch, device, comms, rank_comm, Some(mpi), timeout)))
 }
 
@@ -142,7 +142,7 @@ fn start_from_env(launch: &Launch, timeout: Duration, device: Device, comms: &'s
     } else {
         false
     };
-    let joined = comms.unique_id().and_then(|id| comms.join(registry::backend(device)?, &id, size, rank));
+    let joined = comms.unique_id().and_then(|id| comms.join(registry::backend(device)?, &id, size, rank, timeout));
     if set_here {
         // SAFETY: as above.
         unsafe { std::env::remove_var("NCCL_COMM_ID") };
