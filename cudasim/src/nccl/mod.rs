@@ -356,10 +356,13 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
             message: Mutex::new(CString::default()),
             stop: Arc::new(AtomicBool::new(false)),
         });
-        let handle = Arc::as_ptr(&record) as usize;
+        // Odd numbers: never the address of a live communicator (an 8-aligned
+        // `Arc`), so a handle is never reused while another is live.
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let handle = ((NEXT.fetch_add(1, Ordering::Relaxed) as usize) << 4) | 1;
         lock(making()).insert(handle, record.clone());
         let (size, me) = (nranks as usize, rank as usize);
-        std::thread::spawn(move || {
+        let spawned = std::thread::Builder::new().name("cudasim-nccl-init".into()).spawn(move || {
             let joined = world::World::join(&id.internal, size, me, &record.stop);
             let mut all = lock(making());
             // Aborted meanwhile: the handle is gone, and so is the communicator.
@@ -391,6 +394,10 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
                 }
             }
         });
+        if let Err(e) = spawned {
+            lock(making()).remove(&handle);
+            return fail(SYSTEM_ERROR, format!("ncclCommInitRankConfig: cannot start a thread: {e}"));
+        }
         *out = handle as *mut c_void;
         IN_PROGRESS
     }

@@ -146,7 +146,7 @@ impl World {
             let gone: Vec<usize> = (0..size).filter(|r| !root.join(format!("join.{r}")).exists()).collect();
             format!("ranks {gone:?}")
         };
-        let pids = poll(&what, &[], stop, missing, || {
+        let joined = poll(&what, &[], stop, missing, || {
             let mut pids = Vec::with_capacity(size);
             for r in 0..size {
                 let Ok(text) = std::fs::read_to_string(root.join(format!("join.{r}"))) else { return Ok(None) };
@@ -157,7 +157,19 @@ impl World {
                 }
             }
             Ok(Some(pids))
-        })?;
+        });
+        let pids = match joined {
+            Ok(pids) => pids,
+            Err(e) => {
+                // Given up: a late rank must not find this one waiting.
+                let mine = root.join(format!("join.{rank}"));
+                if std::fs::read_to_string(&mine).is_ok_and(|t| t.trim() == me.to_string()) {
+                    let _ = std::fs::remove_file(&mine);
+                }
+                let _ = std::fs::remove_dir(&root);
+                return Err(e);
+            }
+        };
         let dir = root.join(format!("run-{}", pids[0]));
         std::fs::create_dir_all(&dir).map_err(|e| format!("ncclCommInitRank: cannot create {}: {e}", dir.display()))?;
         Ok(World { dir, root, size, rank, pids, aborted: AtomicBool::new(false), last: AtomicU64::new(u64::MAX) })

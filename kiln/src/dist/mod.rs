@@ -79,6 +79,10 @@ const ENGINES: &[(&str, Open)] = &[
 /// The default wait for the other ranks (`KILN_DIST_TIMEOUT`).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The longest wait a group takes (a longer one is cut to it): a year, so
+/// that a deadline never overflows the clock.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// What this rank's calls have moved and waited, since the group was made.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CommStats {
@@ -225,7 +229,7 @@ fn timeout_from_env(op: &str) -> Result<Duration> {
     match std::env::var("KILN_DIST_TIMEOUT") {
         Err(_) => Ok(DEFAULT_TIMEOUT),
         Ok(v) => match v.trim().parse::<f64>().ok().filter(|s| *s > 0.0).and_then(|s| Duration::try_from_secs_f64(s).ok()) {
-            Some(d) => Ok(d),
+            Some(d) => Ok(d.min(MAX_TIMEOUT)),
             None => Err(dist_error(0, 1, op, format!("KILN_DIST_TIMEOUT={v:?} is not a positive number of seconds"))),
         },
     }
@@ -378,12 +382,13 @@ impl Group {
         self.engine.timeout()
     }
 
-    /// Sets that wait for every clone of this group (zero is refused).
+    /// Sets that wait for every clone of this group (zero is refused; one
+    /// past [`MAX_TIMEOUT`] is cut to it).
     pub fn set_timeout(&self, timeout: Duration) -> Result<()> {
         if timeout.is_zero() {
             return Err(self.error("set_timeout", "the timeout must be longer than zero"));
         }
-        self.engine.set_timeout(timeout);
+        self.engine.set_timeout(timeout.min(MAX_TIMEOUT));
         Ok(())
     }
 

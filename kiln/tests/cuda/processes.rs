@@ -65,7 +65,7 @@ fn spawn(role: &str, rank: Option<(usize, usize)>, dir: &Path, port: u16) -> Chi
     if role == "alone" {
         // The simulator would wait 10 minutes for the missing rank: kiln's
         // own timeout (a non-blocking communicator) must end it first.
-        cmd.env("KILN_CUDASIM_NCCL_TIMEOUT", "600").env("KILN_DIST_TIMEOUT", "2");
+        cmd.env("KILN_CUDASIM_NCCL_TIMEOUT", "600").env("KILN_DIST_INIT_TIMEOUT", "2");
     }
     if let Some((r, n)) = rank {
         cmd.env("RANK", r.to_string())
@@ -178,8 +178,8 @@ pub fn a_rank_that_exits_or_calls_another_collective_is_named_by_the_other_throu
 
 /// Rank 0 of 2 started alone: its communicator is made without blocking
 /// (`ncclCommInitRankConfig`), so `dist::init` fails within kiln's timeout
-/// (2 s) saying the other rank did not join, instead of hanging in NCCL's
-/// bootstrap.
+/// (`KILN_DIST_INIT_TIMEOUT=2`) saying the other rank did not join, instead
+/// of hanging in NCCL's bootstrap.
 pub fn a_rank_that_never_starts_is_named_within_the_timeout_through_nccl() -> Ran {
     if common::is_child() {
         return as_child(|role| match role {

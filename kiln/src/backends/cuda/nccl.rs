@@ -589,7 +589,12 @@ impl ProcessComms for Nccl {
             ))
         };
         if r != OK && r != IN_PROGRESS {
-            return Err(refused(r, std::ptr::null_mut()));
+            let err = refused(r, comm);
+            if !comm.is_null() {
+                // SAFETY: a communicator NCCL returned with its error, never used after.
+                let _ = catch_unwind(AssertUnwindSafe(|| unsafe { (api.comm_abort)(comm) }));
+            }
+            return Err(err);
         }
         if r == IN_PROGRESS || api.comm_init_rank_config.is_some() {
             // Non-blocking: joined when the communicator's state leaves
@@ -609,7 +614,7 @@ impl ProcessComms for Nccl {
                     Some(refused(state, comm))
                 } else if std::time::Instant::now() >= deadline {
                     Some(dev.err(format!(
-                        "{what} (rank {rank} of {size}): the other ranks did not join within {} s (KILN_DIST_TIMEOUT): \
+                        "{what} (rank {rank} of {size}): the other ranks did not join within {} s (KILN_DIST_INIT_TIMEOUT): \
                          a rank did not start, or cannot reach rank 0 (NCCL_SOCKET_IFNAME, NCCL_DEBUG=WARN for NCCL's report)",
                         timeout.as_secs_f64()
                     )))
@@ -737,8 +742,25 @@ impl RankComm for NcclRank {
         .unwrap_or(("an NCCL call", nc::ncclResult_t::ncclSystemError as Res));
         // A non-blocking communicator may still be enqueuing the call: the
         // next call waits until it has (NCCL's rule for such communicators).
-        let r = if r == IN_PROGRESS && self.non_blocking { self.settle(comm) } else { r };
-        if r != OK {
+        if r == IN_PROGRESS && self.non_blocking {
+            let settled = self.settle(comm);
+            if settled != OK {
+                // NCCL may have enqueued part of it: the output is not trustworthy.
+                let err = if settled == IN_PROGRESS {
+                    self.fail(format!(
+                        "{name} did not finish enqueuing within {} s (KILN_DIST_TIMEOUT); the group is broken",
+                        self.timeout.as_secs_f64()
+                    ))
+                } else {
+                    self.fail(format!("{name} failed while enqueuing: {}; the group is broken", api.describe(settled, comm)))
+                };
+                output.storage.poison(&err);
+                drop(held);
+                self.break_with(&err);
+                return Err(err);
+            }
+        }
+        if r != OK && !(r == IN_PROGRESS && self.non_blocking) {
             let err = self.fail(format!("{name} refused: {}; nothing was queued, and the group is broken", api.describe(r, comm)));
             drop(held);
             self.break_with(&err);

@@ -109,8 +109,22 @@ fn start_over_mpi(
         HostBuf::U8(id) => id,
         _ => return Err(dist_error(rank, size, "dist::init", "the NCCL id came back as another type (a kiln bug: please report it)")),
     };
-    let rank_comm = comms.join(registry::backend(device)?, &id, size, rank, timeout)?;
+    let rank_comm = comms
+        .join(registry::backend(device)?, &id, size, rank, init_timeout(timeout))
+        .map_err(|e| dist_error(rank, size, "dist::init", e.to_string()))?;
     Ok(Box::new(NcclEngine::new(launch, device, comms, rank_comm, Some(mpi), timeout)))
+}
+
+/// How long making the communicator waits for every rank to join:
+/// `KILN_DIST_INIT_TIMEOUT` seconds, else the group's timeout but at least
+/// 10 minutes (ranks start at different times; PyTorch waits as long).
+fn init_timeout(timeout: Duration) -> Duration {
+    let set = std::env::var("KILN_DIST_INIT_TIMEOUT")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok());
+    set.unwrap_or(timeout.max(Duration::from_secs(600))).min(super::MAX_TIMEOUT)
 }
 
 /// Under torchrun-style variables: NCCL's own bootstrap. `NCCL_COMM_ID`,
@@ -142,7 +156,10 @@ fn start_from_env(launch: &Launch, timeout: Duration, device: Device, comms: &'s
     } else {
         false
     };
-    let joined = comms.unique_id().and_then(|id| comms.join(registry::backend(device)?, &id, size, rank, timeout));
+    let joined = comms
+        .unique_id()
+        .and_then(|id| comms.join(registry::backend(device)?, &id, size, rank, init_timeout(timeout)))
+        .map_err(|e| err(e.to_string()));
     if set_here {
         // SAFETY: as above.
         unsafe { std::env::remove_var("NCCL_COMM_ID") };
